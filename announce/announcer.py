@@ -1,0 +1,182 @@
+"""When a tower announces, and how announces and discovery pings are heard.
+
+Policy (DESIGN.md, "Discovery"): announce on start, on every material change
+(``Caps.materially_differs``), when a client asks for discovery, and as a
+heartbeat; never two announces closer than ``floor_s`` so a LoRa interface is
+not flooded. Live load is *not* announced (transport nodes throttle chatty
+destinations); clients ask ``caps/full`` over a Link for that.
+
+Discovery ping: a client that just joined has missed the towers' last
+announces, and heartbeats are many minutes apart. It announces its own
+``rngrid.client`` destination once; each tower that hears it schedules an
+announce (subject to the floor), so the client hears every tower within about
+``floor_s`` plus the path's latency.
+"""
+
+import logging
+import threading
+import time
+
+import RNS
+
+from announce import caps as capscodec
+
+APP_NAME = "rngrid"
+TOWER_ASPECT = "tower"
+CLIENT_ASPECT = "client"
+PING_APP_DATA = b"rngrid-discover/1"
+
+log = logging.getLogger("rngrid.announce")
+
+
+def app_data_limit(ratchets=False):
+    """Largest announce app_data (bytes) that fits RNS's 500-byte MTU after a
+    transport node re-sends the announce with a two-address (HEADER_2) header.
+
+    Announce payload on rns 0.9.4: public key (64) + name hash (10) + random
+    hash (10) + [ratchet (32)] + signature (64) + app_data (Destination.announce).
+    Gives 317 bytes without ratchets; a transport node fails to re-send a
+    bigger one (Packet.pack raises "exceeds MTU"), which tests measure.
+    """
+    fixed = (RNS.Identity.KEYSIZE // 8 + RNS.Identity.NAME_HASH_LENGTH // 8 + 10
+             + RNS.Identity.SIGLENGTH // 8 + (RNS.Identity.RATCHETSIZE // 8 if ratchets else 0))
+    return RNS.Reticulum.MTU - RNS.Reticulum.HEADER_MAXSIZE - fixed
+
+
+def tower_destination_hash(identity):
+    """The destination hash a tower with ``identity`` serves on (16 bytes)."""
+    return RNS.Destination.hash(identity, APP_NAME, TOWER_ASPECT)
+
+
+class TowerListener:
+    """RNS announce handler: decodes tower caps into a TowerTable.
+
+    Hostile or broken app_data is logged with the reason and ignored."""
+
+    receive_path_responses = True
+
+    def __init__(self, table, on_tower=None):
+        self.aspect_filter = f"{APP_NAME}.{TOWER_ASPECT}"
+        self.table = table
+        self.on_tower = on_tower
+        self.rejected = 0
+
+    def received_announce(self, destination_hash, announced_identity, app_data):
+        try:
+            caps = capscodec.decode(app_data)
+        except capscodec.CapsError as e:
+            self.rejected += 1
+            log.warning("ignored announce from %s: %s", destination_hash.hex(), e)
+            return
+        entry = self.table.update(destination_hash, caps, RNS.Transport.hops_to(destination_hash))
+        if self.on_tower is not None:
+            self.on_tower(entry)
+
+
+class PingListener:
+    """RNS announce handler on towers: a client discovery ping triggers an announce."""
+
+    receive_path_responses = False
+
+    def __init__(self, announcer):
+        self.aspect_filter = f"{APP_NAME}.{CLIENT_ASPECT}"
+        self.announcer = announcer
+
+    def received_announce(self, destination_hash, announced_identity, app_data):
+        if app_data == PING_APP_DATA:
+            self.announcer.request("discovery ping")
+
+
+class Pinger:
+    """Sends discovery pings: announces of this client's ``rngrid.client`` destination."""
+
+    def __init__(self, identity):
+        self.destination = RNS.Destination(identity, RNS.Destination.IN, RNS.Destination.SINGLE,
+                                           APP_NAME, CLIENT_ASPECT)
+
+    def ping(self):
+        self.destination.announce(app_data=PING_APP_DATA)
+
+
+class Announcer:
+    """Announces a tower destination with its caps, following the policy above.
+
+    ``caps_fn()`` returns the current Caps. Times are seconds."""
+
+    def __init__(self, destination, caps_fn, heartbeat_s=900.0, floor_s=5.0, check_s=2.0):
+        self.destination = destination
+        self.caps_fn = caps_fn
+        self.heartbeat_s = heartbeat_s
+        self.floor_s = floor_s
+        self.check_s = check_s
+        self.count = 0
+        self.last_reason = None
+        self._last_at = None
+        self._last_caps = None
+        self._pending = None
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="rngrid-announcer", daemon=True)
+
+    def start(self):
+        self.request("start")
+        self._thread.start()
+
+    def stop(self):
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+
+    def request(self, reason):
+        """Ask for an announce as soon as the floor allows."""
+        with self._wake:
+            if self._pending is None:
+                self._pending = reason
+            self._wake.notify_all()
+
+    def _run(self):
+        while True:
+            with self._wake:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                reason = self._due(now)
+                if reason is None:
+                    self._wake.wait(self._sleep_for(now))
+                    continue
+                self._pending = None
+            self._announce(reason)
+
+    def _due(self, now):
+        since = None if self._last_at is None else now - self._last_at
+        if since is not None and since < self.floor_s:
+            return None
+        if self._pending is not None:
+            return self._pending
+        if since is not None and since >= self.heartbeat_s:
+            return "heartbeat"
+        try:
+            if self.caps_fn().materially_differs(self._last_caps):
+                return "material change"
+        except Exception as e:
+            log.error("caps unavailable: %s", e)
+        return None
+
+    def _sleep_for(self, now):
+        if self._pending is not None and self._last_at is not None:
+            return max(0.01, self._last_at + self.floor_s - now)
+        return self.check_s
+
+    def _announce(self, reason):
+        try:
+            caps = self.caps_fn()
+            self.destination.announce(app_data=capscodec.encode(caps))
+        except Exception as e:
+            log.error("announce failed (%s): %s", reason, e)
+            return
+        with self._wake:
+            self._last_at = time.monotonic()
+            self._last_caps = caps
+            self.count += 1
+            self.last_reason = reason
+        log.info("announced (%s)", reason)

@@ -1,0 +1,281 @@
+"""Capability blob ("caps"): the msgpack map a tower carries as announce app_data.
+
+Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
+
+    {"v": 1,                      # schema version (int)
+     "n": "tower-a",              # tower name, UTF-8, <= 32 bytes
+     "hb": 900,                   # heartbeat interval, seconds (entries expire after ~2.5x)
+     "hw": [backend, device,      # "cuda" | "metal" | "cpu" | ...; device name <= 40 bytes
+            vram_total, vram_free,  # MiB (0 when the backend has no dedicated VRAM)
+            ram_total, ram_free],   # MiB
+     "m": [[alias, short_id, loaded], ...],   # models: alias, first 4 bytes of blob id, 0/1
+     "a": [[alias, short_id], ...],           # LoRA adapters
+     "l": [streams, jobs, queue],             # running inference streams, training jobs, queue depth
+     "t": 425,                    # tokens/s estimate x10 (int)
+     "more": True}                # present when models/adapters were left out: ask caps/full
+
+The announce limit it must fit is measured against the pinned RNS by
+``announce.announcer.app_data_limit()``; ``encode()`` keeps the blob under ``CAPS_BUDGET``
+by dropping models and adapters (disk-only first) and setting ``more``.
+
+``decode()`` trusts nothing: oversized blobs, malformed msgpack, unknown schema
+versions, wrong types and absurd values raise ``CapsError`` with the reason.
+"""
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+SCHEMA_VERSION = 1
+NAME_MAX_BYTES = 32
+DEVICE_MAX_BYTES = 40
+ALIAS_MAX_BYTES = 32
+SHORT_ID_BYTES = 4
+MAX_MIB = 1 << 24  # 16 TiB: anything above is not a real machine
+MAX_COUNT = 100_000
+MAX_TOKENS_PER_S = 1_000_000
+#: Hard cap on what decode() will even look at (bytes). caps/full uses decode_full().
+DECODE_MAX_BYTES = 512
+#: Our own budget for announce app_data (bytes), well under the measured RNS limit
+#: (317 bytes through a transport node on rns 0.9.4, see announcer.app_data_limit()).
+CAPS_BUDGET = 256
+BACKENDS = ("cpu", "cuda", "metal", "rocm", "vulkan", "sycl")
+
+
+class CapsError(ValueError):
+    """A capability blob that cannot be trusted; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelCap:
+    alias: str
+    short_id: bytes
+    loaded: bool = False
+
+    @property
+    def short_hex(self):
+        return self.short_id.hex()
+
+
+@dataclass(frozen=True)
+class AdapterCap:
+    alias: str
+    short_id: bytes
+
+    @property
+    def short_hex(self):
+        return self.short_id.hex()
+
+
+@dataclass(frozen=True)
+class Hardware:
+    backend: str = "cpu"
+    device: str = ""
+    vram_total_mib: int = 0
+    vram_free_mib: int = 0
+    ram_total_mib: int = 0
+    ram_free_mib: int = 0
+
+    @property
+    def memory_free_mib(self):
+        """Free memory a model can be loaded into (MiB): VRAM, or RAM on a CPU-only tower."""
+        return self.vram_free_mib if self.vram_total_mib > 0 else self.ram_free_mib
+
+    @property
+    def memory_total_mib(self):
+        return self.vram_total_mib if self.vram_total_mib > 0 else self.ram_total_mib
+
+
+@dataclass(frozen=True)
+class Load:
+    streams: int = 0
+    jobs: int = 0
+    queue: int = 0
+
+
+@dataclass(frozen=True)
+class Caps:
+    name: str
+    hardware: Hardware = field(default_factory=Hardware)
+    models: tuple = ()
+    adapters: tuple = ()
+    load: Load = field(default_factory=Load)
+    tokens_per_s: float = 0.0
+    heartbeat_s: int = 900
+    more: bool = False
+    version: int = SCHEMA_VERSION
+
+    def model(self, alias):
+        """The ModelCap for ``alias`` (or a blob id prefix in hex), or None."""
+        for m in self.models:
+            if m.alias == alias or (len(alias) >= 8 and alias.lower().startswith(m.short_hex)):
+                return m
+        return None
+
+    def materially_differs(self, other, vram_fraction=0.10):
+        """True when a re-announce is warranted: models or adapters changed, a
+        training job started or ended, or free memory moved by more than
+        ``vram_fraction`` of the total."""
+        if other is None:
+            return True
+        if self.models != other.models or self.adapters != other.adapters:
+            return True
+        if self.load.jobs != other.load.jobs:
+            return True
+        total = max(self.hardware.memory_total_mib, 1)
+        moved = abs(self.hardware.memory_free_mib - other.hardware.memory_free_mib)
+        return moved > vram_fraction * total
+
+
+def _pack_map(caps, models, adapters, more):
+    hw = caps.hardware
+    blob = {
+        "v": caps.version,
+        "n": caps.name,
+        "hb": int(caps.heartbeat_s),
+        "hw": [hw.backend, hw.device, int(hw.vram_total_mib), int(hw.vram_free_mib),
+               int(hw.ram_total_mib), int(hw.ram_free_mib)],
+        "m": [[m.alias, m.short_id, int(m.loaded)] for m in models],
+        "a": [[a.alias, a.short_id] for a in adapters],
+        "l": [caps.load.streams, caps.load.jobs, caps.load.queue],
+        "t": int(round(caps.tokens_per_s * 10)),
+    }
+    if more:
+        blob["more"] = True
+    return msgpack.packb(blob, use_bin_type=True)
+
+
+def encode(caps, budget=CAPS_BUDGET):
+    """Pack ``caps`` into at most ``budget`` bytes of msgpack.
+
+    Models and adapters that do not fit are left out (adapters first, then
+    models not loaded, newest last) and ``more`` is set so clients fetch
+    ``caps/full``. Raises CapsError if even the bare blob exceeds the budget.
+    """
+    data = _pack_map(caps, caps.models, caps.adapters, caps.more)
+    models = sorted(caps.models, key=lambda m: not m.loaded)  # stable: disk-only models go first
+    adapters = list(caps.adapters)
+    while len(data) > budget and (adapters or models):
+        if adapters:
+            adapters.pop()
+        else:
+            models.pop()
+        data = _pack_map(caps, models, adapters, True)
+    if len(data) > budget:
+        raise CapsError(f"caps for {caps.name!r} need {len(data)} bytes, budget is {budget}")
+    return data
+
+
+def decode(data, max_bytes=DECODE_MAX_BYTES):
+    """Parse and validate announce app_data. Returns Caps; raises CapsError."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise CapsError(f"app_data is {type(data).__name__}, not bytes")
+    if len(data) > max_bytes:
+        raise CapsError(f"app_data is {len(data)} bytes, limit {max_bytes}")
+    try:
+        raw = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True,
+                              max_array_len=4096, max_map_len=64)
+    except Exception as e:
+        raise CapsError(f"malformed msgpack: {e}") from None
+    return from_map(raw)
+
+
+def decode_full(data, max_bytes=1 << 20):
+    """Parse caps served by ``caps/full`` (no announce size limit; 1 MiB cap)."""
+    return decode(data, max_bytes=max_bytes)
+
+
+def from_map(raw):
+    """Validate an already-unpacked caps map. Raises CapsError."""
+    if not isinstance(raw, dict):
+        raise CapsError(f"caps is {type(raw).__name__}, not a map")
+    version = raw.get("v")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CapsError("caps has no integer schema version")
+    if version != SCHEMA_VERSION:
+        raise CapsError(f"unsupported caps schema version {version}")
+    return Caps(
+        name=_text(raw.get("n"), "name", NAME_MAX_BYTES, allow_empty=False),
+        heartbeat_s=_int(raw.get("hb"), "heartbeat", 1, 7 * 86400),
+        hardware=_hardware(raw.get("hw")),
+        models=tuple(_model(m) for m in _list(raw.get("m"), "models")),
+        adapters=tuple(_adapter(a) for a in _list(raw.get("a", []), "adapters")),
+        load=_load(raw.get("l")),
+        tokens_per_s=_int(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
+        more=_bool(raw.get("more", False), "more"),
+    )
+
+
+def _hardware(value):
+    items = _list(value, "hardware", exact=6)
+    backend = _text(items[0], "backend", 16, allow_empty=False)
+    if backend not in BACKENDS:
+        raise CapsError(f"unknown backend {backend!r}")
+    vram_total, vram_free, ram_total, ram_free = (
+        _int(v, n, 0, MAX_MIB) for v, n in zip(items[2:], ("vram total", "vram free", "ram total", "ram free"))
+    )
+    if vram_free > vram_total or ram_free > ram_total:
+        raise CapsError("free memory exceeds total")
+    return Hardware(backend, _text(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total, ram_free)
+
+
+def _model(value):
+    alias, short_id, loaded = _list(value, "model entry", exact=3)
+    return ModelCap(_alias(alias), _short_id(short_id), bool(_int(loaded, "loaded flag", 0, 1)))
+
+
+def _adapter(value):
+    alias, short_id = _list(value, "adapter entry", exact=2)
+    return AdapterCap(_alias(alias), _short_id(short_id))
+
+
+def _load(value):
+    items = _list(value, "load", exact=3)
+    return Load(*(_int(v, n, 0, MAX_COUNT) for v, n in zip(items, ("streams", "jobs", "queue"))))
+
+
+def _alias(value):
+    alias = _text(value, "alias", ALIAS_MAX_BYTES, allow_empty=False)
+    if "/" in alias or "\\" in alias or alias in (".", ".."):
+        raise CapsError(f"alias {alias!r} has a path separator")
+    return alias
+
+
+def _short_id(value):
+    if not isinstance(value, bytes) or len(value) != SHORT_ID_BYTES:
+        raise CapsError(f"short blob id must be {SHORT_ID_BYTES} bytes")
+    return value
+
+
+def _list(value, what, exact=None):
+    if not isinstance(value, list):
+        raise CapsError(f"{what} is {type(value).__name__}, not a list")
+    if exact is not None and len(value) != exact:
+        raise CapsError(f"{what} has {len(value)} items, expected {exact}")
+    return value
+
+
+def _int(value, what, lo, hi):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CapsError(f"{what} is {type(value).__name__}, not an integer")
+    if not lo <= value <= hi:
+        raise CapsError(f"{what} {value} outside [{lo}, {hi}]")
+    return value
+
+
+def _bool(value, what):
+    if not isinstance(value, bool):
+        raise CapsError(f"{what} is {type(value).__name__}, not a boolean")
+    return value
+
+
+def _text(value, what, max_bytes, allow_empty=True):
+    if not isinstance(value, str):
+        raise CapsError(f"{what} is {type(value).__name__}, not a string")
+    if len(value.encode("utf-8")) > max_bytes:
+        raise CapsError(f"{what} longer than {max_bytes} bytes")
+    if not allow_empty and not value:
+        raise CapsError(f"{what} is empty")
+    if any(ord(c) < 32 for c in value):
+        raise CapsError(f"{what} has control characters")
+    return value

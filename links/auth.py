@@ -1,0 +1,22 @@
+"""Authorisation checks on a Link: default deny, explicit refusals.
+
+RNS's own ALLOW_LIST answers a refused request with silence (the client times
+out), so towers register handlers open to all and check here, answering a
+``not_allowed`` error that says what to do.
+"""
+
+from links.wire import Code, WireError
+
+
+def require(remote_identity, role, roles_of):
+    """Raise WireError(not_allowed) unless the Link's identity holds ``role``.
+
+    ``roles_of(identity_hash: bytes) -> set of role names``."""
+    if remote_identity is None:
+        raise WireError(Code.NOT_ALLOWED,
+                        f"this link is not identified; '{role}' needs an identity on the tower's allow-list")
+    if role not in roles_of(remote_identity.hash):
+        who = remote_identity.hash.hex()
+        raise WireError(Code.NOT_ALLOWED,
+                        f"identity {who} is not allowed to {role} on this tower; "
+                        f"its admin can run: rngrid allow {who} --role {role}")

@@ -1,0 +1,3 @@
+from reticulum_grid.cli import main
+
+main()

@@ -1,0 +1,235 @@
+"""``rngrid``: the command line. The only module that prints."""
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from links.wire import WireError
+from reticulum_grid import config as cfg
+from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
+
+# Piped output is read by scripts and people alike: give tables room instead of cutting hashes.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _fail(message, code=1):
+    err.print(f"[red]error:[/red] {message}", markup=True)
+    sys.exit(code)
+
+
+def _client_options(f):
+    f = click.option("--connect", "connect", multiple=True, metavar="HOST:PORT",
+                     help="Tower or transport node to reach over TCP (repeatable). Default: client.toml, else 127.0.0.1:4242.")(f)
+    f = click.option("--rns-config", type=click.Path(file_okay=False), default=None,
+                     help="Use this existing RNS config directory (e.g. a shared rnsd).")(f)
+    return f
+
+
+def _grid(ctx, connect, rns_config):
+    from reticulum_grid.client import Grid
+    try:
+        return Grid(home=ctx.obj["home"], connect=list(connect) or None, rns_config=rns_config)
+    except (cfg.ConfigError, OSError, RuntimeError) as e:
+        _fail(str(e))
+
+
+@click.group()
+@click.option("--home", type=click.Path(file_okay=False), default=None, envvar="RNGRID_HOME",
+              help="Client home: identity and RNS state (default ~/.rngrid).")
+@click.option("-v", "--verbose", count=True, help="-v for progress, -vv for RNS debug logs.")
+@click.pass_context
+def main(ctx, home, verbose):
+    """A GPU grid over Reticulum: run models on whichever of your machines can."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)
+    ctx.obj = {"home": Path(home) if home else cfg.home()}
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config (default HOME/tower/tower.toml; created if missing).")
+@click.option("--name", default=None, help="Tower name for a new config.")
+@click.option("--listen", default="127.0.0.1:4242", show_default=True, help="TCP listen address for a new config.")
+@click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
+@click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
+              help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}).")
+@click.pass_context
+def tower(ctx, config_path, name, listen, connect, models):
+    """Run a tower: serve the models in its config to allowed identities."""
+    from reticulum_grid.identity import IdentityError
+    from reticulum_grid.tower import Tower
+
+    logging.getLogger("rngrid").setLevel(min(logging.getLogger().level, logging.INFO))
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    if not path.exists():
+        _new_tower_config(path, name or "tower", listen, connect, models)
+        err.print(f"wrote new tower config {path}")
+    try:
+        tower = Tower(cfg.load_tower(path))
+        tower.start()
+    except (cfg.ConfigError, IdentityError, OSError, ValueError) as e:
+        _fail(str(e))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.models) or 'no models'} "
+              f"at {tower.destination.hash.hex()}", markup=True)
+    while not stop.wait(1.0):
+        pass
+    tower.stop()
+
+
+def _new_tower_config(path, name, listen, connect, models):
+    parsed = {}
+    for spec in models:
+        alias, sep, gguf = spec.partition("=")
+        if not sep:
+            _fail(f"--model wants ALIAS=PATH, got {spec!r}", 2)
+        parsed[alias] = str(Path(gguf).expanduser().resolve())
+    if not parsed:
+        parsed = {DEFAULT_ALIAS: default_model_path()}
+    cfg.write_tower(path, name, parsed, listen=listen, connect=connect)
+
+
+@main.command()
+@_client_options
+@click.option("--wait", default=5.0, show_default=True, help="Seconds to listen for towers.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def towers(ctx, connect, rns_config, wait, as_json):
+    """List the towers heard on the grid."""
+    grid = _grid(ctx, connect, rns_config)
+    entries = grid.towers(wait=wait)
+    rows = [_tower_row(e) for e in entries]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        err.print(f"no towers heard within {wait:.0f} s")
+        sys.exit(1)
+    table = Table("name", "destination", "hops", "age", "backend", "memory free/total", "models", "tok/s")
+    table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
+    for r in rows:
+        kind = "VRAM" if r["vram_total_mib"] else "RAM"
+        free, total = (r["vram_free_mib"], r["vram_total_mib"]) if r["vram_total_mib"] else (
+            r["ram_free_mib"], r["ram_total_mib"])
+        table.add_row(r["name"], r["destination"], str(r["hops"]), f"{r['age_s']:.0f}s",
+                      f"{r['backend']} ({r['device']})", f"{free}/{total} MiB {kind}",
+                      ", ".join(m["alias"] + ("" if m["loaded"] else " (disk)") for m in r["models"]),
+                      f"{r['tokens_per_s']:.0f}")
+    out.print(table)
+
+
+def _tower_row(entry):
+    hw = entry.caps.hardware
+    return {"name": entry.name, "destination": entry.hash_hex, "hops": entry.hops, "age_s": round(entry.age(), 1),
+            "backend": hw.backend, "device": hw.device, "vram_free_mib": hw.vram_free_mib,
+            "vram_total_mib": hw.vram_total_mib, "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
+            "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in entry.caps.models],
+            "tokens_per_s": entry.caps.tokens_per_s,
+            "load": {"streams": entry.caps.load.streams, "jobs": entry.caps.load.jobs, "queue": entry.caps.load.queue}}
+
+
+@main.command()
+@_client_options
+@click.option("-m", "--model", required=True, help="Model alias (or blob id prefix).")
+@click.option("--tower", default=None, help="Run on this tower (name or destination hash) instead of routing.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0, 5))
+@click.option("--seed", default=None, type=click.IntRange(0, 2**32 - 1))
+@click.option("--system", default=None, help="System message (chat models).")
+@click.option("--raw", is_flag=True, help="Send the prompt as-is instead of as a chat message.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
+@click.argument("prompt")
+@click.pass_context
+def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, as_json, prompt):
+    """Run PROMPT on the grid and stream the answer."""
+    payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    if raw:
+        payload["prompt"] = prompt
+    else:
+        payload["messages"] = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}]
+    grid = _grid(ctx, connect, rns_config)
+    try:
+        _stream(grid.execute("ai/inference", payload, tower=tower), as_json)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        err.print("\ncancelled")
+        sys.exit(130)
+
+
+def _stream(stream, as_json):
+    from reticulum_grid.client import Usage
+    for piece in stream:
+        if isinstance(piece, Usage):
+            if as_json:
+                print(json.dumps({"usage": piece.__dict__}), flush=True)
+            else:
+                print(flush=True)
+                err.print(f"[dim]{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
+                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}[/dim]", markup=True)
+        elif as_json:
+            print(json.dumps({"text": piece}), flush=True)
+        else:
+            print(piece, end="", flush=True)
+
+
+@main.command("id")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Show a tower's identity and destination instead of this client's.")
+@click.pass_context
+def show_id(ctx, config_path):
+    """Print this machine's identity hash (what towers put on their allow-list)."""
+    from announce.announcer import tower_destination_hash
+    from reticulum_grid.identity import IdentityError, load_or_create
+    try:
+        if config_path:
+            ident = load_or_create(Path(config_path).parent / "identity")
+            print(f"identity    {ident.hash.hex()}\ndestination {tower_destination_hash(ident).hex()}")
+        else:
+            print(load_or_create(ctx.obj["home"] / "identity").hash.hex())
+    except IdentityError as e:
+        _fail(str(e))
+
+
+@main.command()
+@click.argument("identity_hash")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(cfg.ROLES),
+              help="Role to grant (repeatable).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config to edit (default HOME/tower/tower.toml).")
+@click.pass_context
+def allow(ctx, identity_hash, roles, config_path):
+    """Let IDENTITY_HASH use a tower with the given roles (takes effect at once)."""
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    try:
+        granted = cfg.allow(path, identity_hash, roles)
+    except (cfg.ConfigError, OSError) as e:
+        _fail(str(e))
+    out.print(f"{identity_hash} may now: {', '.join(granted)} on {path}")
+
+
+@main.command()
+@click.option("--prompt", default="Explain in two sentences what a mesh network is.", show_default=True)
+@click.option("--max-tokens", default=200, show_default=True, type=click.IntRange(1))
+def demo(prompt, max_tokens):
+    """Start a tower and a client on loopback and stream a real answer."""
+    from reticulum_grid.demo import run_demo
+    try:
+        run_demo(prompt, max_tokens, out, err)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        sys.exit(130)

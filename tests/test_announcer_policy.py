@@ -1,0 +1,60 @@
+"""When a tower announces: start, material change, ping, heartbeat, never under the floor.
+
+Unit tests with a named test double for the RNS Destination; real announces
+are covered in test_discovery.py and test_announce.py."""
+
+import time
+
+from announce import caps as c
+from announce.announcer import Announcer
+
+
+class DestinationDouble:
+    """Test double for RNS.Destination: records announce times."""
+
+    def __init__(self):
+        self.times = []
+
+    def announce(self, app_data=None):
+        c.decode(app_data)
+        self.times.append(time.monotonic())
+
+
+def wait_count(dest, n, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while len(dest.times) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(dest.times)
+
+
+def test_start_ping_floor_and_material_change():
+    dest = DestinationDouble()
+    state = {"caps": c.Caps(name="t", models=(c.ModelCap("m", b"abcd", True),))}
+    a = Announcer(dest, lambda: state["caps"], heartbeat_s=3600, floor_s=0.4, check_s=0.05)
+    a.start()
+    try:
+        assert wait_count(dest, 1) == 1 and a.last_reason == "start"
+        for _ in range(5):
+            a.request("discovery ping")  # a burst of pings: one announce, after the floor
+        assert wait_count(dest, 2) == 2 and a.last_reason == "discovery ping"
+        assert dest.times[1] - dest.times[0] >= 0.39
+        time.sleep(0.6)
+        assert len(dest.times) == 2, "no announce without a reason"
+        state["caps"] = c.Caps(name="t", load=c.Load(streams=3))  # models changed
+        assert wait_count(dest, 3) == 3 and a.last_reason == "material change"
+        state["caps"] = c.Caps(name="t", load=c.Load(streams=0, queue=5))  # live load only
+        time.sleep(0.6)
+        assert len(dest.times) == 3, "live load is not announced"
+    finally:
+        a.stop()
+
+
+def test_heartbeat():
+    dest = DestinationDouble()
+    a = Announcer(dest, lambda: c.Caps(name="t"), heartbeat_s=0.3, floor_s=0.1, check_s=0.05)
+    a.start()
+    try:
+        assert wait_count(dest, 3, timeout=3) == 3
+        assert a.last_reason == "heartbeat"
+    finally:
+        a.stop()

@@ -1,0 +1,70 @@
+"""Default deny: unknown and unidentified clients get an explicit refusal."""
+
+import threading
+import time
+
+import pytest
+import RNS
+
+from announce.announcer import APP_NAME, TOWER_ASPECT
+from links import wire
+from links.wire import Code, WireError
+from reticulum_grid.default_model import DEFAULT_ALIAS
+from tests.conftest import rngrid
+
+
+@pytest.fixture(scope="module")
+def tower(hub):
+    t = hub.start_tower("auth-a")
+    hub.wait_tower(t.name)
+    return t
+
+
+def test_unknown_identity_refused_explicitly(tower, tmp_path):
+    started = time.monotonic()
+    result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "hello", home=tmp_path)
+    elapsed = time.monotonic() - started
+    client_id = rngrid("id", home=tmp_path).stdout.strip()
+    assert result.returncode == 1
+    assert "not_allowed" in result.stderr and client_id in result.stderr and "rngrid allow" in result.stderr
+    print(f"refused after {elapsed:.1f} s: {result.stderr.strip()}")
+
+
+def test_allow_takes_effect_without_restart(tower, tmp_path):
+    client_id = rngrid("id", home=tmp_path).stdout.strip()
+    granted = rngrid("allow", client_id, "--role", "infer", "--config", str(tower.config_path), home=tmp_path)
+    assert granted.returncode == 0, granted.stderr
+    result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "5", "--json",
+                    "hello", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert '"usage"' in result.stdout.splitlines()[-1]
+
+
+def test_role_without_infer_refused(hub, tower, tmp_path):
+    client_id = rngrid("id", home=tmp_path).stdout.strip()
+    rngrid("allow", client_id, "--role", "sync", "--config", str(tower.config_path), home=tmp_path)
+    result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "hello", home=tmp_path)
+    assert result.returncode == 1 and "not allowed to infer" in result.stderr
+
+
+def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
+    entry = hub.wait_tower(tower.name)
+    destination = RNS.Destination(RNS.Identity.recall(entry.destination_hash), RNS.Destination.OUT,
+                                  RNS.Destination.SINGLE, APP_NAME, TOWER_ASPECT)
+    up = threading.Event()
+    link = RNS.Link(destination, established_callback=lambda _: up.set())
+    assert up.wait(15)
+    try:
+        replies = {}
+        for path, payload in (("caps/full", {}), ("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "x", "stream_id": 1})):
+            done = threading.Event()
+            link.request(path, wire.pack(payload), timeout=15,
+                         response_callback=lambda r, p=path: (replies.setdefault(p, r.response), done.set()),
+                         failed_callback=lambda _: done.set())
+            assert done.wait(16) and path in replies, f"{path} got no answer"
+        assert wire.parse_response(replies["caps/full"])["models"][0]["alias"] == DEFAULT_ALIAS
+        with pytest.raises(WireError) as e:
+            wire.parse_response(replies["ai/inference"])
+        assert e.value.code == Code.NOT_ALLOWED and "not identified" in e.value.message
+    finally:
+        link.teardown()

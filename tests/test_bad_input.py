@@ -1,0 +1,79 @@
+"""Bad input gets a clear error with a code, and the tower keeps serving."""
+
+import threading
+
+import msgpack
+import pytest
+import RNS
+
+from links import wire
+from links.wire import Code, WireError
+from reticulum_grid.client import Usage
+from reticulum_grid.default_model import DEFAULT_ALIAS
+
+
+@pytest.fixture(scope="module")
+def conn(hub):
+    tower = hub.start_tower("bad-a")
+    return hub.grid.connection(hub.wait_tower(tower.name))
+
+
+def raw_request(conn, data, path="ai/inference", timeout=30):
+    link = conn.ensure_link()
+    done, box = threading.Event(), {}
+    link.request(path, data, timeout=timeout, failed_callback=lambda _: done.set(),
+                 response_callback=lambda r: (box.setdefault("r", r.response), done.set()))
+    assert done.wait(timeout + 1) and "r" in box, "the tower must answer, not time out"
+    with pytest.raises(WireError) as e:
+        wire.parse_response(box["r"])
+    return e.value
+
+
+def assert_still_serving(hub, conn):
+    pieces = list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hello", "max_tokens": 3},
+                                   tower=conn.entry.name))
+    assert isinstance(pieces[-1], Usage) and pieces[-1].completion_tokens > 0
+
+
+def request(**fields):
+    return wire.pack({"model": DEFAULT_ALIAS, "prompt": "hi", "stream_id": 1, **fields})
+
+
+@pytest.mark.parametrize("data, code, words", [
+    (b"\xc1\xff\x00garbage", Code.BAD_REQUEST, "malformed msgpack"),
+    (msgpack.packb([1, 2, 3]), Code.BAD_REQUEST, "must be a map"),
+    ("a str, not bytes", Code.BAD_REQUEST, "msgpack bytes"),
+    (None, Code.BAD_REQUEST, "msgpack bytes"),
+    (request(max_tokens="lots"), Code.BAD_REQUEST, "'max_tokens' must be int"),
+    (request(temperature=[1]), Code.BAD_REQUEST, "'temperature' must be float"),
+    (request(messages=[{"role": "user", "content": 5}], prompt=None), Code.BAD_REQUEST, "content must be a string"),
+    (request(colour="blue"), Code.BAD_REQUEST, "unknown field"),
+    (request(model="no-such-model"), Code.UNKNOWN_MODEL, DEFAULT_ALIAS),
+    (request(prompt="word " * 6000), Code.CONTEXT_LENGTH_EXCEEDED, "context window is 4096 tokens"),
+])
+def test_bad_request_answered_with_code(hub, conn, data, code, words):
+    error = raw_request(conn, data)
+    assert error.code == code and words in error.message, error
+    assert_still_serving(hub, conn)
+
+
+def test_oversized_request_refused(hub, conn):
+    error = raw_request(conn, request(prompt="x" * (wire.MAX_REQUEST_BYTES + 10)), timeout=120)
+    assert error.code == Code.REQUEST_TOO_LARGE
+    assert_still_serving(hub, conn)
+
+
+def test_duplicate_stream_id_refused(hub, conn):
+    data = request(prompt="Count to fifty: 1, 2,", max_tokens=400, stream_id=77)
+    link = conn.ensure_link()
+    first = threading.Event()
+    link.request("ai/inference", data, response_callback=lambda r: first.set(), timeout=30)
+    assert first.wait(30)
+    error = raw_request(conn, data)
+    assert error.code == Code.BAD_REQUEST and "already in use" in error.message
+
+
+def test_garbage_channel_message_is_ignored(hub, conn):
+    link = conn.ensure_link()
+    RNS.Packet(link, b"\x01\x01\x00\x00\x00\x03\xc1\xc1\xc1", context=RNS.Packet.CHANNEL).send()
+    assert_still_serving(hub, conn)

@@ -1,0 +1,61 @@
+"""Discovery with real RNS: towers announce caps, clients build their table."""
+
+import json
+
+import psutil
+import pytest
+
+from announce.announcer import tower_destination_hash
+from links.manifest import build
+from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.identity import load_or_create
+from tests.conftest import rngrid
+
+
+@pytest.fixture(scope="module")
+def two_towers(hub):
+    return hub.start_tower("disc-a"), hub.start_tower("disc-b")
+
+
+def test_two_towers_discovered_with_correct_caps(hub, two_towers, model_path):
+    blob_id = build(model_path).blob_id
+    for tower in two_towers:
+        entry = hub.wait_tower(tower.name)
+        assert entry.destination_hash == tower_destination_hash(load_or_create(tower.dir / "identity"))
+        caps = entry.caps
+        assert caps.name == tower.name and entry.hops == 1
+        model = caps.model(DEFAULT_ALIAS)
+        assert model.loaded and model.short_id == blob_id[:4]
+        hw = caps.hardware
+        assert hw.backend == "cpu" and hw.device and hw.vram_total_mib == 0
+        assert abs(hw.ram_total_mib - psutil.virtual_memory().total // 2**20) <= 1
+        assert 0 < hw.ram_free_mib <= hw.ram_total_mib
+        assert caps.tokens_per_s > 0, "warm-up gives a first tokens/s estimate"
+        assert caps.heartbeat_s == 600 and caps.load.streams == 0
+
+
+def test_caps_full_over_link(hub, two_towers, model_path):
+    from announce.caps import decode_full
+    entry = hub.wait_tower(two_towers[0].name)
+    reply = hub.grid.connection(entry).request("caps/full", {})
+    assert decode_full(reply["caps"]).name == entry.name
+    (model,) = reply["models"]
+    assert model["alias"] == DEFAULT_ALIAS and model["blob_id"] == build(model_path).blob_id
+    assert model["n_ctx"] == 4096 and model["size"] > 90 * 2**20
+
+
+def test_towers_cli_json(two_towers, tmp_path):
+    result = rngrid("towers", "--json", "--wait", "20", "--connect", two_towers[0].address, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    (row,) = [r for r in rows if r["name"] == two_towers[0].name]
+    assert row["models"][0]["alias"] == DEFAULT_ALIAS and row["hops"] == 1
+    assert row["backend"] == "cpu" and row["ram_total_mib"] > 0 and len(row["destination"]) == 32
+
+
+def test_towers_cli_table(two_towers, tmp_path):
+    result = rngrid("towers", "--wait", "20", "--connect", two_towers[1].address, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert two_towers[1].name in result.stdout and DEFAULT_ALIAS in result.stdout
+    entry_hash = [line for line in result.stdout.splitlines() if two_towers[1].name in line]
+    assert entry_hash, result.stdout

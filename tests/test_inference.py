@@ -1,0 +1,146 @@
+"""Streamed inference against a real tower process and the real SmolLM2 model."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from links.wire import Code, WireError
+from reticulum_grid.client import Usage
+from reticulum_grid.default_model import DEFAULT_ALIAS
+from tests.conftest import rngrid
+
+LONG_PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+
+
+@pytest.fixture(scope="module")
+def tower(hub):
+    # queue_depth 0: a second request while one runs is answered "busy", which
+    # makes a slot that was not freed visible.
+    t = hub.start_tower("inf-a", limits={"queue_depth": 0})
+    hub.wait_tower(t.name)
+    return t
+
+
+def run(hub, tower, **payload):
+    stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, **payload}, tower=tower.name)
+    pieces = list(stream)
+    assert isinstance(pieces[-1], Usage)
+    return "".join(pieces[:-1]), pieces[-1]
+
+
+def live_load(hub, tower):
+    from announce.caps import decode_full
+    entry = hub.wait_tower(tower.name)
+    return decode_full(hub.grid.connection(entry).request("caps/full", {})["caps"]).load
+
+
+def wait_idle(hub, tower, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        load = live_load(hub, tower)
+        if load.streams == 0 and load.queue == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_stream_is_incremental(hub, tower):
+    started = time.perf_counter()
+    stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": LONG_PROMPT,
+                                               "max_tokens": 200, "temperature": 0.0}, tower=tower.name)
+    arrivals = []
+    for piece in stream:
+        if not isinstance(piece, Usage):
+            arrivals.append(time.perf_counter() - started)
+    usage = stream.usage
+    assert usage.completion_tokens == 200 and usage.finish_reason == "length"
+    assert len(arrivals) >= 20, "tokens arrive as separate pieces, not as one block"
+    print(f"first piece {arrivals[0] * 1000:.0f} ms, last {arrivals[-1] * 1000:.0f} ms, {len(arrivals)} pieces")
+    assert arrivals[0] < 0.25 * arrivals[-1], "first piece must arrive long before the last token"
+    assert usage.tokens_per_s > 0 and usage.ttft_s > 0 and usage.prompt_tokens > 10 and usage.tower == tower.name
+
+
+@pytest.mark.parametrize("prompt", [LONG_PROMPT, "The three primary colors are", "def fibonacci(n):"])
+def test_joined_stream_equals_non_streamed_completion(hub, tower, local_llama, prompt):
+    text, usage = run(hub, tower, prompt=prompt, max_tokens=64, temperature=0.0)
+    reference = local_llama.llm.create_completion(prompt, max_tokens=64, temperature=0.0)
+    assert text == reference["choices"][0]["text"]
+    assert usage.completion_tokens == reference["usage"]["completion_tokens"]
+    assert usage.prompt_tokens == reference["usage"]["prompt_tokens"]
+
+
+def test_chat_stream_equals_chat_completion(hub, tower, local_llama):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name two planets."}]
+    text, usage = run(hub, tower, messages=messages, max_tokens=48, temperature=0.0)
+    reference = local_llama.llm.create_chat_completion(messages, max_tokens=48, temperature=0.0)
+    assert text == reference["choices"][0]["message"]["content"]
+    assert usage.finish_reason == reference["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("prompt", ["Emoji list: 😀 😃 😄 😁 😆", "中文：你好，世界！我们"])
+def test_emoji_and_cjk_never_broken(hub, tower, local_llama, prompt):
+    stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": prompt, "max_tokens": 30,
+                                               "temperature": 0.0}, tower=tower.name)
+    pieces = [p for p in stream if not isinstance(p, Usage)]
+    text = "".join(pieces)
+    assert any(ord(ch) > 0x2E80 for ch in text), f"expected emoji/CJK output, got {text!r}"
+    assert "\ufffd" not in text and all("\ufffd" not in p for p in pieces)
+    assert text == local_llama.llm.create_completion(prompt, max_tokens=30, temperature=0.0)["choices"][0]["text"]
+
+
+def test_stop_strings_are_held_back(hub, tower):
+    text, usage = run(hub, tower, prompt=LONG_PROMPT, max_tokens=100, temperature=0.0, stop=[" 9,"])
+    assert usage.finish_reason == "stop" and text.endswith("8,") and " 9" not in text
+
+
+def test_cancel_frees_the_tower(hub, tower):
+    stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": LONG_PROMPT,
+                                               "max_tokens": 3000, "temperature": 0.0}, tower=tower.name)
+    iterator = iter(stream)
+    for _ in range(5):
+        next(iterator)
+    assert live_load(hub, tower).streams == 1
+    with pytest.raises(WireError) as busy:
+        run(hub, tower, prompt="hi", max_tokens=4)
+    assert busy.value.code == Code.BUSY and busy.value.retry_after > 0
+    stream.cancel()
+    assert wait_idle(hub, tower), "the tower kept generating after cancel"
+    text, usage = run(hub, tower, prompt="hi", max_tokens=4)
+    assert usage.completion_tokens > 0
+
+
+def test_breaking_out_of_the_loop_cancels(hub, tower):
+    for i, piece in enumerate(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": LONG_PROMPT,
+                                                                "max_tokens": 3000, "temperature": 0.0},
+                                                               tower=tower.name)):
+        if i == 3:
+            break
+    assert wait_idle(hub, tower)
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
+    """Ctrl-C sends a cancel; a killed client drops the link. Either way the tower stops."""
+    from reticulum_grid.config import allow
+    client_id = rngrid("id", home=tmp_path).stdout.strip()
+    allow(tower.config_path, client_id, ["infer"])
+    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(tmp_path), "infer",
+                             "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "4000", "--temperature", "0",
+                             "--raw", LONG_PROMPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(10), "the CLI streamed nothing"
+        assert live_load(hub, tower).streams == 1
+        proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        proc.wait(20)
+        started = time.monotonic()
+        assert wait_idle(hub, tower, timeout=30), "the tower kept generating for a client that is gone"
+        print(f"{how}: tower idle {time.monotonic() - started:.2f} s after the client went")
+    finally:
+        proc.kill()
+        proc.wait()
+    if how == "sigint":
+        assert proc.returncode == 130

@@ -1,0 +1,28 @@
+"""The configs we ship and write: parseable by RNS, ingress control off, no AutoInterface in tests."""
+
+from pathlib import Path
+
+import pytest
+from RNS.vendor.configobj import ConfigObj
+
+from reticulum_grid.rnsnet import config_text
+
+SHIPPED = sorted((Path(__file__).parent.parent / "rnsconfig").glob("*/config"))
+
+
+def interfaces(text):
+    return ConfigObj(text.splitlines())["interfaces"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.parent.name)
+def test_shipped_configs(path):
+    ifaces = interfaces(path.read_text())
+    assert ifaces and all(i["ingress_control"] == "No" for i in ifaces.values())
+
+
+def test_generated_config():
+    text = config_text(listen="127.0.0.1:4000", connect=["127.0.0.1:4001"], bitrate=9600)
+    ifaces = interfaces(text)
+    assert {i["type"] for i in ifaces.values()} == {"TCPServerInterface", "TCPClientInterface"}
+    assert all(i["ingress_control"] == "No" and i["bitrate"] == "9600" for i in ifaces.values())
+    assert "AutoInterface" not in text and "share_instance = No" in text

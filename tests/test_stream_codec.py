@@ -1,0 +1,161 @@
+"""Stream messages, coalescing and incremental UTF-8 decoding.
+
+Unit tests with a named test double for the Link's Channel; the real Channel
+path is covered in test_inference.py."""
+
+import threading
+import time
+
+import pytest
+import RNS
+
+from links.stream import (StreamCancel, StreamEnd, StreamError, StreamProtocolError, StreamReceiver,
+                          StreamSender, TokenChunk)
+from links.wire import WireError
+
+TEXT = "Emoji 😀🚀 and CJK 日本語のテキスト, accents é à ü — done."
+
+
+def events(receiver):
+    return list(receiver.events(idle_timeout=2))
+
+
+def test_every_split_point_decodes_intact():
+    data = TEXT.encode()
+    for cut in range(1, len(data)):
+        r = StreamReceiver(1)
+        r.deliver(TokenChunk(1, 0, data[:cut]))
+        r.deliver(TokenChunk(1, 1, data[cut:]))
+        r.deliver(StreamEnd(1, "stop", {}))
+        pieces = [e[1] for e in events(r) if e[0] == "text"]
+        assert "".join(pieces) == TEXT
+        assert all("\ufffd" not in p for p in pieces)
+
+
+def test_byte_by_byte():
+    r = StreamReceiver(5)
+    for i, b in enumerate(TEXT.encode()):
+        r.deliver(TokenChunk(5, i, bytes([b])))
+    r.deliver(StreamEnd(5, "length", {"completion_tokens": 3}))
+    out = events(r)
+    assert "".join(e[1] for e in out if e[0] == "text") == TEXT
+    assert out[-1] == ("end", "length", {"completion_tokens": 3})
+
+
+def test_gap_and_error_raise():
+    r = StreamReceiver(1)
+    r.deliver(TokenChunk(1, 1, b"x"))
+    with pytest.raises(WireError, match="expected 0"):
+        events(r)
+    r = StreamReceiver(1)
+    r.deliver(StreamError(1, "cancelled", "by you"))
+    with pytest.raises(WireError) as e:
+        events(r)
+    assert e.value.code == "cancelled"
+
+
+def test_idle_timeout():
+    r = StreamReceiver(1)
+    with pytest.raises(WireError, match="no data"):
+        list(r.events(idle_timeout=0.2))
+
+
+@pytest.mark.parametrize("message", [TokenChunk(3, 4, b"abc"), StreamEnd(3, "stop", {"a": 1}),
+                                     StreamError(3, "busy", "later"), StreamCancel(3)])
+def test_messages_round_trip(message):
+    copy = type(message)()
+    copy.unpack(message.pack())
+    assert copy.__dict__ == message.__dict__
+
+
+@pytest.mark.parametrize("cls, raw", [(TokenChunk, b"\xc1"), (TokenChunk, b"\x93\x01\x02\xa1x"),
+                                      (StreamEnd, b"\x93\x01\xa1x\x05"), (StreamCancel, b"\x91\xff"),
+                                      (StreamError, b"\x92\x01\x02")])
+def test_malformed_messages_rejected(cls, raw):
+    with pytest.raises(StreamProtocolError):
+        cls().unpack(raw)
+
+
+class ChannelDouble:
+    """Test double for an RNS Channel: a window we open and close by hand."""
+
+    def __init__(self):
+        self.ready = True
+        self.mdu = 64
+
+    def is_ready_to_send(self):
+        return self.ready
+
+
+class LinkDouble:
+    """Test double for an RNS Link: only status, rtt and teardown."""
+
+    def __init__(self):
+        self.status = RNS.Link.ACTIVE
+        self.rtt = 0.001
+
+    def teardown(self):
+        self.status = RNS.Link.CLOSED
+
+
+class RouterDouble:
+    """Test double for StreamRouter: records what would go on the wire."""
+
+    def __init__(self):
+        self.channel = ChannelDouble()
+        self.link = LinkDouble()
+        self.usable = True
+        self.sent = []
+        self.done = threading.Event()
+
+    def link_usable(self):
+        return self.usable and self.link.status != RNS.Link.CLOSED
+
+    def max_chunk_bytes(self):
+        return 16
+
+    def send(self, message, timeout=10.0):
+        self.sent.append(message)
+        if not isinstance(message, TokenChunk):
+            self.done.set()
+        return True
+
+
+def test_sender_coalesces_while_window_full_and_splits_at_mdu():
+    router = RouterDouble()
+    router.channel.ready = False
+    sender = StreamSender(router, 9)
+    for ch in "abcdefghij" * 4:
+        sender.push(ch.encode())
+    time.sleep(0.1)
+    assert router.sent == [], "nothing may be sent while the window is full"
+    router.channel.ready = True
+    sender.end("stop", {})
+    assert router.done.wait(2)
+    chunks = [m for m in router.sent if isinstance(m, TokenChunk)]
+    assert b"".join(m.data for m in chunks) == b"abcdefghij" * 4
+    assert [m.seq for m in chunks] == list(range(len(chunks)))
+    assert len(chunks) == 3 and all(len(m.data) <= 16 for m in chunks)
+    assert isinstance(router.sent[-1], StreamEnd)
+
+
+def test_sender_sends_at_once_when_window_open():
+    router = RouterDouble()
+    sender = StreamSender(router, 1)
+    sender.push(b"x")
+    deadline = time.monotonic() + 1
+    while not router.sent and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert router.sent and router.sent[0].data == b"x"
+    sender.fail("cancelled", "bye")
+    assert router.done.wait(2) and isinstance(router.sent[-1], StreamError)
+
+
+def test_sender_tears_down_a_link_whose_interface_vanished():
+    router = RouterDouble()
+    router.channel.ready = False
+    router.usable = False
+    sender = StreamSender(router, 2)
+    sender.push(b"lost")
+    sender.join(2)
+    assert router.link.status == RNS.Link.CLOSED and router.sent == []
