@@ -1,6 +1,6 @@
-"""Version-guarded fixes for two send-before-register races in RNS 0.9.4.
+"""Version-guarded fixes for send-before-register races in RNS 0.9.4.
 
-The grid pins rns==0.9.4 (the last MIT release). That release registers two
+The grid pins rns==0.9.4 (the last MIT release). That release registers four
 things *after* sending the packet that makes the peer answer; on a fast link
 the answer can arrive first and is then lost:
 
@@ -15,6 +15,22 @@ the answer can arrive first and is then lost:
    arriving in between, matches no outgoing resource and is ignored; the
    transfer stalls until the receiver's retry (~3 s).  Fix: register the
    resource before the advertisement goes out.
+3. ``Transport.outbound`` transmits a link packet (the broadcast branch every
+   Link packet takes) and only then creates its ``PacketReceipt``. A delivery
+   proof arriving in between matches no receipt and is dropped; a Channel
+   then waits for a retry that the peer's duplicate filter may never answer,
+   and a token stream freezes until generation ends.  Fix: create and
+   register the receipt before ``outbound`` runs.
+4. ``Channel.send`` sets its delivery callback on the receipt after the packet
+   was sent. A proof validated in between never reaches the Channel: its
+   window stops growing and the envelope stays in its ring (which lengthens
+   every later timeout).  Fix: a delivery callback set on an already delivered
+   receipt runs at once.
+
+Besides the races, ``Channel._update_packet_timeouts`` iterates the send ring
+without the Channel's lock while the receive thread removes delivered
+envelopes; "deque mutated during iteration" then escapes from
+``Channel.send``.  Fix: take the lock there too.
 
 ``apply()`` is idempotent and patches nothing on any other RNS version.
 """
@@ -48,6 +64,9 @@ def apply():
             return False
         _fix_request_reply_race()
         _fix_resource_advertise_race()
+        _fix_receipt_after_transmit_race()
+        _fix_late_delivery_callback_race()
+        _fix_unlocked_ring_iteration()
         _applied = True
         return True
 
@@ -108,3 +127,58 @@ def _fix_resource_advertise_race():
         self.watchdog_job()
 
     RNS.Resource._Resource__advertise_job = advertise_job
+
+
+def _wants_receipt(packet):
+    # Transport.outbound's own rule for which packets get a PacketReceipt.
+    return (packet.create_receipt is True and packet.packet_type == RNS.Packet.DATA
+            and packet.destination.type != RNS.Destination.PLAIN
+            and not (RNS.Packet.KEEPALIVE <= packet.context <= RNS.Packet.LRPROOF)
+            and not (RNS.Packet.RESOURCE <= packet.context <= RNS.Packet.RESOURCE_RCL))
+
+
+def _fix_receipt_after_transmit_race():
+    # Race 3 (see module docstring): proof handled before the receipt exists.
+    original_outbound = RNS.Transport.outbound
+
+    def outbound(packet):
+        if not _wants_receipt(packet):
+            return original_outbound(packet)
+        if not packet.packed:
+            packet.pack()
+        receipt = RNS.PacketReceipt(packet)
+        RNS.Transport.receipts.append(receipt)
+        packet.receipt = receipt
+        packet.create_receipt = False
+        try:
+            sent = original_outbound(packet)
+        finally:
+            packet.create_receipt = True
+        if not sent and receipt in RNS.Transport.receipts:
+            RNS.Transport.receipts.remove(receipt)
+        return sent
+
+    RNS.Transport.outbound = staticmethod(outbound)
+
+
+def _fix_late_delivery_callback_race():
+    # Race 4 (see module docstring): delivery callback set after the proof arrived.
+    original = RNS.PacketReceipt.set_delivery_callback
+
+    def set_delivery_callback(self, callback):
+        original(self, callback)
+        if callback is not None and self.status == RNS.PacketReceipt.DELIVERED:
+            callback(self)
+
+    RNS.PacketReceipt.set_delivery_callback = set_delivery_callback
+
+
+def _fix_unlocked_ring_iteration():
+    from RNS.Channel import Channel
+    original = Channel._update_packet_timeouts
+
+    def update_packet_timeouts(self):
+        with self._lock:
+            return original(self)
+
+    Channel._update_packet_timeouts = update_packet_timeouts

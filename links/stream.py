@@ -16,55 +16,20 @@ chunks is never broken.
 """
 
 import codecs
-import logging
 import queue
 import threading
-import time
 
 import msgpack
 import RNS
-from RNS.Channel import ChannelException
 
+from links.channel import MAX_ID, ProtocolError, short_str, uint, unpack_array
 from links.wire import Code, WireError
-
-log = logging.getLogger("rngrid.links")
 
 #: Longest a produced token may wait before it is sent (seconds).
 FLUSH_S = 0.05
-#: Poll period while the Channel window is full (seconds).
-WINDOW_POLL_S = 0.003
-#: A window that stays shut this long (seconds, or 10 RTTs if longer) means the
-#: peer is gone without a teardown (e.g. killed behind a transport node).
-STALL_S = 10.0
 #: Envelope room taken by TokenChunk's own fields (msgpack array, ids, bin header).
 CHUNK_OVERHEAD = 24
-MAX_STREAM_ID = (1 << 63) - 1
-
-
-class StreamProtocolError(ValueError):
-    pass
-
-
-def _unpack(raw, length):
-    try:
-        value = msgpack.unpackb(raw, raw=False)
-    except Exception as e:
-        raise StreamProtocolError(f"malformed stream message: {e}") from None
-    if not isinstance(value, list) or len(value) != length:
-        raise StreamProtocolError("stream message has the wrong shape")
-    return value
-
-
-def _uint(value, what, hi=MAX_STREAM_ID):
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
-        raise StreamProtocolError(f"{what} is not an unsigned integer")
-    return value
-
-
-def _str(value, what, limit=4096):
-    if not isinstance(value, str) or len(value) > limit:
-        raise StreamProtocolError(f"{what} is not a short string")
-    return value
+MAX_STREAM_ID = MAX_ID
 
 
 class TokenChunk(RNS.MessageBase):
@@ -77,10 +42,10 @@ class TokenChunk(RNS.MessageBase):
         return msgpack.packb([self.stream_id, self.seq, self.data], use_bin_type=True)
 
     def unpack(self, raw):
-        stream_id, seq, data = _unpack(raw, 3)
+        stream_id, seq, data = unpack_array(raw, 3)
         if not isinstance(data, bytes):
-            raise StreamProtocolError("token chunk data is not bytes")
-        self.stream_id, self.seq, self.data = _uint(stream_id, "stream id"), _uint(seq, "seq"), data
+            raise ProtocolError("token chunk data is not bytes")
+        self.stream_id, self.seq, self.data = uint(stream_id, "stream id"), uint(seq, "seq"), data
 
 
 class StreamEnd(RNS.MessageBase):
@@ -93,10 +58,10 @@ class StreamEnd(RNS.MessageBase):
         return msgpack.packb([self.stream_id, self.finish_reason, self.usage], use_bin_type=True)
 
     def unpack(self, raw):
-        stream_id, reason, usage = _unpack(raw, 3)
+        stream_id, reason, usage = unpack_array(raw, 3)
         if not isinstance(usage, dict):
-            raise StreamProtocolError("usage is not a map")
-        self.stream_id, self.finish_reason, self.usage = _uint(stream_id, "stream id"), _str(reason, "finish reason", 32), usage
+            raise ProtocolError("usage is not a map")
+        self.stream_id, self.finish_reason, self.usage = uint(stream_id, "stream id"), short_str(reason, "finish reason", 32), usage
 
 
 class StreamError(RNS.MessageBase):
@@ -109,8 +74,8 @@ class StreamError(RNS.MessageBase):
         return msgpack.packb([self.stream_id, self.code, self.message], use_bin_type=True)
 
     def unpack(self, raw):
-        stream_id, code, message = _unpack(raw, 3)
-        self.stream_id, self.code, self.message = _uint(stream_id, "stream id"), _str(code, "code", 64), _str(message, "message")
+        stream_id, code, message = unpack_array(raw, 3)
+        self.stream_id, self.code, self.message = uint(stream_id, "stream id"), short_str(code, "code", 64), short_str(message, "message")
 
 
 class StreamCancel(RNS.MessageBase):
@@ -123,28 +88,24 @@ class StreamCancel(RNS.MessageBase):
         return msgpack.packb([self.stream_id])
 
     def unpack(self, raw):
-        (stream_id,) = _unpack(raw, 1)
-        self.stream_id = _uint(stream_id, "stream id")
+        (stream_id,) = unpack_array(raw, 1)
+        self.stream_id = uint(stream_id, "stream id")
 
 
-MESSAGE_TYPES = (TokenChunk, StreamEnd, StreamError, StreamCancel)
+class StreamRoutes:
+    """Routes a Link's stream messages to per-stream callbacks, on a ChannelRouter.
 
+    Messages for unknown streams are dropped; ``on_cancel(stream_id)`` receives
+    StreamCancel messages (tower side)."""
 
-class StreamRouter:
-    """Routes a Link Channel's stream messages to per-stream callbacks.
-
-    One per Link, on both ends. Messages for unknown streams are dropped;
-    ``on_cancel(stream_id)`` receives StreamCancel messages (tower side)."""
-
-    def __init__(self, link, on_cancel=None):
-        self.link = link
-        self.channel = link.get_channel()
+    def __init__(self, router, on_cancel=None):
+        self.router = router
         self.on_cancel = on_cancel
         self._routes = {}
         self._lock = threading.Lock()
-        for message_type in MESSAGE_TYPES:
-            self.channel.register_message_type(message_type)
-        self.channel.add_message_handler(self._handle)
+        for message_type in (TokenChunk, StreamEnd, StreamError):
+            router.on(message_type, self._deliver)
+        router.on(StreamCancel, self._cancel)
 
     def add(self, stream_id, callback):
         with self._lock:
@@ -154,48 +115,15 @@ class StreamRouter:
         with self._lock:
             self._routes.pop(stream_id, None)
 
-    def _handle(self, message):
-        if not isinstance(message, MESSAGE_TYPES):
-            return False
-        if isinstance(message, StreamCancel):
-            if self.on_cancel is not None:
-                self.on_cancel(message.stream_id)
-            return True
+    def _deliver(self, message):
         with self._lock:
             callback = self._routes.get(message.stream_id)
         if callback is not None:
             callback(message)
-        return True
 
-    def send(self, message, timeout=10.0):
-        """Send one message, waiting (bounded) for the Channel window.
-
-        Returns False if the Link closed or the window stayed full past ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while self.link.status != RNS.Link.CLOSED and time.monotonic() < deadline:
-            if self.channel.is_ready_to_send():
-                try:
-                    self.channel.send(message)
-                    return True
-                except ChannelException:
-                    pass  # another stream took the window between check and send
-            time.sleep(WINDOW_POLL_S)
-        return False
-
-    def link_usable(self):
-        """False once the Link is closed or the interface it runs on went away.
-
-        rns 0.9.4 keeps a Link whose TCP peer vanished open for minutes and
-        silently drops what is sent on it, so a stream would keep generating
-        for nobody; a sender that finds the link unusable tears it down."""
-        if self.link.status == RNS.Link.CLOSED:
-            return False
-        interface = getattr(self.link, "attached_interface", None)
-        return interface is None or (interface.online and interface in RNS.Transport.interfaces)
-
-    def max_chunk_bytes(self):
-        """Token bytes that fit one TokenChunk on this Link (follows the negotiated MDU)."""
-        return max(1, self.channel.mdu - CHUNK_OVERHEAD)
+    def _cancel(self, message):
+        if self.on_cancel is not None:
+            self.on_cancel(message.stream_id)
 
 
 class StreamSender:
@@ -237,7 +165,7 @@ class StreamSender:
             self._cond.notify()
 
     def _run(self):
-        limit = self.router.max_chunk_bytes()
+        limit = self.router.payload_limit(CHUNK_OVERHEAD)
         while True:
             with self._cond:
                 while not self._buffer and self._terminal is None:
@@ -246,7 +174,7 @@ class StreamSender:
             if terminal is not None:
                 self.router.send(terminal)
                 return
-            if not self._wait_window():
+            if not self.router.wait_window():
                 return
             with self._cond:
                 data = bytes(self._buffer[:limit])  # take what accumulated while waiting
@@ -254,21 +182,6 @@ class StreamSender:
             if not self.router.send(TokenChunk(self.stream_id, self._seq, data)):
                 return
             self._seq += 1
-
-    def _wait_window(self):
-        router = self.router
-        deadline = time.monotonic() + max(STALL_S, 10 * (router.link.rtt or 0))
-        while router.link_usable():
-            if router.channel.is_ready_to_send():
-                return True
-            if time.monotonic() > deadline:
-                break
-            time.sleep(WINDOW_POLL_S)
-        if router.link.status != RNS.Link.CLOSED:
-            log.info("link %s unusable or stalled; tearing it down", router.link)
-            router.link.teardown()
-        return False
-
 
 class StreamReceiver:
     """Client side: one stream's messages as events, text decoded incrementally.

@@ -24,7 +24,8 @@ import RNS
 from announce.announcer import APP_NAME, TOWER_ASPECT, Pinger, TowerListener
 from announce.table import TowerTable
 from links import wire
-from links.stream import MAX_STREAM_ID, StreamCancel, StreamReceiver, StreamRouter
+from links.channel import ChannelRouter
+from links.stream import MAX_STREAM_ID, StreamCancel, StreamReceiver, StreamRoutes
 from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
 
@@ -192,6 +193,7 @@ class TowerConnection:
         self.entry = entry
         self.link = None
         self.router = None
+        self.streams = None
         self.receivers = {}
         self._lock = threading.Lock()
 
@@ -213,7 +215,8 @@ class TowerConnection:
                 link.teardown()
                 raise WireError(Code.UNREACHABLE, f"no link to tower {self.entry.name} within {timeout:.0f} s")
             link.identify(self.grid.identity)
-            self.link, self.router = link, StreamRouter(link)
+            self.link, self.router = link, ChannelRouter(link)
+            self.streams = StreamRoutes(self.router)
             return link
 
     def request(self, path, payload, timeout=30.0):
@@ -237,17 +240,17 @@ class TowerConnection:
     def open_stream(self, stream_id):
         self.ensure_link()
         receiver = self.receivers[stream_id] = StreamReceiver(stream_id)
-        self.router.add(stream_id, receiver.deliver)
+        self.streams.add(stream_id, receiver.deliver)
         return receiver
 
     def close_stream(self, stream_id):
         self.receivers.pop(stream_id, None)
-        if self.router is not None:
-            self.router.remove(stream_id)
+        if self.streams is not None:
+            self.streams.remove(stream_id)
 
     def cancel(self, stream_id):
         if self.router is not None and self.link.status == RNS.Link.ACTIVE:
-            self.router.send(StreamCancel(stream_id), timeout=2.0)
+            self.router.send(StreamCancel(stream_id))
         self.close_stream(stream_id)
 
     def close(self):

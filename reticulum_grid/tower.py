@@ -19,7 +19,8 @@ from announce import caps as capscodec
 from announce.announcer import APP_NAME, TOWER_ASPECT, Announcer, PingListener
 from links import auth, wire
 from links.manifest import build as build_manifest
-from links.stream import StreamRouter, StreamSender
+from links.channel import ChannelRouter
+from links.stream import StreamRoutes, StreamSender
 from links.wire import Code, WireError
 from reticulum_grid import hardware, identity, inference_request, rnsnet
 from reticulum_grid.admission import Cancelled, ModelQueue
@@ -44,7 +45,8 @@ class LinkSession:
     def __init__(self, link, on_closed):
         self.link = link
         self.streams = {}
-        self.router = StreamRouter(link, on_cancel=self.cancel)
+        self.router = ChannelRouter(link)
+        self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
         self._on_closed = on_closed
         link.set_link_closed_callback(self._closed)
 

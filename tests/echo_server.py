@@ -1,14 +1,35 @@
 """A plain RNS destination with echo handlers, for the race-fix tests.
 
 Usage: python echo_server.py CONFIGDIR CONNECT_HOSTPORT. Prints its destination
-hash on stdout, then serves until killed."""
+hash on stdout, then serves until killed. Requests "echo" and "big" answer
+with the request data (x1, x32768); Channel messages of type Echo come back."""
 
 import sys
+import threading
 import time
 
 import RNS
 
+from links.channel import ChannelRouter
 from reticulum_grid import rnsnet
+
+
+class Echo(RNS.MessageBase):
+    MSGTYPE = 0x7E01
+
+    def __init__(self, data=b""):
+        self.data = data
+
+    def pack(self):
+        return self.data
+
+    def unpack(self, raw):
+        self.data = raw
+
+
+def echo_channel(link):
+    router = ChannelRouter(link)
+    router.on(Echo, lambda message: threading.Thread(target=router.send, args=(Echo(message.data),)).start())
 
 
 def main():
@@ -21,6 +42,7 @@ def main():
                                          allow=RNS.Destination.ALLOW_ALL)
     destination.register_request_handler("big", response_generator=lambda p, d, rid, ident, at: d * 32768,
                                          allow=RNS.Destination.ALLOW_ALL)
+    destination.set_link_established_callback(echo_channel)
     print(destination.hash.hex(), flush=True)
     while True:
         destination.announce()

@@ -1,8 +1,11 @@
-"""The two rns 0.9.4 send-before-register races, exercised with many fast round trips.
+"""The rns 0.9.4 send-before-register races, exercised with many fast round trips.
 
 Race 1: a response arriving before its RequestReceipt is registered is dropped
 (the request times out). Race 2: a Resource whose advertisement is answered
-before it is registered stalls until the receiver retries (~3 s)."""
+before it is registered stalls until the receiver retries (~3 s). Races 3 and
+4: a Channel message's delivery proof arriving before its PacketReceipt or the
+Channel's delivery callback exists is lost, so the message is resent or its
+envelope stays in the ring. Each test fails on unpatched 0.9.4."""
 
 import logging
 import subprocess
@@ -88,3 +91,71 @@ def test_resource_responses_need_no_retry(echo_link, monkeypatch, caplog):
     retries = [r.getMessage() for r in caplog.records if "requesting retry" in r.getMessage()
                or "retrying resource advertisement" in r.getMessage()]
     assert not retries, retries
+
+
+def test_channel_messages_need_no_resend(echo_link, monkeypatch):
+    from links.channel import ChannelRouter
+    from tests.echo_server import Echo
+
+    # Pause the sending thread right after each packet leaves, as a busy tower's
+    # generation thread does by holding the GIL: the echo server's proof then
+    # arrives before anything registered after the transmit exists.
+    sender = threading.current_thread()
+    transmit = RNS.Transport.transmit
+
+    def transmit_then_pause(interface, raw):
+        transmit(interface, raw)
+        if threading.current_thread() is sender:
+            time.sleep(0.002)
+
+    monkeypatch.setattr(RNS.Transport, "transmit", staticmethod(transmit_then_pause))
+    resends = []
+    resend = RNS.Packet.resend
+    monkeypatch.setattr(RNS.Packet, "resend", lambda self: (resends.append(1), resend(self))[1])
+    router = ChannelRouter(echo_link)
+    echoed = threading.Semaphore(0)
+    router.on(Echo, lambda message: echoed.release())
+    total = 600
+    for i in range(total):
+        assert router.send(Echo(i.to_bytes(4, "big")))
+    assert all(echoed.acquire(timeout=10) for _ in range(total)), "not every message came back"
+    deadline = time.monotonic() + 5
+    while router.channel._tx_ring and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not resends, f"{len(resends)} of {total} messages had to be resent"
+    assert not router.channel._tx_ring, f"{len(router.channel._tx_ring)} delivered envelopes stuck in the ring"
+
+
+class OutletDouble:
+    """Test double for a Channel outlet: a fast link that is always usable."""
+    rtt = 0.001
+    mdu = 400
+    is_usable = True
+
+
+def test_channel_ring_iteration_is_locked():
+    from RNS.Channel import Channel
+
+    rnsfix.apply()
+    channel = Channel(OutletDouble())
+    envelope = type("EnvelopeDouble", (), {"tries": 1, "packet": None})
+    stop, errors = threading.Event(), []
+
+    def mutate():
+        while not stop.is_set():
+            with channel._lock:
+                channel._tx_ring.append(envelope())
+                if len(channel._tx_ring) > 50:
+                    channel._tx_ring.clear()
+
+    thread = threading.Thread(target=mutate)
+    thread.start()
+    try:
+        for _ in range(20000):
+            channel._update_packet_timeouts()
+    except RuntimeError as e:
+        errors.append(e)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors

@@ -9,8 +9,8 @@ import time
 import pytest
 import RNS
 
-from links.stream import (StreamCancel, StreamEnd, StreamError, StreamProtocolError, StreamReceiver,
-                          StreamSender, TokenChunk)
+from links.channel import ProtocolError
+from links.stream import StreamCancel, StreamEnd, StreamError, StreamReceiver, StreamSender, TokenChunk
 from links.wire import WireError
 
 TEXT = "Emoji 😀🚀 and CJK 日本語のテキスト, accents é à ü — done."
@@ -72,7 +72,7 @@ def test_messages_round_trip(message):
                                       (StreamEnd, b"\x93\x01\xa1x\x05"), (StreamCancel, b"\x91\xff"),
                                       (StreamError, b"\x92\x01\x02")])
 def test_malformed_messages_rejected(cls, raw):
-    with pytest.raises(StreamProtocolError):
+    with pytest.raises(ProtocolError):
         cls().unpack(raw)
 
 
@@ -99,7 +99,7 @@ class LinkDouble:
 
 
 class RouterDouble:
-    """Test double for StreamRouter: records what would go on the wire."""
+    """Test double for ChannelRouter: records what would go on the wire."""
 
     def __init__(self):
         self.channel = ChannelDouble()
@@ -108,13 +108,17 @@ class RouterDouble:
         self.sent = []
         self.done = threading.Event()
 
-    def link_usable(self):
-        return self.usable and self.link.status != RNS.Link.CLOSED
+    def wait_window(self):
+        while self.usable and not self.channel.ready:
+            time.sleep(0.01)
+        if not self.usable:
+            self.link.teardown()
+        return self.usable
 
-    def max_chunk_bytes(self):
+    def payload_limit(self, overhead):
         return 16
 
-    def send(self, message, timeout=10.0):
+    def send(self, message):
         self.sent.append(message)
         if not isinstance(message, TokenChunk):
             self.done.set()
@@ -151,11 +155,27 @@ def test_sender_sends_at_once_when_window_open():
     assert router.done.wait(2) and isinstance(router.sent[-1], StreamError)
 
 
-def test_sender_tears_down_a_link_whose_interface_vanished():
-    router = RouterDouble()
-    router.channel.ready = False
-    router.usable = False
-    sender = StreamSender(router, 2)
-    sender.push(b"lost")
-    sender.join(2)
-    assert router.link.status == RNS.Link.CLOSED and router.sent == []
+class InterfaceDouble:
+    """Test double for an RNS interface that went offline."""
+    online = False
+
+
+class FullChannelDouble(ChannelDouble):
+    """Test double for a Channel whose window never opens."""
+
+    def __init__(self):
+        super().__init__()
+        self.ready = False
+
+    def add_message_handler(self, handler):
+        pass
+
+
+def test_router_tears_down_a_link_whose_interface_vanished():
+    from links.channel import ChannelRouter
+    link = LinkDouble()
+    link.attached_interface = InterfaceDouble()
+    link.get_channel = FullChannelDouble
+    router = ChannelRouter(link)
+    assert router.wait_window() is False
+    assert link.status == RNS.Link.CLOSED

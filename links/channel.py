@@ -1,0 +1,118 @@
+"""One router per Link Channel, on both ends: message types to handlers, and
+window-aware sending shared by token streams and chunk transfers.
+
+rns 0.9.4's Channel raises when its window is full and keeps silently dropping
+what is sent on a Link whose TCP peer vanished; ``wait_window`` covers both.
+"""
+
+import logging
+import threading
+import time
+
+import msgpack
+import RNS
+from RNS.Channel import ChannelException
+
+log = logging.getLogger("rngrid.links")
+
+#: Poll period while the Channel window is full (seconds).
+WINDOW_POLL_S = 0.003
+#: A window that stays shut this long (seconds, or 10 RTTs if longer) means the
+#: peer is gone without a teardown (e.g. killed behind a transport node).
+STALL_S = 10.0
+MAX_ID = (1 << 63) - 1
+
+
+class ProtocolError(ValueError):
+    """A Channel message that does not follow its schema."""
+
+
+def unpack_array(raw, length):
+    """msgpack array of exactly ``length`` items, or ProtocolError."""
+    try:
+        value = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise ProtocolError(f"malformed message: {e}") from None
+    if not isinstance(value, list) or len(value) != length:
+        raise ProtocolError("message has the wrong shape")
+    return value
+
+
+def uint(value, what, hi=MAX_ID):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+        raise ProtocolError(f"{what} is not an unsigned integer <= {hi}")
+    return value
+
+
+def short_str(value, what, limit=4096):
+    if not isinstance(value, str) or len(value) > limit:
+        raise ProtocolError(f"{what} is not a string of at most {limit} characters")
+    return value
+
+
+class ChannelRouter:
+    """Registers message types on a Link's Channel and routes each message to
+    the handler for its type. Unknown types are left to other handlers."""
+
+    def __init__(self, link):
+        self.link = link
+        self.channel = link.get_channel()
+        self._handlers = {}
+        self._lock = threading.Lock()
+        self.channel.add_message_handler(self._handle)
+
+    def on(self, message_type, handler):
+        """Call ``handler(message)`` for every ``message_type`` message."""
+        with self._lock:
+            if message_type not in self._handlers:
+                self.channel.register_message_type(message_type)
+            self._handlers[message_type] = handler
+
+    def _handle(self, message):
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            return False
+        handler(message)
+        return True
+
+    def link_usable(self):
+        """False once the Link is closed or the interface it runs on went away.
+
+        rns 0.9.4 keeps a Link whose TCP peer vanished open for minutes and
+        silently drops what is sent on it, so a sender that finds the link
+        unusable tears it down."""
+        if self.link.status == RNS.Link.CLOSED:
+            return False
+        interface = getattr(self.link, "attached_interface", None)
+        return interface is None or (interface.online and interface in RNS.Transport.interfaces)
+
+    def wait_window(self):
+        """Block until the Channel can take a message. Returns False (after
+        tearing the Link down) if the Link is unusable or the window stays shut
+        for STALL_S seconds or 10 RTTs."""
+        deadline = time.monotonic() + max(STALL_S, 10 * (self.link.rtt or 0))
+        while self.link_usable():
+            if self.channel.is_ready_to_send():
+                return True
+            if time.monotonic() > deadline:
+                break
+            time.sleep(WINDOW_POLL_S)
+        if self.link.status != RNS.Link.CLOSED:
+            log.info("link %s unusable or stalled; tearing it down", self.link)
+            self.link.teardown()
+        return False
+
+    def send(self, message):
+        """Send one message, waiting for the window. Returns False if the Link failed."""
+        while self.wait_window():
+            try:
+                self.channel.send(message)
+                return True
+            except ChannelException:
+                pass  # another sender took the window between check and send
+        return False
+
+    def payload_limit(self, overhead):
+        """Bytes of payload that fit one message with ``overhead`` bytes of own
+        fields (follows the Link's negotiated MDU)."""
+        return max(1, self.channel.mdu - overhead)
