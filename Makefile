@@ -24,6 +24,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/stream.py
+	$(BIN)/python bench/sync.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -6,6 +6,7 @@ what is sent on a Link whose TCP peer vanished; ``wait_window`` covers both.
 """
 
 import logging
+import queue
 import threading
 import time
 
@@ -13,10 +14,14 @@ import msgpack
 import RNS
 from RNS.Channel import ChannelException
 
+from links.wire import Code, WireError
+
 log = logging.getLogger("rngrid.links")
 
 #: Poll period while the Channel window is full (seconds).
 WINDOW_POLL_S = 0.003
+#: How often a waiting receiver checks that its Link is still usable (seconds).
+LIVENESS_POLL_S = 0.5
 #: A window that stays shut this long (seconds, or 10 RTTs if longer) means the
 #: peer is gone without a teardown (e.g. killed behind a transport node).
 STALL_S = 10.0
@@ -25,6 +30,20 @@ MAX_ID = (1 << 63) - 1
 
 class ProtocolError(ValueError):
     """A Channel message that does not follow its schema."""
+
+
+def get_alive(q, router, idle_timeout, what):
+    """``q.get()``, checking the Link every LIVENESS_POLL_S; WireError(timeout)
+    after ``idle_timeout`` seconds, WireError(unreachable) if the Link dies."""
+    deadline = time.monotonic() + idle_timeout
+    while True:
+        try:
+            return q.get(timeout=max(0.0, min(LIVENESS_POLL_S, deadline - time.monotonic())))
+        except queue.Empty:
+            if router is not None:
+                router.check_alive()
+            if time.monotonic() >= deadline:
+                raise WireError(Code.TIMEOUT, f"no {what} for {idle_timeout:.0f} s") from None
 
 
 def unpack_array(raw, length):
@@ -85,6 +104,13 @@ class ChannelRouter:
             return False
         interface = getattr(self.link, "attached_interface", None)
         return interface is None or (interface.online and interface in RNS.Transport.interfaces)
+
+    def check_alive(self):
+        """Raise WireError(unreachable), tearing the Link down, once it is unusable."""
+        if not self.link_usable():
+            if self.link.status != RNS.Link.CLOSED:
+                self.link.teardown()
+            raise WireError(Code.UNREACHABLE, "the link to the peer is gone")
 
     def wait_window(self):
         """Block until the Channel can take a message. Returns False (after

@@ -22,8 +22,15 @@ import threading
 import msgpack
 import RNS
 
-from links.channel import MAX_ID, ProtocolError, short_str, uint, unpack_array
-from links.wire import Code, WireError
+from links.channel import (
+    MAX_ID,
+    ProtocolError,
+    get_alive,
+    short_str,
+    uint,
+    unpack_array,
+)
+from links.wire import WireError
 
 #: Longest a produced token may wait before it is sent (seconds).
 FLUSH_S = 0.05
@@ -186,8 +193,9 @@ class StreamSender:
 class StreamReceiver:
     """Client side: one stream's messages as events, text decoded incrementally.
 
-    ``events(timeout)`` yields ``("text", str)`` and finally ``("end", reason, usage)``;
-    raises WireError on an error message, a gap or an idle ``timeout`` (seconds)."""
+    ``events(timeout, router)`` yields ``("text", str)`` and finally ``("end", reason, usage)``;
+    raises WireError on an error message, a gap, an idle ``timeout`` (seconds) or,
+    with the Link's ``router``, a Link that died without a teardown."""
 
     def __init__(self, stream_id):
         self.stream_id = stream_id
@@ -204,12 +212,9 @@ class StreamReceiver:
         """Called when the Link drops: ends the stream with an error."""
         self._queue.put(StreamError(self.stream_id, code, message))
 
-    def events(self, idle_timeout):
+    def events(self, idle_timeout, router=None):
         while True:
-            try:
-                message = self._queue.get(timeout=idle_timeout)
-            except queue.Empty:
-                raise WireError(Code.TIMEOUT, f"no data for {idle_timeout:.0f} s") from None
+            message = get_alive(self._queue, router, idle_timeout, "tokens")
             if isinstance(message, TokenChunk):
                 if message.seq != self._next_seq:
                     raise WireError("bad_stream", f"chunk {message.seq} arrived, expected {self._next_seq}")

@@ -27,6 +27,13 @@ class Code:
     UNREACHABLE = "unreachable"
     TIMEOUT = "timeout"
     NO_TOWER = "no_tower"
+    UNKNOWN_BLOB = "unknown_blob"
+    BAD_MANIFEST = "bad_manifest"
+    BAD_CHUNK = "bad_chunk"
+    CORRUPT = "corrupt"
+    INCOMPLETE = "incomplete"
+    INSUFFICIENT_STORAGE = "insufficient_storage"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
 
 
 class WireError(Exception):

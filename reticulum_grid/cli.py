@@ -82,7 +82,7 @@ def tower(ctx, config_path, name, listen, connect, models):
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.models) or 'no models'} "
+    err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.registry.aliases()) or 'no models'} "
               f"at {tower.destination.hash.hex()}", markup=True)
     while not stop.wait(1.0):
         pass
@@ -162,7 +162,9 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
             {"role": "user", "content": prompt}]
     grid = _grid(ctx, connect, rns_config)
     try:
-        _stream(grid.execute("ai/inference", payload, tower=tower), as_json)
+        with _progress(as_json, f"syncing {model}") as progress:
+            stream = grid.execute("ai/inference", payload, tower=tower, progress=progress)
+        _stream(stream, as_json)
     except WireError as e:
         _fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:
@@ -233,3 +235,155 @@ def demo(prompt, max_tokens):
         _fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+class _progress:
+    """A progress callback ``(done_bytes, total_bytes)`` shown as a bar with rate
+    and ETA on stderr (JSON lines on stdout with --json); silent until called."""
+
+    def __init__(self, as_json, label):
+        self.as_json = as_json
+        self.label = label
+        self._bar = None
+        self._task = None
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, done, total):
+        if self.as_json:
+            print(json.dumps({"progress": {"done_bytes": done, "total_bytes": total}}), flush=True)
+            return
+        if self._bar is None:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(), console=err)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=total)
+        self._bar.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@main.group(invoke_without_command=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Use this tower's store instead of the client's.")
+@click.option("--wait", default=3.0, show_default=True, help="Seconds to listen for towers (0: do not ask the grid).")
+@_client_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def models(ctx, config_path, wait, connect, rns_config, as_json):
+    """List the blobs (models, adapters, datasets) in the local store and the
+    towers that hold them."""
+    ctx.obj["store"] = _store(ctx, config_path)
+    if ctx.invoked_subcommand is not None:
+        return
+    towers = _grid(ctx, connect, rns_config).towers(wait=wait) if wait > 0 and not config_path else []
+    rows = [{"aliases": i.aliases, "blob_id": i.hex, "size": i.size, "kind": i.kind, "path": str(i.path),
+             "external": i.external, "towers": _holders(i.blob_id, towers)} for i in ctx.obj["store"].list()]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("alias", "blob id", "kind", "size", "file", "on towers")
+    table.columns[1].overflow = "fold"
+    for r in rows:
+        table.add_row(", ".join(r["aliases"]) or "-", r["blob_id"], r["kind"], _mib(r["size"]),
+                      r["path"] + (" (in place)" if r["external"] else ""),
+                      ", ".join(f"{t['name']} ({t['state']})" for t in r["towers"]) or "-")
+    out.print(table)
+
+
+def _holders(blob_id, towers):
+    """Towers whose caps list ``blob_id``, with "loaded" or "on disk"."""
+    found = []
+    for entry in towers:
+        for m in entry.caps.models + entry.caps.adapters:
+            if m.short_id == blob_id[:len(m.short_id)]:
+                found.append({"name": entry.name, "state": "loaded" if getattr(m, "loaded", False) else "on disk"})
+    return found
+
+
+def _store(ctx, config_path):
+    from reticulum_grid.blobstore import BlobStore
+    if config_path:
+        return BlobStore(Path(config_path).parent / "blobs")
+    return BlobStore(ctx.obj["home"] / "blobs")
+
+
+def _mib(size):
+    return f"{size / 2**20:.1f} MiB"
+
+
+@models.command("add")
+@click.argument("path", type=click.Path(dir_okay=False, exists=True))
+@click.option("--alias", required=True, help="Name to use for it (e.g. coder-32b).")
+@click.option("--kind", type=click.Choice(["model", "adapter", "dataset", "file"]), default="model", show_default=True)
+@click.option("--copy", is_flag=True, help="Copy the file into the store instead of referencing it in place.")
+@click.pass_context
+def models_add(ctx, path, alias, kind, copy):
+    """Add a file to the store as a blob named by its BLAKE3 manifest hash."""
+    try:
+        info = ctx.obj["store"].add_file(path, alias=alias, kind=kind, copy=copy)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    out.print(f"{alias} -> {info.hex} ({_mib(info.size)}, {kind})")
+
+
+@main.command()
+@_client_options
+@click.argument("name")
+@click.option("--from", "from_tower", default=None, help="Fetch from this tower only (default: every tower that has it).")
+@click.option("--alias", default=None, help="Alias in the local store (default: NAME).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
+@click.pass_context
+def pull(ctx, connect, rns_config, name, from_tower, alias, as_json):
+    """Fetch a blob (alias or blob id) into the local store, from several towers at once."""
+    grid = _grid(ctx, connect, rns_config)
+    info, report = _transfer(as_json, f"pull {name}",
+                             lambda progress: grid.pull(name, from_tower=from_tower, alias=alias, progress=progress))
+    _report(report.to_map(), as_json, f"{', '.join(info.aliases) or info.hex} is in {info.path}")
+
+
+@main.command()
+@_client_options
+@click.argument("name")
+@click.option("--to", "to_tower", required=True, help="Tower name or destination hash.")
+@click.option("--alias", default=None, help="Alias on the tower (default: the local alias).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
+@click.pass_context
+def push(ctx, connect, rns_config, name, to_tower, alias, as_json):
+    """Send a blob from the local store to a tower (needs the sync role there)."""
+    grid = _grid(ctx, connect, rns_config)
+    report = _transfer(as_json, f"push {name}", lambda progress: grid.push(name, to_tower, alias=alias,
+                                                                          progress=progress))
+    _report(report, as_json, f"{name} is on {to_tower}")
+
+
+def _transfer(as_json, label, run):
+    """``run(progress)`` with a progress bar; a WireError ends the command."""
+    try:
+        with _progress(as_json, label) as progress:
+            return run(progress)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+
+
+def _report(report, as_json, summary):
+    if as_json:
+        print(json.dumps({"report": report}), flush=True)
+        return
+    fetched = sum(report.get("fetched", {}).values())
+    sources = ", ".join(f"{k}: {v}" for k, v in report.get("fetched", {}).items()) or "none"
+    err.print(f"{summary}: {report.get('chunks', 0)} chunks, {report.get('reused', 0)} already here, "
+              f"{fetched} fetched ({sources}) in {report.get('seconds', 0):.1f} s")
+    for name in report.get("lying_sources", []):
+        err.print(f"[yellow]warning:[/yellow] {name} served data that failed verification; it was dropped", markup=True)

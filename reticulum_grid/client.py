@@ -9,7 +9,8 @@
 
 One RNS instance per process (RNS allows no more); one Link per tower, reused
 and identified with this machine's identity so towers can check their
-allow-lists.
+allow-lists. The client keeps its own blob store (``HOME/blobs``) for pulls,
+pushes and models it can hand to a tower before running them there.
 """
 
 import logging
@@ -21,19 +22,25 @@ from pathlib import Path
 
 import RNS
 
-from announce.announcer import APP_NAME, TOWER_ASPECT, Pinger, TowerListener
+from announce.announcer import Pinger, TowerListener
+from announce.caps import decode_full
 from announce.table import TowerTable
-from links import wire
-from links.channel import ChannelRouter
-from links.stream import MAX_STREAM_ID, StreamCancel, StreamReceiver, StreamRoutes
+from links.channel import get_alive
+from links.chunks import TransferEnd, TransferProgress
+from links.stream import MAX_STREAM_ID
 from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
+from reticulum_grid.blobstore import BlobStore
+from reticulum_grid.connection import TowerConnection, wait_until
+from reticulum_grid.sync import LinkSource, fetch_blob
 
 log = logging.getLogger("rngrid.client")
 
 DEFAULT_CONNECT = ("127.0.0.1:4242",)
 #: Seconds between discovery pings while nothing suitable has been heard.
 PING_INTERVAL_S = 4.0
+#: A transfer with no progress message for this long has stalled (seconds).
+TRANSFER_IDLE_S = 60.0
 
 
 @dataclass
@@ -62,7 +69,7 @@ def _start_rns(home, connect, rns_config):
 class Grid:
     """A grid client.
 
-    ``home``: directory for identity and RNS state (default RNGRID_HOME or ~/.rngrid).
+    ``home``: directory for identity, blobs and RNS state (default RNGRID_HOME or ~/.rngrid).
     ``connect``: towers or transport nodes to reach over TCP ("host:port"); default
     from ``home/client.toml``, else the local tower on 127.0.0.1:4242.
     ``rns_config``: use an existing RNS config dir (e.g. a shared rnsd) instead.
@@ -74,6 +81,7 @@ class Grid:
         net = config.load_network(self.home / "client.toml")
         connect = list(connect if connect is not None else (net.connect or DEFAULT_CONNECT))
         self.identity = identity.load_or_create(self.home / "identity")
+        self.store = BlobStore(self.home / "blobs")
         _start_rns(self.home, connect, rns_config or net.rns_config)
         self.table = TowerTable()
         self.listener = TowerListener(self.table)
@@ -99,7 +107,8 @@ class Grid:
         now = time.monotonic()
         if force or now - self._last_ping >= PING_INTERVAL_S:
             self._last_ping = now
-            _wait_interfaces_online(timeout=3.0)
+            # A ping sent before the TCP interfaces connect is lost.
+            wait_until(lambda: all(i.online for i in RNS.Transport.interfaces), 3.0)
             self._pinger.ping()
 
     def wait_for(self, predicate, timeout):
@@ -137,43 +146,60 @@ class Grid:
         return entry
 
     def route(self, model, tower=None, timeout=15.0, settle_s=0.3):
-        """The tower to run ``model`` on (``tower`` overrides). Raises WireError."""
+        """The tower to run ``model`` on (``tower`` overrides). When no tower has
+        the model but this client does, the tower with the most free memory.
+        Raises WireError(no_tower)."""
         if tower:
             return self.find_tower(tower, timeout)
         if router.candidates(self.table.live(), model):
             return router.choose(self.table.live(), model)
-        if not self.wait_for(lambda entries: router.candidates(entries, model), timeout):
+        local = self._local_blob(model)
+        ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
+        if not self.wait_for(ready, timeout):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
                               for e in self.table.live()) or "none"
             raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard within {timeout:.0f} s; heard: {heard}")
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
-        return router.choose(self.table.live(), model)
+        live = self.table.live()
+        if router.candidates(live, model) or not local:
+            return router.choose(live, model)
+        return max(live, key=lambda e: e.caps.hardware.memory_free_mib)
 
-    # -- commands ---------------------------------------------------------
+    def _local_blob(self, name):
+        try:
+            return self.store.resolve(name)
+        except WireError:
+            return None
+
     def connection(self, entry):
         with self._lock:
             conn = self.connections.get(entry.destination_hash)
             if conn is None:
-                conn = self.connections[entry.destination_hash] = TowerConnection(self, entry)
+                conn = self.connections[entry.destination_hash] = TowerConnection(
+                    self.identity, entry.destination_hash, entry.name)
             return conn
 
-    def execute(self, command, payload, tower=None, timeout=30.0):
+    # -- commands ---------------------------------------------------------
+    def execute(self, command, payload, tower=None, timeout=30.0, progress=None):
         """Run ``command`` on the grid.
 
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
-        (str) followed by one Usage. Other commands need ``tower`` and return the
-        reply map. Raises WireError (code + message) on refusal or failure."""
+        (str) followed by one Usage; a model the chosen tower lacks is synced
+        to it first (``progress(done_bytes, total_bytes)``). Other commands need
+        ``tower`` and return the reply map. Raises WireError (code + message)."""
         if command == "ai/inference":
-            return self.infer(payload, tower=tower, timeout=timeout)
+            return self.infer(payload, tower=tower, timeout=timeout, progress=progress)
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
 
-    def infer(self, payload, tower=None, timeout=30.0):
+    def infer(self, payload, tower=None, timeout=30.0, progress=None):
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
         started = time.perf_counter()
         entry = self.route(payload["model"], tower=tower)
+        if entry.caps.model(payload["model"]) is None:
+            self.sync_model_to(entry, payload["model"], progress)
         conn = self.connection(entry)
         stream_id = secrets.randbelow(MAX_STREAM_ID)
         receiver = conn.open_stream(stream_id)
@@ -184,82 +210,107 @@ class Grid:
             raise
         return InferenceStream(conn, receiver, started, entry.name, idle_timeout=timeout)
 
+    # -- blobs ------------------------------------------------------------
+    def holders(self, name, timeout=10.0):
+        """Live towers that hold blob ``name`` (alias or blob id hex), from their
+        caps, else from their caps/full."""
+        live = self.towers(wait=timeout) if not self.table.live() else self.table.live()
+        found = [e for e in live if e.caps.model(name) is not None]
+        if found:
+            return found
+        for entry in live:
+            try:
+                blobs = self.connection(entry).request("caps/full", {})["blobs"]
+            except (WireError, KeyError):
+                continue
+            if any(b.get("alias") == name or b.get("blob_id", b"").hex().startswith(name.lower()) for b in blobs):
+                found.append(entry)
+        return found
 
-class TowerConnection:
-    """One reusable, identified Link to one tower."""
+    def pull(self, name, from_tower=None, alias=None, progress=None):
+        """Fetch blob ``name`` into this client's store from every tower that has
+        it (or from ``from_tower``), in parallel. Returns (BlobInfo, SyncReport)."""
+        entries = [self.find_tower(from_tower)] if from_tower else self.holders(name)
+        if not entries:
+            raise WireError(Code.UNKNOWN_BLOB, f"no tower heard holds {name!r}")
+        connections = [self.connection(e) for e in entries]
+        reply = _first_manifest(connections, name)
+        alias = alias or (None if _is_hex(name) else name) or (reply.get("aliases") or [None])[0]
+        return fetch_blob(self.store, reply["blob_id"], reply["manifest"], [LinkSource(c) for c in connections],
+                          alias=alias, kind=reply.get("kind"), progress=progress)
 
-    def __init__(self, grid, entry):
-        self.grid = grid
-        self.entry = entry
-        self.link = None
-        self.router = None
-        self.streams = None
-        self.receivers = {}
-        self._lock = threading.Lock()
+    def push(self, name, to_tower, alias=None, progress=None):
+        """Send blob ``name`` from this client's store to a tower (needs the
+        ``sync`` role there). Returns the tower's report map."""
+        entry = to_tower if not isinstance(to_tower, str) else self.find_tower(to_tower)
+        blob_id = self.store.resolve(name)
+        info = self.store.info(blob_id)
+        if info is None:
+            raise WireError(Code.UNKNOWN_BLOB, f"blob {name!r} is not complete in this client's store")
+        conn = self.connection(entry)
+        conn.ensure_link()
+        conn.offer(blob_id, self.store.read_chunk)
+        xfer_id = secrets.randbelow(MAX_STREAM_ID)
+        events = conn.watch_transfer(xfer_id)
+        conn.request("blobs/push", {"blob_id": blob_id, "manifest": self.store.manifest_bytes(blob_id),
+                                    "alias": alias or (info.aliases[0] if info.aliases else None),
+                                    "kind": info.kind, "xfer_id": xfer_id})
+        return _await_transfer(conn, events, progress)
 
-    def ensure_link(self, timeout=15.0):
-        with self._lock:
-            if self.link is not None and self.link.status == RNS.Link.ACTIVE:
-                return self.link
-            h = self.entry.destination_hash
-            if not RNS.Transport.has_path(h):
-                RNS.Transport.request_path(h)
-                if not _wait(lambda: RNS.Transport.has_path(h), timeout):
-                    raise WireError(Code.UNREACHABLE, f"no path to tower {self.entry.name} within {timeout:.0f} s")
-            destination = RNS.Destination(RNS.Identity.recall(h), RNS.Destination.OUT, RNS.Destination.SINGLE,
-                                          APP_NAME, TOWER_ASPECT)
-            established = threading.Event()
-            link = RNS.Link(destination, established_callback=lambda _: established.set(),
-                            closed_callback=self._closed)
-            if not established.wait(timeout):
-                link.teardown()
-                raise WireError(Code.UNREACHABLE, f"no link to tower {self.entry.name} within {timeout:.0f} s")
-            link.identify(self.grid.identity)
-            self.link, self.router = link, ChannelRouter(link)
-            self.streams = StreamRoutes(self.router)
-            return link
+    def tower_pull(self, entry, name, sources, alias=None, kind="model", progress=None):
+        """Have tower ``entry`` fetch blob ``name`` from the ``sources`` towers
+        directly. Returns the tower's report map."""
+        conn = self.connection(entry)
+        xfer_id = secrets.randbelow(MAX_STREAM_ID)
+        events = conn.watch_transfer(xfer_id)
+        conn.request("blobs/pull", {"name": name, "sources": [s.destination_hash for s in sources],
+                                    "alias": alias, "kind": kind, "xfer_id": xfer_id})
+        return _await_transfer(conn, events, progress)
 
-    def request(self, path, payload, timeout=30.0):
-        """Send one command and wait for its reply map. Raises WireError."""
-        link = self.ensure_link()
-        done, box = threading.Event(), {}
+    def sync_model_to(self, entry, model, progress=None):
+        """Put ``model`` on tower ``entry``: from the towers that hold it (tower to
+        tower), else from this client's store. Refreshes the tower's caps."""
+        sources = [e for e in self.table.live() if e.caps.model(model) and e.destination_hash != entry.destination_hash]
+        if sources:
+            report = self.tower_pull(entry, model, sources, alias=model, progress=progress)
+        elif self._local_blob(model):
+            report = self.push(model, entry, alias=model, progress=progress)
+        else:
+            raise WireError(Code.UNKNOWN_MODEL, f"no tower heard and not this client holds model {model!r}")
+        caps = decode_full(self.connection(entry).request("caps/full", {})["caps"])
+        self.table.refresh_caps(entry.destination_hash, caps)
+        return report
 
-        def on_response(receipt):
-            box["data"] = receipt.response
-            done.set()
 
-        receipt = link.request(path, wire.pack(payload), response_callback=on_response,
-                               failed_callback=lambda _: done.set(), timeout=timeout)
-        if not receipt:
-            raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.entry.name}")
-        done.wait(timeout + 1.0)
-        if "data" not in box:
-            raise WireError(Code.TIMEOUT, f"{self.entry.name} did not answer {path} within {timeout:.0f} s")
-        return wire.parse_response(box["data"])
+def _first_manifest(connections, name):
+    errors = []
+    for conn in connections:
+        try:
+            return conn.request("blobs/manifest", {"name": name})
+        except WireError as e:
+            errors.append(e)
+    if len(errors) == 1:
+        raise errors[0]
+    raise WireError(Code.UNKNOWN_BLOB, f"no tower gave the manifest of {name!r}: " + "; ".join(map(str, errors)))
 
-    def open_stream(self, stream_id):
-        self.ensure_link()
-        receiver = self.receivers[stream_id] = StreamReceiver(stream_id)
-        self.streams.add(stream_id, receiver.deliver)
-        return receiver
 
-    def close_stream(self, stream_id):
-        self.receivers.pop(stream_id, None)
-        if self.streams is not None:
-            self.streams.remove(stream_id)
+def _is_hex(text):
+    return len(text) >= 8 and all(c in "0123456789abcdef" for c in text.lower())
 
-    def cancel(self, stream_id):
-        if self.router is not None and self.link.status == RNS.Link.ACTIVE:
-            self.router.send(StreamCancel(stream_id))
-        self.close_stream(stream_id)
 
-    def close(self):
-        if self.link is not None:
-            self.link.teardown()
-
-    def _closed(self, link):
-        for receiver in list(self.receivers.values()):
-            receiver.abort(Code.UNREACHABLE, f"link to tower {self.entry.name} closed")
+def _await_transfer(conn, events, progress):
+    """Follow a tower-side transfer to its TransferEnd. Raises WireError."""
+    while True:
+        message = get_alive(events, conn.router, TRANSFER_IDLE_S, "transfer progress")
+        if message is None:
+            raise WireError(Code.UNREACHABLE, "link to the tower closed during the transfer")
+        if isinstance(message, TransferProgress):
+            if progress:
+                progress(message.done, message.total)
+        elif isinstance(message, TransferEnd):
+            if not message.ok:
+                raise WireError(message.code, message.message)
+            return message.report
 
 
 class InferenceStream:
@@ -281,7 +332,7 @@ class InferenceStream:
     def __iter__(self):
         first_at = None
         try:
-            for event in self.receiver.events(self.idle_timeout):
+            for event in self.receiver.events(self.idle_timeout, self.conn.router):
                 if event[0] == "text":
                     if first_at is None:
                         first_at = time.perf_counter()
@@ -313,17 +364,3 @@ class InferenceStream:
                      ttft_s=(first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
                      tower=self.tower, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
                      queued_s=num("queued_s"))
-
-
-def _wait(predicate, timeout, poll_s=0.05):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
-def _wait_interfaces_online(timeout):
-    # A ping sent before the TCP interfaces connect is lost.
-    _wait(lambda: all(i.online for i in RNS.Transport.interfaces), timeout)

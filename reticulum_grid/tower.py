@@ -1,54 +1,60 @@
 """The tower daemon: one RNS destination serving commands for the models it holds.
 
 Request handlers run on RNS's thread for the Link and return at once (rns
-0.9.4 runs one Link's handlers one after another); generation runs on its own
-thread per stream and talks over the Link's Channel, so a cancel is never
-stuck behind it.
+0.9.4 runs one Link's handlers one after another); generation and transfers
+run on their own threads and talk over the Link's Channel, so a cancel is
+never stuck behind them.
 
-Commands: ``caps/full`` (anyone) and ``ai/inference`` (role ``infer``).
+Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
+``blobs/manifest``, ``blobs/push``, ``blobs/pull`` and chunk requests (sync).
 """
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import RNS
 
 from announce import caps as capscodec
 from announce.announcer import APP_NAME, TOWER_ASPECT, Announcer, PingListener
 from links import auth, wire
-from links.manifest import build as build_manifest
 from links.channel import ChannelRouter
+from links.chunks import ChunkFetcher, ChunkServer
 from links.stream import StreamRoutes, StreamSender
 from links.wire import Code, WireError
 from reticulum_grid import hardware, identity, inference_request, rnsnet
-from reticulum_grid.admission import Cancelled, ModelQueue
+from reticulum_grid.admission import Cancelled
+from reticulum_grid.blobstore import BlobStore
 from reticulum_grid.config import LiveAllowList
-from reticulum_grid.llama_backend import ContextLengthExceeded, Generation, LlamaBackend, Sampling
+from reticulum_grid.llama_backend import ContextLengthExceeded, Generation
+from reticulum_grid.models import ModelRegistry
+from reticulum_grid.tower_blobs import TowerBlobs
 
 log = logging.getLogger("rngrid.tower")
 
 
-@dataclass
-class LoadedModel:
-    alias: str
-    backend: LlamaBackend
-    blob_id: bytes
-    size: int
-    queue: ModelQueue
-
-
 class LinkSession:
-    """A client's Link: its stream router and the cancel events of its streams."""
+    """A client's Link: stream routes, chunk server and fetcher, and the cancel
+    events of its streams."""
 
-    def __init__(self, link, on_closed):
+    def __init__(self, link, tower):
         self.link = link
         self.streams = {}
         self.router = ChannelRouter(link)
         self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
-        self._on_closed = on_closed
+        self.fetcher = ChunkFetcher(self.router)
+        self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
+        self._tower = tower
         link.set_link_closed_callback(self._closed)
+
+    @property
+    def identity(self):
+        return self.link.get_remote_identity()
+
+    def _authorize_read(self, blob_id):
+        auth.require(self.identity, "sync", self._tower.allow.roles_of)
+        if not self._tower.store.has(blob_id):
+            raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not on this tower")
 
     def cancel(self, stream_id):
         event = self.streams.get(stream_id)
@@ -58,7 +64,8 @@ class LinkSession:
     def _closed(self, link):
         for event in list(self.streams.values()):
             event.set()
-        self._on_closed(link)
+        self.fetcher.link_closed()
+        self._tower.link_closed(link)
 
 
 class Tower:
@@ -66,14 +73,15 @@ class Tower:
 
     def __init__(self, config):
         self.config = config
-        self.models = {}
         self.sessions = {}
         self.hardware = hardware.CachedProbe()
         self.tokens_per_s = 0.0
+        self.store = BlobStore(config.directory / "blobs")
+        self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
+        self.registry = None
         self.destination = None
         self.announcer = None
         self._lock = threading.Lock()
-        self._allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
 
     # -- life cycle -------------------------------------------------------
     def start(self):
@@ -83,20 +91,25 @@ class Tower:
             self.config.directory / "rns", listen=net.listen, connect=net.connect,
             transport=net.transport, bitrate=net.bitrate)
         rnsnet.start(configdir)
-        for model in self.config.models:
-            self._load(model)
+        self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
+                                      on_tokens_per_s=self._record_tokens_per_s)
+        self.registry.load_configured()
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
-        self.destination.set_link_established_callback(self._link_established)
-        for path, handler in (("caps/full", self._caps_full), ("ai/inference", self._inference)):
-            self.destination.register_request_handler(path, response_generator=handler,
+        self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
+        blobs = TowerBlobs(self)
+        commands = {"caps/full": (None, self._caps_full), "ai/inference": ("infer", self._inference),
+                    "blobs/manifest": ("sync", blobs.manifest), "blobs/push": ("sync", blobs.push),
+                    "blobs/pull": ("sync", blobs.pull)}
+        for path, (role, command) in commands.items():
+            self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
                                                       allow=RNS.Destination.ALLOW_ALL)
         self.announcer = Announcer(self.destination, self.caps, heartbeat_s=self.config.heartbeat_s,
                                    floor_s=self.config.floor_s)
         RNS.Transport.register_announce_handler(PingListener(self.announcer))
         self.announcer.start()
         log.info("tower %s up: destination %s, models %s", self.config.name,
-                 RNS.prettyhexrep(self.destination.hash), ", ".join(self.models) or "none")
+                 RNS.prettyhexrep(self.destination.hash), ", ".join(self.registry.aliases()) or "none")
 
     def stop(self):
         if self.announcer:
@@ -105,47 +118,47 @@ class Tower:
             session.link.teardown()
         rnsnet.stop()
 
-    def _load(self, model):
-        backend = LlamaBackend(model.path, n_ctx=model.n_ctx, n_threads=model.threads or None,
-                               n_gpu_layers=model.n_gpu_layers)
-        manifest = build_manifest(model.path)
-        self.models[model.alias] = LoadedModel(model.alias, backend, manifest.blob_id, manifest.total_size,
-                                               ModelQueue(self.config.queue_depth))
-        self._warm_up(backend)
-        log.info("loaded %s (%s, %d MiB, blob %s)", model.alias, model.path,
-                 manifest.total_size >> 20, manifest.blob_id.hex()[:16])
+    def _record_tokens_per_s(self, value):
+        self.tokens_per_s = value if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * value
 
-    def _warm_up(self, backend):
-        # First tokens/s figure for caps, and the first request skips cold caches.
-        result = Generation()
-        sampling = Sampling(max_tokens=8, temperature=0.0)
-        for _ in backend.generate(backend.tokenize_prompt(prompt="Hello"), sampling, threading.Event(), result):
-            pass
-        self.tokens_per_s = max(self.tokens_per_s, result.tokens_per_s)
+    # -- commands ---------------------------------------------------------
+    def _handler(self, path, role, command):
+        """An RNS request handler: auth, msgpack map in, reply map out, every
+        failure answered with a coded error."""
 
-    # -- caps -------------------------------------------------------------
+        def handle(_path, data, request_id, link_id, remote_identity, requested_at):
+            try:
+                if role:
+                    auth.require(remote_identity, role, self.allow.roles_of)
+                return wire.ok(**command(self._session(link_id), wire.unpack_map(data)))
+            except WireError as e:
+                log.info("%s refused: %s", path, e)
+                return wire.error(e.code, e.message, e.retry_after)
+            except Exception as e:
+                log.exception("%s failed", path)
+                return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}")
+
+        return handle
+
     def caps(self):
-        queues = [m.queue for m in self.models.values()]
+        slots = self.registry.slots()
         return capscodec.Caps(
             name=self.config.name,
             hardware=self.hardware(),
-            models=tuple(capscodec.ModelCap(m.alias, m.blob_id[:capscodec.SHORT_ID_BYTES], True)
-                         for m in self.models.values()),
-            load=capscodec.Load(streams=sum(q.running for q in queues), jobs=0,
-                                queue=sum(q.waiting for q in queues)),
+            models=self.registry.caps_models(),
+            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=0,
+                                queue=sum(s.queue.waiting for s in slots)),
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
         )
 
-    def _caps_full(self, path, data, request_id, link_id, remote_identity, requested_at):
-        models = [{"alias": m.alias, "blob_id": m.blob_id, "size": m.size, "n_ctx": m.backend.n_ctx,
-                   "loaded": True} for m in self.models.values()]
-        return wire.ok(caps=capscodec.encode(self.caps(), budget=1 << 20), models=models)
+    def _caps_full(self, session, request):
+        loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
+        blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
+                 for i in self.store.list() for a in (i.aliases or [""])]
+        return {"caps": capscodec.encode(self.caps(), budget=1 << 20), "blobs": blobs}
 
     # -- links ------------------------------------------------------------
-    def _link_established(self, link):
-        self._session(link.link_id, link)
-
     def _session(self, link_id, link=None):
         with self._lock:
             session = self.sessions.get(link_id)
@@ -153,65 +166,56 @@ class Tower:
                 link = link or next((l for l in self.destination.links if l.link_id == link_id), None)
                 if link is None:
                     raise WireError(Code.INTERNAL, "link not found")
-                session = self.sessions[link_id] = LinkSession(link, self._link_closed)
+                session = self.sessions[link_id] = LinkSession(link, self)
             return session
 
-    def _link_closed(self, link):
+    def link_closed(self, link):
         with self._lock:
             self.sessions.pop(link.link_id, None)
 
     # -- ai/inference -----------------------------------------------------
-    def _inference(self, path, data, request_id, link_id, remote_identity, requested_at):
-        try:
-            auth.require(remote_identity, "infer", self._allow.roles_of)
-            return self._start_stream(link_id, inference_request.parse(wire.unpack_map(data)))
-        except WireError as e:
-            log.info("ai/inference refused: %s", e)
-            return wire.error(e.code, e.message, e.retry_after)
-        except Exception as e:
-            log.exception("ai/inference failed")
-            return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}")
-
-    def _start_stream(self, link_id, request):
-        model = self._model(request.model)
-        try:
-            tokens = model.backend.tokenize_prompt(prompt=request.prompt, messages=request.messages)
-        except ContextLengthExceeded as e:
-            raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
-        session = self._session(link_id)
+    def _inference(self, session, request):
+        request = inference_request.parse(request)
+        slot = self.registry.find(request.model)
+        tokens = None
+        if slot.loaded:  # otherwise the worker tokenizes once the model is loaded
+            tokens = self._tokenize(slot.backend, request)
         if request.stream_id in session.streams:
             raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
-        ahead = model.queue.admit()
+        ahead = slot.queue.admit()
         cancel = session.streams[request.stream_id] = threading.Event()
-        threading.Thread(target=self._run_stream, args=(session, model, request, tokens, cancel),
+        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel),
                          name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
-        return wire.ok(stream_id=request.stream_id, queued=ahead)
+        return {"stream_id": request.stream_id, "queued": ahead}
 
-    def _model(self, name):
-        model = self.models.get(name) or next(
-            (m for m in self.models.values() if len(name) >= 8 and m.blob_id.hex().startswith(name.lower())), None)
-        if model is None:
-            raise WireError(Code.UNKNOWN_MODEL,
-                            f"model {name!r} is not on tower {self.config.name}; it has: {', '.join(self.models) or 'none'}")
-        return model
+    @staticmethod
+    def _tokenize(backend, request):
+        try:
+            return backend.tokenize_prompt(prompt=request.prompt, messages=request.messages)
+        except ContextLengthExceeded as e:
+            raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
 
-    def _run_stream(self, session, model, request, tokens, cancel):
+    def _run_stream(self, session, slot, request, tokens, cancel):
         sender = StreamSender(session.router, request.stream_id)
         started = time.perf_counter()
         try:
-            with model.queue.turn(cancel):
+            with slot.queue.turn(cancel):
                 queued_s = time.perf_counter() - started
+                backend = self.registry.backend(slot)
+                tokens = tokens or self._tokenize(backend, request)
                 result = Generation()
-                for piece in model.backend.generate(tokens, request.sampling, cancel, result):
+                for piece in backend.generate(tokens, request.sampling, cancel, result):
                     sender.push(piece)
             if result.finish_reason == "cancelled":
                 sender.fail(Code.CANCELLED, "cancelled by the client")
             else:
                 sender.end(result.finish_reason, self._usage(result, queued_s))
-                self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * result.tokens_per_s
-            model.queue.record(time.perf_counter() - started)
+                self._record_tokens_per_s(result.tokens_per_s)
+            slot.queue.record(time.perf_counter() - started)
         except Cancelled:
             sender.fail(Code.CANCELLED, "cancelled while queued")
+        except WireError as e:
+            sender.fail(e.code, e.message)
         except Exception as e:
             log.exception("generation failed")
             sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")

@@ -7,16 +7,16 @@ RNS never starts with its default config, and every wait is bounded.
 """
 
 import logging
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from reticulum_grid import rnsnet
+from reticulum_grid.blobstore import BlobStore
 from reticulum_grid.client import Grid
 from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.identity import load_or_create
 from reticulum_grid.localgrid import TowerProcess, free_port
 
 logging.basicConfig(level=logging.INFO)
@@ -32,15 +32,23 @@ class Hub:
         self.root = root
         self.towers = []
 
-    def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, **sections):
+    def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, blobs=(), **sections):
         """Start a tower process connected to the hub (or to ``connect``); the hub's
-        identity gets ``roles``."""
+        identity gets ``roles`` unless ``allow`` is given. ``blobs``: (path, alias,
+        kind, copy) tuples put in the tower's store before it starts."""
         if allow is None:
             allow = {self.grid.identity_hash: list(roles)}
         models = models if models is not None else {DEFAULT_ALIAS: default_model_path()}
         tower = TowerProcess(self.root, name, models, allow=allow, connect=connect or [self.address], **sections)
+        store = BlobStore(tower.dir / "blobs")
+        for path, alias, kind, copy in blobs:
+            store.add_file(path, alias=alias, kind=kind, copy=copy)
         self.towers.append(tower)
         return tower.start()
+
+    def tower_identity(self, name):
+        """The identity hash (hex) the tower ``name`` will have (created now)."""
+        return load_or_create(self.root / name / "identity").hash.hex()
 
     def wait_tower(self, name, timeout=60.0):
         """The tower table entry for ``name`` once heard (bounded wait)."""

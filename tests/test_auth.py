@@ -4,11 +4,11 @@ import threading
 import time
 
 import pytest
-import RNS
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
 from links import wire
 from links.wire import Code, WireError
+from reticulum_grid.connection import open_link
 from reticulum_grid.default_model import DEFAULT_ALIAS
 from tests.conftest import rngrid
 
@@ -48,12 +48,7 @@ def test_role_without_infer_refused(hub, tower, tmp_path):
 
 
 def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
-    entry = hub.wait_tower(tower.name)
-    destination = RNS.Destination(RNS.Identity.recall(entry.destination_hash), RNS.Destination.OUT,
-                                  RNS.Destination.SINGLE, APP_NAME, TOWER_ASPECT)
-    up = threading.Event()
-    link = RNS.Link(destination, established_callback=lambda _: up.set())
-    assert up.wait(15)
+    link = open_link(hub.wait_tower(tower.name).destination_hash, APP_NAME, TOWER_ASPECT)
     try:
         replies = {}
         for path, payload in (("caps/full", {}), ("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "x", "stream_id": 1})):
@@ -62,7 +57,7 @@ def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
                          response_callback=lambda r, p=path: (replies.setdefault(p, r.response), done.set()),
                          failed_callback=lambda _: done.set())
             assert done.wait(16) and path in replies, f"{path} got no answer"
-        assert wire.parse_response(replies["caps/full"])["models"][0]["alias"] == DEFAULT_ALIAS
+        assert wire.parse_response(replies["caps/full"])["blobs"][0]["alias"] == DEFAULT_ALIAS
         with pytest.raises(WireError) as e:
             wire.parse_response(replies["ai/inference"])
         assert e.value.code == Code.NOT_ALLOWED and "not identified" in e.value.message

@@ -31,7 +31,7 @@ def raw_request(conn, data, path="ai/inference", timeout=30):
 
 def assert_still_serving(hub, conn):
     pieces = list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hello", "max_tokens": 3},
-                                   tower=conn.entry.name))
+                                   tower=conn.name))
     assert isinstance(pieces[-1], Usage) and pieces[-1].completion_tokens > 0
 
 

@@ -39,9 +39,9 @@ def test_caps_full_over_link(hub, two_towers, model_path):
     entry = hub.wait_tower(two_towers[0].name)
     reply = hub.grid.connection(entry).request("caps/full", {})
     assert decode_full(reply["caps"]).name == entry.name
-    (model,) = reply["models"]
-    assert model["alias"] == DEFAULT_ALIAS and model["blob_id"] == build(model_path).blob_id
-    assert model["n_ctx"] == 4096 and model["size"] > 90 * 2**20
+    (blob,) = reply["blobs"]
+    assert blob["alias"] == DEFAULT_ALIAS and blob["blob_id"] == build(model_path).blob_id
+    assert blob["kind"] == "model" and blob["loaded"] and blob["size"] > 90 * 2**20
 
 
 def test_towers_cli_json(two_towers, tmp_path):

@@ -3,12 +3,10 @@
 import subprocess
 import sys
 
-import RNS
+import pytest
 
 from reticulum_grid.identity import IdentityError, load_or_create
 from tests.conftest import rngrid
-
-import pytest
 
 
 def test_created_once_and_reloaded(tmp_path):

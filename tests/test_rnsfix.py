@@ -18,6 +18,7 @@ import pytest
 import RNS
 
 from links import rnsfix
+from reticulum_grid.connection import open_link
 
 HERE = Path(__file__).parent
 
@@ -25,7 +26,7 @@ HERE = Path(__file__).parent
 def test_fix_is_version_guarded():
     assert rnsfix.applies_to("0.9.4")
     assert not rnsfix.applies_to("0.9.5") and not rnsfix.applies_to("1.0.0")
-    pass  # RNS here is the pinned 0.9.4
+    assert rnsfix.apply() is True  # RNS here is the pinned 0.9.4
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +35,7 @@ def echo_link(hub, tmp_path_factory):
                              str(tmp_path_factory.mktemp("echo")), hub.address],
                             stdout=subprocess.PIPE, text=True)
     try:
-        dest_hash = bytes.fromhex(proc.stdout.readline().strip())
-        deadline = time.monotonic() + 30
-        while not RNS.Transport.has_path(dest_hash) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert RNS.Transport.has_path(dest_hash), "echo server not heard"
-        destination = RNS.Destination(RNS.Identity.recall(dest_hash), RNS.Destination.OUT,
-                                      RNS.Destination.SINGLE, "rngridtest", "echo")
-        up = threading.Event()
-        link = RNS.Link(destination, established_callback=lambda _: up.set())
-        assert up.wait(15), "no link to echo server"
+        link = open_link(bytes.fromhex(proc.stdout.readline().strip()), "rngridtest", "echo", timeout=30)
         yield link
         link.teardown()
     finally:

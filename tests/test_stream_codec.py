@@ -10,7 +10,14 @@ import pytest
 import RNS
 
 from links.channel import ProtocolError
-from links.stream import StreamCancel, StreamEnd, StreamError, StreamReceiver, StreamSender, TokenChunk
+from links.stream import (
+    StreamCancel,
+    StreamEnd,
+    StreamError,
+    StreamReceiver,
+    StreamSender,
+    TokenChunk,
+)
 from links.wire import WireError
 
 TEXT = "Emoji 😀🚀 and CJK 日本語のテキスト, accents é à ü — done."
@@ -56,7 +63,7 @@ def test_gap_and_error_raise():
 
 def test_idle_timeout():
     r = StreamReceiver(1)
-    with pytest.raises(WireError, match="no data"):
+    with pytest.raises(WireError, match="no tokens for"):
         list(r.events(idle_timeout=0.2))
 
 

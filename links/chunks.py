@@ -1,0 +1,241 @@
+"""Chunk transfer over a Link's Channel, in either direction.
+
+Message types (msgpack arrays):
+
+- ``ChunkRequest``  0x0201 ``[xfer_id, blob_id, [index, ...]]`` (at most MAX_INDICES)
+- ``ChunkData``     0x0202 ``[xfer_id, index, offset, bytes]`` - a chunk is sent as
+  consecutive pieces sized to the Link's negotiated MDU, in the requested order
+- ``ChunkError``    0x0203 ``[xfer_id, index, code, message]`` - one chunk cannot be
+  served (index -1: the whole request)
+- ``ChunkCancel``   0x0204 ``[xfer_id]``
+- ``TransferProgress`` 0x0205 ``[xfer_id, done_bytes, total_bytes]`` and
+  ``TransferEnd`` 0x0206 ``[xfer_id, ok, code, message, report]``: a tower
+  receiving a blob reports to the client that asked for it.
+
+Why Channel messages and not one RNS Resource per chunk: measured on loopback
+TCP with rns 0.9.4, 64 KiB Channel messages moved 64 MiB at ~80 MB/s against
+~60 MB/s for a Resource (which also bz2-compresses by default and, made from a
+whole file, holds it in memory); on a 500-byte-MTU radio link the Channel's
+messages shrink with the MDU.
+"""
+
+import logging
+import queue
+import secrets
+import threading
+
+import msgpack
+import RNS
+
+from links.channel import (
+    MAX_ID,
+    ProtocolError,
+    get_alive,
+    short_str,
+    uint,
+    unpack_array,
+)
+from links.wire import Code, WireError
+
+log = logging.getLogger("rngrid.links")
+
+MAX_INDICES = 1024
+DATA_OVERHEAD = 40  # ChunkData's own fields: array header, ids, offset, bin header
+
+
+def _blob_id(value):
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ProtocolError("blob id must be 32 bytes")
+    return value
+
+
+class ChunkRequest(RNS.MessageBase):
+    MSGTYPE = 0x0201
+
+    def __init__(self, xfer_id=0, blob_id=b"", indices=()):
+        self.xfer_id, self.blob_id, self.indices = xfer_id, blob_id, list(indices)
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id, self.blob_id, self.indices], use_bin_type=True)
+
+    def unpack(self, raw):
+        xfer_id, blob_id, indices = unpack_array(raw, 3)
+        if not isinstance(indices, list) or not 0 < len(indices) <= MAX_INDICES:
+            raise ProtocolError(f"a chunk request names 1..{MAX_INDICES} chunks")
+        self.xfer_id, self.blob_id = uint(xfer_id, "transfer id"), _blob_id(blob_id)
+        self.indices = [uint(i, "chunk index", 1 << 31) for i in indices]
+
+
+class ChunkData(RNS.MessageBase):
+    MSGTYPE = 0x0202
+
+    def __init__(self, xfer_id=0, index=0, offset=0, data=b""):
+        self.xfer_id, self.index, self.offset, self.data = xfer_id, index, offset, data
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id, self.index, self.offset, self.data], use_bin_type=True)
+
+    def unpack(self, raw):
+        xfer_id, index, offset, data = unpack_array(raw, 4)
+        if not isinstance(data, bytes):
+            raise ProtocolError("chunk data is not bytes")
+        self.xfer_id, self.index = uint(xfer_id, "transfer id"), uint(index, "chunk index", 1 << 31)
+        self.offset, self.data = uint(offset, "offset", 1 << 40), data
+
+
+class ChunkError(RNS.MessageBase):
+    MSGTYPE = 0x0203
+
+    def __init__(self, xfer_id=0, index=-1, code="", message=""):
+        self.xfer_id, self.index, self.code, self.message = xfer_id, index, code, message
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id, self.index, self.code, self.message], use_bin_type=True)
+
+    def unpack(self, raw):
+        xfer_id, index, code, message = unpack_array(raw, 4)
+        if not isinstance(index, int) or isinstance(index, bool) or not -1 <= index < 1 << 31:
+            raise ProtocolError("chunk index is not an integer")
+        self.xfer_id, self.index = uint(xfer_id, "transfer id"), index
+        self.code, self.message = short_str(code, "code", 64), short_str(message, "message")
+
+
+class ChunkCancel(RNS.MessageBase):
+    MSGTYPE = 0x0204
+
+    def __init__(self, xfer_id=0):
+        self.xfer_id = xfer_id
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id])
+
+    def unpack(self, raw):
+        (xfer_id,) = unpack_array(raw, 1)
+        self.xfer_id = uint(xfer_id, "transfer id")
+
+
+class TransferProgress(RNS.MessageBase):
+    MSGTYPE = 0x0205
+
+    def __init__(self, xfer_id=0, done=0, total=0):
+        self.xfer_id, self.done, self.total = xfer_id, done, total
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id, self.done, self.total])
+
+    def unpack(self, raw):
+        xfer_id, done, total = unpack_array(raw, 3)
+        self.xfer_id = uint(xfer_id, "transfer id")
+        self.done, self.total = uint(done, "done", 1 << 50), uint(total, "total", 1 << 50)
+
+
+class TransferEnd(RNS.MessageBase):
+    MSGTYPE = 0x0206
+
+    def __init__(self, xfer_id=0, ok=False, code="", message="", report=None):
+        self.xfer_id, self.ok, self.code, self.message, self.report = xfer_id, ok, code, message, report or {}
+
+    def pack(self):
+        return msgpack.packb([self.xfer_id, self.ok, self.code, self.message, self.report], use_bin_type=True)
+
+    def unpack(self, raw):
+        xfer_id, ok, code, message, report = unpack_array(raw, 5)
+        if not isinstance(ok, bool) or not isinstance(report, dict):
+            raise ProtocolError("malformed transfer end")
+        self.xfer_id, self.ok, self.report = uint(xfer_id, "transfer id"), ok, report
+        self.code, self.message = short_str(code, "code", 64), short_str(message, "message")
+
+
+class ChunkServer:
+    """Serves ChunkRequests that arrive on one Link.
+
+    ``read_chunk(blob_id, index) -> bytes`` and ``authorize(blob_id)`` raise
+    WireError; each refusal goes back as a ChunkError and the Link stays up."""
+
+    def __init__(self, router, read_chunk, authorize):
+        self.router = router
+        self.read_chunk = read_chunk
+        self.authorize = authorize
+        self._cancelled = set()
+        router.on(ChunkRequest, self._request)
+        router.on(ChunkCancel, lambda m: self._cancelled.add(m.xfer_id))
+
+    def _request(self, request):
+        threading.Thread(target=self._serve, args=(request,), name="rngrid-chunks", daemon=True).start()
+
+    def _serve(self, request):
+        try:
+            self.authorize(request.blob_id)
+        except WireError as e:
+            self.router.send(ChunkError(request.xfer_id, -1, e.code, e.message))
+            return
+        limit = self.router.payload_limit(DATA_OVERHEAD)
+        for index in request.indices:
+            if request.xfer_id in self._cancelled:
+                break
+            try:
+                data = self.read_chunk(request.blob_id, index)
+            except WireError as e:
+                if not self.router.send(ChunkError(request.xfer_id, index, e.code, e.message)):
+                    return
+                continue
+            for offset in range(0, len(data), limit):
+                if not self.router.send(ChunkData(request.xfer_id, index, offset, data[offset:offset + limit])):
+                    return
+        self._cancelled.discard(request.xfer_id)
+
+
+class ChunkFetcher:
+    """Fetches chunks of a blob over one Link.
+
+    ``fetch`` yields ``(index, bytes)`` for every requested chunk, in request
+    order, each exactly as long as the manifest says; the caller verifies the
+    hash (BlobStore's Partial.write). It raises WireError: ``bad_chunk`` when
+    the source breaks the protocol (wrong chunk, offset or length), the
+    source's own code when it refused a chunk, ``unreachable`` when the Link
+    closed, ``timeout`` after ``idle_timeout`` seconds without data."""
+
+    def __init__(self, router):
+        self.router = router
+        self._queues = {}
+        router.on(ChunkData, self._deliver)
+        router.on(ChunkError, self._deliver)
+
+    def _deliver(self, message):
+        q = self._queues.get(message.xfer_id)
+        if q is not None:
+            q.put(message)
+
+    def link_closed(self):
+        for q in list(self._queues.values()):
+            q.put(None)
+
+    def fetch(self, blob_id, manifest, indices, idle_timeout=30.0):
+        xfer_id = secrets.randbelow(MAX_ID)
+        q = self._queues[xfer_id] = queue.Queue()
+        done = False
+        try:
+            if not self.router.send(ChunkRequest(xfer_id, blob_id, indices)):
+                raise WireError(Code.UNREACHABLE, "link closed")
+            for index in indices:
+                yield index, self._receive_chunk(q, index, manifest.chunks[index], idle_timeout)
+            done = True
+        finally:
+            self._queues.pop(xfer_id, None)
+            if not done and self.router.link.status == RNS.Link.ACTIVE:
+                self.router.send(ChunkCancel(xfer_id))
+
+    def _receive_chunk(self, q, index, expected, idle_timeout):
+        length = expected[1]
+        buffer = bytearray()
+        while len(buffer) < length:
+            message = get_alive(q, self.router, idle_timeout, f"data for chunk {index}")
+            if message is None:
+                raise WireError(Code.UNREACHABLE, "link closed")
+            if isinstance(message, ChunkError):
+                raise WireError(message.code, f"chunk {message.index}: {message.message}")
+            if message.index != index or message.offset != len(buffer) or len(buffer) + len(message.data) > length:
+                raise WireError(Code.BAD_CHUNK, f"source sent chunk {message.index} at offset {message.offset}; "
+                                                f"expected chunk {index} at {len(buffer)} (length {length})")
+            buffer += message.data
+        return bytes(buffer)

@@ -1,0 +1,370 @@
+"""Content-addressed blob store: models, adapters and datasets named by the
+BLAKE3 of their manifest (links/manifest.py), with human aliases.
+
+Layout under ``root``::
+
+    objects/<blob id hex>/manifest   packed manifest
+    objects/<blob id hex>/data       the verified file (read-only), unless external
+    partial/<blob id hex>/manifest   a blob being received ...
+    partial/<blob id hex>/data       ... its sparse file, and
+    partial/<blob id hex>/have       one byte per chunk: 1 = verified and written
+    index.json                       aliases and external files
+
+Paths derive from the hex blob id only, never from an alias, so nothing is
+written outside ``root``. A received blob appears under ``objects/`` only
+after every chunk verified (atomic rename). "External" blobs are files
+registered in place (a tower's configured GGUFs); their chunks are verified
+again when served because the file is outside our control.
+"""
+
+import json
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from links import manifest as mf
+from links.wire import Code, WireError
+
+KINDS = ("model", "adapter", "dataset", "file")
+ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}$")
+#: Room kept free on the store's disk beyond a blob's size (bytes).
+DISK_MARGIN = 256 << 20
+
+
+def check_alias(alias):
+    """Raise WireError(bad_request) unless ``alias`` is a safe name (no path parts)."""
+    if not isinstance(alias, str) or not ALIAS_RE.match(alias) or ".." in alias:
+        raise WireError(Code.BAD_REQUEST, f"alias {alias!r} must be 1-64 of A-Z a-z 0-9 . _ : + - "
+                                          "(no path separators, no '..')")
+    return alias
+
+
+def parse_blob_id(value):
+    """32-byte blob id from bytes or 64 hex characters; WireError(bad_request) otherwise."""
+    if isinstance(value, bytes) and len(value) == mf.HASH_BYTES:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        return bytes.fromhex(value)
+    raise WireError(Code.BAD_REQUEST, "a blob id is 32 bytes (64 hex characters)")
+
+
+@dataclass
+class BlobInfo:
+    blob_id: bytes
+    size: int
+    kind: str
+    aliases: list = field(default_factory=list)
+    path: Path = None
+    external: bool = False
+
+    @property
+    def hex(self):
+        return self.blob_id.hex()
+
+
+class BlobStore:
+    def __init__(self, root):
+        self.root = Path(root)
+        (self.root / "objects").mkdir(parents=True, exist_ok=True)
+        (self.root / "partial").mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._index_path = self.root / "index.json"
+        self._index = self._load_index()
+        self._manifests = {}
+        self._receiving = {}
+
+    # -- index ------------------------------------------------------------
+    def _load_index(self):
+        try:
+            data = json.loads(self._index_path.read_text())
+        except FileNotFoundError:
+            data = {}
+        data.setdefault("aliases", {})
+        data.setdefault("external", {})
+        data.setdefault("kinds", {})
+        return data
+
+    def _save_index(self):
+        tmp = self._index_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._index, indent=1, sort_keys=True))
+        os.replace(tmp, self._index_path)
+
+    def reload(self):
+        """Re-read the index (another process, e.g. `rngrid models add`, changed it)."""
+        with self._lock:
+            self._index = self._load_index()
+
+    def index_mtime(self):
+        try:
+            return self._index_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    # -- adding -----------------------------------------------------------
+    def add_file(self, path, alias=None, kind="model", copy=False):
+        """Register a file as a blob. ``copy`` puts a copy in the store; otherwise
+        the file is referenced in place (re-hashed only when its size or mtime
+        changes). Returns BlobInfo."""
+        if kind not in KINDS:
+            raise WireError(Code.BAD_REQUEST, f"kind must be one of {', '.join(KINDS)}")
+        if alias is not None:
+            check_alias(alias)
+        path = Path(path).expanduser().resolve()
+        if not path.is_file():
+            raise WireError(Code.BAD_REQUEST, f"{path} is not a file")
+        stat = path.stat()
+        blob_hex = self._cached_external(path, stat)
+        manifest = self.manifest(bytes.fromhex(blob_hex)) if blob_hex else mf.build(path)
+        blob_id = manifest.blob_id
+        with self._lock:
+            self._write_manifest(blob_id, manifest.pack())
+            if copy:
+                self._copy_in(path, blob_id)
+            elif not (self._object_dir(blob_id) / "data").exists():
+                self._index["external"][blob_id.hex()] = {"path": str(path), "size": stat.st_size,
+                                                          "mtime_ns": stat.st_mtime_ns}
+            self._index["kinds"][blob_id.hex()] = kind
+            if alias:
+                self._index["aliases"][alias] = blob_id.hex()
+            self._save_index()
+        return self.info(blob_id)
+
+    def _cached_external(self, path, stat):
+        for blob_hex, ext in self._index["external"].items():
+            if ext["path"] == str(path) and ext["size"] == stat.st_size and ext["mtime_ns"] == stat.st_mtime_ns:
+                return blob_hex
+        return None
+
+    def _copy_in(self, path, blob_id):
+        target = self._object_dir(blob_id) / "data"
+        if target.exists():
+            return
+        tmp = target.with_suffix(".tmp")
+        shutil.copyfile(path, tmp)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, target)
+        self._index["external"].pop(blob_id.hex(), None)
+
+    def set_alias(self, alias, blob_id, kind=None):
+        check_alias(alias)
+        with self._lock:
+            self._index["aliases"][alias] = blob_id.hex()
+            if kind:
+                self._index["kinds"][blob_id.hex()] = kind
+            self._save_index()
+
+    # -- lookup -----------------------------------------------------------
+    def resolve(self, name):
+        """Blob id for an alias, a full hex id or a unique hex prefix (>= 8).
+        Raises WireError(unknown_blob)."""
+        with self._lock:
+            if name in self._index["aliases"]:
+                return bytes.fromhex(self._index["aliases"][name])
+            key = name.lower() if isinstance(name, str) else ""
+            if re.fullmatch(r"[0-9a-f]{8,64}", key):
+                matches = [h for h in self._known_hex() if h.startswith(key)]
+                if len(matches) == 1:
+                    return bytes.fromhex(matches[0])
+        raise WireError(Code.UNKNOWN_BLOB, f"no blob or alias {name!r} in this store")
+
+    def _known_hex(self):
+        return {p.name for p in (self.root / "objects").iterdir() if (p / "manifest").exists()}
+
+    def has(self, blob_id):
+        """True when the whole blob is here and readable."""
+        path = self.data_path(blob_id)
+        return path is not None and path.exists()
+
+    def data_path(self, blob_id):
+        ext = self._index["external"].get(blob_id.hex())
+        if ext is not None:
+            return Path(ext["path"])
+        path = self._object_dir(blob_id) / "data"
+        return path if path.exists() else None
+
+    def info(self, blob_id):
+        """BlobInfo for a complete blob, or None."""
+        if not self.has(blob_id):
+            return None
+        h = blob_id.hex()
+        with self._lock:
+            aliases = sorted(a for a, b in self._index["aliases"].items() if b == h)
+            kind = self._index["kinds"].get(h, "file")
+        return BlobInfo(blob_id, self.manifest(blob_id).total_size, kind, aliases, self.data_path(blob_id),
+                        h in self._index["external"])
+
+    def list(self):
+        """Every complete blob, as BlobInfo."""
+        return [i for i in (self.info(bytes.fromhex(h)) for h in sorted(self._known_hex())) if i]
+
+    def manifest_bytes(self, blob_id):
+        path = self._object_dir(blob_id) / "manifest"
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not in this store") from None
+
+    def manifest(self, blob_id):
+        cached = self._manifests.get(blob_id)
+        if cached is None:
+            cached = self._manifests[blob_id] = mf.unpack(self.manifest_bytes(blob_id), expected_id=blob_id)
+        return cached
+
+    def read_chunk(self, blob_id, index):
+        """Bytes of chunk ``index``. Raises WireError: unknown_blob, bad_request
+        (index out of range) or corrupt (an external file changed under us)."""
+        manifest = self.manifest(blob_id)
+        path = self.data_path(blob_id)
+        if path is None or not path.exists():
+            raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not complete here")
+        if not isinstance(index, int) or not 0 <= index < len(manifest.chunks):
+            raise WireError(Code.BAD_REQUEST, f"chunk index {index} out of range 0..{len(manifest.chunks) - 1}")
+        digest, length = manifest.chunks[index]
+        with open(path, "rb") as f:
+            f.seek(manifest.chunk_offset(index))
+            data = f.read(length)
+        if blob_id.hex() in self._index["external"] and blake3.blake3(data).digest() != digest:
+            raise WireError(Code.CORRUPT, f"chunk {index} of {path} changed on disk")
+        return data
+
+    # -- receiving --------------------------------------------------------
+    def receive(self, blob_id, manifest_bytes):
+        """Start or resume receiving a blob. Checks that the manifest hashes to
+        ``blob_id`` and that the disk has room. Returns a Partial."""
+        try:
+            manifest = mf.unpack(manifest_bytes, expected_id=blob_id)
+        except mf.ManifestError as e:
+            raise WireError(Code.BAD_MANIFEST, str(e)) from None
+        with self._lock:
+            partial = self._receiving.get(blob_id)
+            if partial is None or partial.closed:
+                partial = self._receiving[blob_id] = Partial(self, blob_id, manifest_bytes, manifest)
+            return partial
+
+    def _object_dir(self, blob_id):
+        return self.root / "objects" / blob_id.hex()
+
+    def _write_manifest(self, blob_id, data):
+        directory = self._object_dir(blob_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / "manifest").exists():
+            tmp = directory / "manifest.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, directory / "manifest")
+
+    def _publish(self, blob_id, manifest_bytes, data_path):
+        """Move a verified partial file into objects/ (atomic rename)."""
+        with self._lock:
+            directory = self._object_dir(blob_id)
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(data_path, 0o444)
+            os.replace(data_path, directory / "data")
+            self._write_manifest(blob_id, manifest_bytes)
+
+
+class Partial:
+    """A blob being received: sparse data file plus an on-disk have-map, so an
+    interrupted transfer resumes without re-fetching verified chunks.
+    ``write`` may be called from several threads."""
+
+    def __init__(self, store, blob_id, manifest_bytes, manifest):
+        self.store = store
+        self.blob_id = blob_id
+        self.manifest = manifest
+        self._manifest_bytes = manifest_bytes
+        self._lock = threading.Lock()
+        self.dir = store.root / "partial" / blob_id.hex()
+        self.complete = store.has(blob_id)
+        if self.complete:
+            self.have = bytearray(b"\x01" * len(manifest.chunks))
+            return
+        self._need_room()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "manifest").write_bytes(manifest_bytes)
+        data = self.dir / "data"
+        with open(data, "ab") as f:
+            f.truncate(manifest.total_size)
+        have_path = self.dir / "have"
+        have = have_path.read_bytes() if have_path.exists() else b""
+        self.have = bytearray(have[:len(manifest.chunks)].ljust(len(manifest.chunks), b"\x00"))
+        have_path.write_bytes(bytes(self.have))
+        self._data_fd = os.open(data, os.O_RDWR)
+        self._have_fd = os.open(have_path, os.O_RDWR)
+
+    def _need_room(self):
+        already = self.dir / "data"
+        present = already.stat().st_blocks * 512 if already.exists() else 0
+        need = self.manifest.total_size - present + DISK_MARGIN
+        free = shutil.disk_usage(self.store.root).free
+        if need > free:
+            raise WireError(Code.INSUFFICIENT_STORAGE,
+                            f"blob needs {need >> 20} MiB (with margin), {free >> 20} MiB free here")
+
+    def missing(self):
+        return [i for i, v in enumerate(self.have) if not v]
+
+    @property
+    def bytes_done(self):
+        return sum(n for (_, n), v in zip(self.manifest.chunks, self.have) if v)
+
+    def write(self, index, data):
+        """Verify chunk ``index`` against the manifest and write it.
+        Raises WireError(bad_chunk) when it does not match."""
+        digest, length = self.manifest.chunks[index]
+        if len(data) != length or blake3.blake3(data).digest() != digest:
+            raise WireError(Code.BAD_CHUNK, f"chunk {index} does not match its manifest hash")
+        os.pwrite(self._data_fd, data, self.manifest.chunk_offset(index))
+        with self._lock:
+            self.have[index] = 1
+            os.pwrite(self._have_fd, b"\x01", index)
+
+    def finish(self, alias=None, kind=None):
+        """Verify the whole file and publish it under objects/ (atomic rename).
+
+        Chunks that no longer verify are marked missing again and WireError(bad_chunk)
+        is raised. Returns BlobInfo."""
+        if not self.complete:
+            if self.missing():
+                raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
+            os.fsync(self._data_fd)
+            bad = self._verify_all()
+            if bad:
+                for index in bad:
+                    self.have[index] = 0
+                    os.pwrite(self._have_fd, b"\x00", index)
+                raise WireError(Code.BAD_CHUNK, f"chunks {bad[:8]} failed the final check")
+            self.close()
+            self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.complete = True
+        if alias:
+            self.store.set_alias(alias, self.blob_id, kind)
+        elif kind:
+            with self.store._lock:
+                self.store._index["kinds"][self.blob_id.hex()] = kind
+                self.store._save_index()
+        return self.store.info(self.blob_id)
+
+    def _verify_all(self):
+        bad = []
+        with open(self.dir / "data", "rb") as f:
+            for index, (digest, length) in enumerate(self.manifest.chunks):
+                if blake3.blake3(f.read(length)).digest() != digest:
+                    bad.append(index)
+        return bad
+
+    @property
+    def closed(self):
+        return self.complete or getattr(self, "_data_fd", None) is None
+
+    def close(self):
+        for name in ("_data_fd", "_have_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)

@@ -1,0 +1,159 @@
+"""One reusable, identified Link to one tower, used by clients and by towers
+that fetch blobs from other towers.
+
+Over it run commands (RNS requests), token streams and chunk transfers in
+both directions; everything a caller waits on is bounded and ends with a
+WireError when the Link closes.
+"""
+
+import queue
+import threading
+import time
+
+import RNS
+
+from announce.announcer import APP_NAME, TOWER_ASPECT
+from links import wire
+from links.channel import ChannelRouter
+from links.chunks import ChunkFetcher, ChunkServer, TransferEnd, TransferProgress
+from links.stream import StreamCancel, StreamReceiver, StreamRoutes
+from links.wire import Code, WireError
+
+
+def wait_until(predicate, timeout, poll_s=0.05):
+    """Poll ``predicate`` until true or ``timeout`` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def open_link(destination_hash, app_name, *aspects, name=None, timeout=15.0, closed_callback=None):
+    """An established RNS Link to ``destination_hash`` (app and aspects as the
+    destination announced them), requesting a path first when there is none.
+    Raises WireError(unreachable) after ``timeout`` seconds per step."""
+    name = name or destination_hash.hex()[:16]
+    if not RNS.Transport.has_path(destination_hash):
+        RNS.Transport.request_path(destination_hash)
+        if not wait_until(lambda: RNS.Transport.has_path(destination_hash), timeout):
+            raise WireError(Code.UNREACHABLE, f"no path to {name} within {timeout:.0f} s")
+    destination = RNS.Destination(RNS.Identity.recall(destination_hash), RNS.Destination.OUT,
+                                  RNS.Destination.SINGLE, app_name, *aspects)
+    established = threading.Event()
+    link = RNS.Link(destination, established_callback=lambda _: established.set(), closed_callback=closed_callback)
+    if not established.wait(timeout):
+        link.teardown()
+        raise WireError(Code.UNREACHABLE, f"no link to {name} within {timeout:.0f} s")
+    return link
+
+
+class TowerConnection:
+    """A Link to the tower at ``destination_hash``, identified as ``identity``."""
+
+    def __init__(self, identity, destination_hash, name):
+        self.identity = identity
+        self.destination_hash = destination_hash
+        self.name = name
+        self.link = None
+        self.router = None
+        self.streams = None
+        self.fetcher = None
+        self.receivers = {}
+        self.transfers = {}
+        self.offered = set()
+        self._chunk_server = None
+        self._lock = threading.Lock()
+
+    def ensure_link(self, timeout=15.0):
+        """The active Link, establishing it (and a path) if needed. Raises WireError(unreachable)."""
+        with self._lock:
+            if self.link is not None and self.link.status == RNS.Link.ACTIVE:
+                return self.link
+            link = open_link(self.destination_hash, APP_NAME, TOWER_ASPECT, name=f"tower {self.name}",
+                             timeout=timeout, closed_callback=self._closed)
+            link.identify(self.identity)
+            self.link, self.router = link, ChannelRouter(link)
+            self.streams = StreamRoutes(self.router)
+            self.fetcher = ChunkFetcher(self.router)
+            self.router.on(TransferProgress, self._transfer_message)
+            self.router.on(TransferEnd, self._transfer_message)
+            self._chunk_server = None
+            return link
+
+    def request(self, path, payload, timeout=30.0):
+        """Send one command and wait for its reply map. Raises WireError."""
+        link = self.ensure_link()
+        done, box = threading.Event(), {}
+
+        def on_response(receipt):
+            box["data"] = receipt.response
+            done.set()
+
+        receipt = link.request(path, wire.pack(payload), response_callback=on_response,
+                               failed_callback=lambda _: done.set(), timeout=timeout)
+        if not receipt:
+            raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
+        done.wait(timeout + 1.0)
+        if "data" not in box:
+            raise WireError(Code.TIMEOUT, f"{self.name} did not answer {path} within {timeout:.0f} s")
+        return wire.parse_response(box["data"])
+
+    # -- token streams ----------------------------------------------------
+    def open_stream(self, stream_id):
+        self.ensure_link()
+        receiver = self.receivers[stream_id] = StreamReceiver(stream_id)
+        self.streams.add(stream_id, receiver.deliver)
+        return receiver
+
+    def close_stream(self, stream_id):
+        self.receivers.pop(stream_id, None)
+        if self.streams is not None:
+            self.streams.remove(stream_id)
+
+    def cancel(self, stream_id):
+        if self.router is not None and self.link.status == RNS.Link.ACTIVE:
+            self.router.send(StreamCancel(stream_id))
+        self.close_stream(stream_id)
+
+    # -- blobs ------------------------------------------------------------
+    def fetch(self, blob_id, manifest, indices):
+        """Chunks from this tower (see ChunkFetcher.fetch)."""
+        self.ensure_link()
+        return self.fetcher.fetch(blob_id, manifest, indices)
+
+    def offer(self, blob_id, read_chunk):
+        """Let the tower fetch ``blob_id`` from us over this Link (a push). Only
+        offered blobs are served."""
+        self.ensure_link()
+        self.offered.add(blob_id)
+        if self._chunk_server is None:
+            self._chunk_server = ChunkServer(self.router, read_chunk, self._authorize_offered)
+
+    def _authorize_offered(self, blob_id):
+        if blob_id not in self.offered:
+            raise WireError(Code.NOT_ALLOWED, "that blob was not offered on this link")
+
+    def watch_transfer(self, xfer_id):
+        """A queue that receives this transfer's TransferProgress and TransferEnd
+        messages (None when the Link closes)."""
+        q = self.transfers[xfer_id] = queue.Queue()
+        return q
+
+    def _transfer_message(self, message):
+        q = self.transfers.get(message.xfer_id)
+        if q is not None:
+            q.put(message)
+
+    def close(self):
+        if self.link is not None:
+            self.link.teardown()
+
+    def _closed(self, link):
+        for receiver in list(self.receivers.values()):
+            receiver.abort(Code.UNREACHABLE, f"link to tower {self.name} closed")
+        if self.fetcher is not None:
+            self.fetcher.link_closed()
+        for q in list(self.transfers.values()):
+            q.put(None)

@@ -1,0 +1,137 @@
+"""Fetching one blob from one or several sources into a BlobStore.
+
+Every source gets its own worker; workers take batches of missing chunks from
+one shared queue, so each chunk comes from exactly one source and a fast
+source takes more. A source that fails (link gone, refusal, timeout) hands its
+unfinished batch back and stops; one whose data does not verify is a lying
+source: it is dropped for the rest of the transfer and named in the report.
+Chunks already verified in an earlier, interrupted transfer are never fetched
+again (the store's have-map).
+"""
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from links.wire import Code, WireError
+
+log = logging.getLogger("rngrid.sync")
+
+#: Chunks per request to one source: enough to keep a fast link busy while
+#: leaving work for the other sources.
+BATCH = 8
+#: Extra rounds allowed when the final whole-file check finds bad chunks again.
+MAX_ROUNDS = 3
+
+
+@dataclass
+class SyncReport:
+    """What one sync did. Sizes in bytes, time in seconds."""
+    blob_id: bytes
+    size: int
+    chunks: int
+    reused: int = 0
+    fetched: dict = field(default_factory=dict)
+    failed_sources: dict = field(default_factory=dict)
+    lying_sources: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bytes_per_s(self):
+        fetched = sum(self.fetched.values())
+        return self.size * fetched / max(self.chunks, 1) / self.seconds if self.seconds else 0.0
+
+    def to_map(self):
+        return {"blob_id": self.blob_id.hex(), "size": self.size, "chunks": self.chunks, "reused": self.reused,
+                "fetched": dict(self.fetched), "failed_sources": dict(self.failed_sources),
+                "lying_sources": list(self.lying_sources), "seconds": round(self.seconds, 3)}
+
+
+class LinkSource:
+    """A source reached over a TowerConnection (anything with ``name`` and ``fetch``)."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.name = connection.name
+
+    def fetch(self, blob_id, manifest, indices):
+        return self.connection.fetch(blob_id, manifest, indices)
+
+
+def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, progress=None):
+    """Complete ``blob_id`` in ``store`` from ``sources``.
+
+    ``progress(done_bytes, total_bytes)`` is called after every chunk. Returns
+    (BlobInfo, SyncReport); raises WireError(incomplete) naming every source's
+    failure when the sources ran out before the blob was complete (what was
+    verified stays for the next try)."""
+    started = time.monotonic()
+    partial = store.receive(blob_id, manifest_bytes)
+    chunks = len(partial.manifest.chunks)
+    report = SyncReport(blob_id, partial.manifest.total_size, chunks, reused=chunks - len(partial.missing()))
+    live = list(sources)
+    # Each round either finishes the queue or loses a source, so this ends.
+    for _ in range(len(live) + MAX_ROUNDS):
+        missing = partial.missing()
+        if missing:
+            if not live:
+                break
+            live = _round(partial, missing, live, report, progress)
+            continue
+        try:
+            info = partial.finish(alias=alias, kind=kind)
+            report.seconds = time.monotonic() - started
+            return info, report
+        except WireError as e:
+            if e.code != Code.BAD_CHUNK:
+                raise
+            log.warning("final check of %s: %s", blob_id.hex()[:16], e.message)
+    partial.close()
+    reasons = "; ".join(f"{name}: {why}" for name, why in report.failed_sources.items()) or "no sources"
+    raise WireError(Code.INCOMPLETE, f"{len(partial.missing())} of {chunks} chunks still missing ({reasons})")
+
+
+def _round(partial, missing, sources, report, progress):
+    todo = deque(missing)
+    lock = threading.Lock()
+    fetched = Counter(report.fetched)
+    done = [partial.bytes_done]
+    total = partial.manifest.total_size
+    healthy = []
+
+    def work(source):
+        while True:
+            with lock:
+                if not todo:
+                    healthy.append(source)
+                    return
+                batch = [todo.popleft() for _ in range(min(BATCH, len(todo)))]
+            pending = list(batch)
+            try:
+                for index, data in source.fetch(partial.blob_id, partial.manifest, batch):
+                    partial.write(index, data)
+                    pending.remove(index)
+                    with lock:
+                        fetched[source.name] += 1
+                        done[0] += len(data)
+                        now = done[0]
+                    if progress:
+                        progress(now, total)
+            except WireError as e:
+                with lock:
+                    todo.extendleft(reversed(pending))
+                    report.failed_sources[source.name] = f"{e.code}: {e.message}"
+                    if e.code == Code.BAD_CHUNK:
+                        report.lying_sources.append(source.name)
+                log.warning("source %s dropped: %s", source.name, e)
+                return
+
+    threads = [threading.Thread(target=work, args=(s,), name=f"rngrid-sync-{s.name}", daemon=True) for s in sources]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report.fetched = dict(fetched)
+    return healthy

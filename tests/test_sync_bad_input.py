@@ -1,0 +1,110 @@
+"""Blob commands with bad input: clear coded errors, nothing written outside
+the store, no partial blob ever visible as complete, the tower keeps serving."""
+
+import os
+
+import pytest
+
+from links import manifest as mf
+from links.wire import Code, WireError
+
+SIZE = 3 * 2**20 + 99
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("small") / "small.bin"
+    path.write_bytes(os.urandom(SIZE))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tower(hub, small):
+    t = hub.start_tower("sync-bad", models={}, roles=("infer", "sync"), blobs=[(small, "small", "dataset", False)])
+    hub.wait_tower(t.name)
+    return t
+
+
+@pytest.fixture(scope="module")
+def conn(hub, tower):
+    return hub.grid.connection(hub.wait_tower(tower.name))
+
+
+def code_of(call):
+    with pytest.raises(WireError) as e:
+        call()
+    return e.value
+
+
+def push_request(small, **fields):
+    m = mf.build(small)
+    return {"blob_id": m.blob_id, "manifest": m.pack(), "kind": "dataset", "xfer_id": 1, **fields}
+
+
+@pytest.mark.parametrize("name, payload, code, words", [
+    ("unknown blob", {"name": "no-such-blob"}, Code.UNKNOWN_BLOB, "no-such-blob"),
+    ("unknown id", {"name": "ab" * 32}, Code.UNKNOWN_BLOB, ""),
+    ("wrong type", {"name": 5}, Code.BAD_REQUEST, "must be str"),
+    ("missing", {}, Code.BAD_REQUEST, "missing field"),
+])
+def test_manifest_errors(conn, name, payload, code, words):
+    error = code_of(lambda: conn.request("blobs/manifest", payload))
+    assert error.code == code and words in error.message
+
+
+@pytest.mark.parametrize("fields, code, words", [
+    ({"blob_id": "zz"}, Code.BAD_REQUEST, "32 bytes"),
+    ({"blob_id": b"\x00" * 31}, Code.BAD_REQUEST, "32 bytes"),
+    ({"blob_id": b"\x01" * 32}, Code.BAD_MANIFEST, "does not hash to its blob id"),
+    ({"manifest": b"\xc1\xc1"}, Code.BAD_MANIFEST, ""),
+    ({"alias": "../../evil"}, Code.BAD_REQUEST, "alias"),
+    ({"alias": "a/b"}, Code.BAD_REQUEST, "alias"),
+    ({"kind": "weights"}, Code.BAD_REQUEST, "kind"),
+    ({"xfer_id": -3}, Code.BAD_REQUEST, "xfer_id"),
+])
+def test_push_errors(conn, small, fields, code, words):
+    error = code_of(lambda: conn.request("blobs/push", push_request(small, **fields)))
+    assert error.code == code and words in error.message, error
+
+
+def test_pull_errors(conn):
+    error = code_of(lambda: conn.request("blobs/pull", {"name": "x", "sources": ["nope"], "xfer_id": 1}))
+    assert error.code == Code.BAD_REQUEST and "destination hashes" in error.message
+
+
+def test_chunk_index_out_of_range_and_unknown_blob(conn, small):
+    m = mf.build(small)
+    padded = mf.Manifest(m.chunk_size, m.total_size, m.chunks * 3)  # claims chunks the blob lacks
+    error = code_of(lambda: list(conn.fetch(m.blob_id, padded, [9])))
+    assert error.code == Code.BAD_REQUEST and "out of range" in error.message
+    other = mf.build(__file__)
+    error = code_of(lambda: list(conn.fetch(other.blob_id, other, [0])))
+    assert error.code == Code.UNKNOWN_BLOB
+
+
+def test_oversized_chunk_from_a_pusher_is_refused(hub, tower, conn, tmp_path):
+    fresh = tmp_path / "fresh.bin"
+    fresh.write_bytes(os.urandom(SIZE))
+    local = hub.grid.store.add_file(fresh, alias="fresh", kind="dataset")
+    # The pusher serves every chunk with extra bytes: more than the manifest allows.
+    conn.offer(local.blob_id, lambda blob_id, index: hub.grid.store.read_chunk(blob_id, index) + b"!!")
+    events = conn.watch_transfer(77)
+    conn.request("blobs/push", {"blob_id": local.blob_id, "manifest": hub.grid.store.manifest_bytes(local.blob_id),
+                                "alias": "oversized", "kind": "dataset", "xfer_id": 77})
+    end = None
+    while end is None or type(end).__name__ != "TransferEnd":
+        end = events.get(timeout=30)
+    assert not end.ok and end.code == Code.INCOMPLETE and "bad_chunk" in end.message
+    objects = tower.dir / "blobs" / "objects" / local.hex
+    assert not (objects / "data").exists(), "a blob that did not verify must not look complete"
+    conn.offer(local.blob_id, hub.grid.store.read_chunk)  # an honest pusher afterwards
+
+
+def test_nothing_written_outside_the_store(tower):
+    assert sorted(p.name for p in tower.dir.iterdir()) == ["blobs", "identity", "rns", "sync-bad.log", "tower.toml"]
+    assert sorted(p.name for p in (tower.dir / "blobs").iterdir()) == ["index.json", "objects", "partial"]
+
+
+def test_tower_still_serves(hub, tower, conn, small):
+    m = mf.build(small)
+    assert b"".join(d for _, d in conn.fetch(m.blob_id, m, [0, 1, 2, 3])) == small.read_bytes()
