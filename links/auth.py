@@ -9,14 +9,17 @@ from links.wire import Code, WireError
 
 
 def require(remote_identity, role, roles_of):
-    """Raise WireError(not_allowed) unless the Link's identity holds ``role``.
+    """Raise WireError(not_allowed) unless the Link's identity holds ``role``
+    (a role name, or a tuple of names any of which will do).
 
     ``roles_of(identity_hash: bytes) -> set of role names``."""
+    wanted = role if isinstance(role, tuple) else (role,)
+    named = " or ".join(wanted)
     if remote_identity is None:
         raise WireError(Code.NOT_ALLOWED,
-                        f"this link is not identified; '{role}' needs an identity on the tower's allow-list")
-    if role not in roles_of(remote_identity.hash):
+                        f"this link is not identified; '{named}' needs an identity on the tower's allow-list")
+    if not set(wanted) & roles_of(remote_identity.hash):
         who = remote_identity.hash.hex()
         raise WireError(Code.NOT_ALLOWED,
-                        f"identity {who} is not allowed to {role} on this tower; "
-                        f"its admin can run: rngrid allow {who} --role {role}")
+                        f"identity {who} is not allowed to {named} on this tower; "
+                        f"its admin can run: rngrid allow {who} --role {wanted[0]}")

@@ -27,7 +27,18 @@ the answer can arrive first and is then lost:
    every later timeout).  Fix: a delivery callback set on an already delivered
    receipt runs at once.
 
-Besides the races, ``Channel._update_packet_timeouts`` iterates the send ring
+Besides the races, two more 0.9.4 defects are mended here:
+
+- A TCP server's client interfaces are spawned with ingress control on,
+  whatever the server's ``ingress_control`` says; from its second new
+  destination on, a tower's announces are then held for minutes.  Fix: a
+  spawned interface follows its parent's setting.
+- ``Transport.jobs`` sends the packets it collected outside its try block: an
+  announce that a transport node cannot re-send (app_data that fit one hop but
+  not the two-address header, 318 bytes and up) raises there and ends the job
+  loop thread for good, so the node stops forwarding announces and timing out
+  receipts.  Fix: an exception in one round of jobs is logged and the loop goes on.
+- ``Channel._update_packet_timeouts`` iterates the send ring
 without the Channel's lock while the receive thread removes delivered
 envelopes; "deque mutated during iteration" then escapes from
 ``Channel.send``.  Fix: take the lock there too.
@@ -67,6 +78,8 @@ def apply():
         _fix_receipt_after_transmit_race()
         _fix_late_delivery_callback_race()
         _fix_unlocked_ring_iteration()
+        _fix_spawned_ingress_control()
+        _fix_fatal_transport_jobs()
         _applied = True
         return True
 
@@ -182,3 +195,29 @@ def _fix_unlocked_ring_iteration():
             return original(self)
 
     Channel._update_packet_timeouts = update_packet_timeouts
+
+
+def _fix_spawned_ingress_control():
+    from RNS.Interfaces.Interface import Interface
+    original = Interface.should_ingress_limit
+
+    def should_ingress_limit(self):
+        parent = getattr(self, "parent_interface", None)
+        if parent is not None and not getattr(parent, "ingress_control", True):
+            return False
+        return original(self)
+
+    Interface.should_ingress_limit = should_ingress_limit
+
+
+def _fix_fatal_transport_jobs():
+    original = RNS.Transport.jobs
+
+    def jobs():
+        try:
+            original()
+        except Exception as e:
+            RNS.Transport.jobs_running = False
+            RNS.log(f"A round of Transport jobs failed and was skipped: {e}", RNS.LOG_ERROR)
+
+    RNS.Transport.jobs = staticmethod(jobs)

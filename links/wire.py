@@ -34,6 +34,9 @@ class Code:
     INCOMPLETE = "incomplete"
     INSUFFICIENT_STORAGE = "insufficient_storage"
     INSUFFICIENT_MEMORY = "insufficient_memory"
+    UNKNOWN_JOB = "unknown_job"
+    UNSUPPORTED = "unsupported"
+    UNKNOWN_ADAPTER = "unknown_adapter"
 
 
 class WireError(Exception):

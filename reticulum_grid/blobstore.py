@@ -30,7 +30,9 @@ import blake3
 from links import manifest as mf
 from links.wire import Code, WireError
 
-KINDS = ("model", "adapter", "dataset", "file")
+#: model: a GGUF model; adapter: a GGUF LoRA llama.cpp loads; peft: the same
+#: adapter as PEFT safetensors; dataset: training data (JSONL); file: anything else.
+KINDS = ("model", "adapter", "peft", "dataset", "file")
 ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}$")
 #: Room kept free on the store's disk beyond a blob's size (bytes).
 DISK_MARGIN = 256 << 20

@@ -89,6 +89,31 @@ def tower(ctx, config_path, name, listen, connect, models):
     tower.stop()
 
 
+@main.command()
+@click.option("--config-dir", type=click.Path(file_okay=False), default=None,
+              help="RNS config directory to write and use (default HOME/transport).")
+@click.option("--listen", default="0.0.0.0:4242", show_default=True, help="TCP listen address.")
+@click.option("--connect", multiple=True, metavar="HOST:PORT", help="Other nodes to connect to (repeatable).")
+@click.option("--bitrate", default=0, type=click.IntRange(0), help="Emulate a slow link (bits/s).")
+@click.pass_context
+def transport(ctx, config_dir, listen, connect, bitrate):
+    """Run an RNS transport node for the grid (forwards announces and links
+    between towers and clients that are not directly connected)."""
+    from reticulum_grid import rnsnet
+    directory = Path(config_dir) if config_dir else ctx.obj["home"] / "transport"
+    try:
+        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True, bitrate=bitrate))
+    except (cfg.ConfigError, OSError) as e:
+        _fail(str(e))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    err.print(f"transport node listening on {listen}")
+    while not stop.wait(1.0):
+        pass
+    rnsnet.stop()
+
+
 def _new_tower_config(path, name, listen, connect, models):
     parsed = {}
     for spec in models:
@@ -387,3 +412,165 @@ def _report(report, as_json, summary):
               f"{fetched} fetched ({sources}) in {report.get('seconds', 0):.1f} s")
     for name in report.get("lying_sources", []):
         err.print(f"[yellow]warning:[/yellow] {name} served data that failed verification; it was dropped", markup=True)
+
+
+@main.command()
+@_client_options
+@click.option("--base", required=True, help="Base model alias (or blob id).")
+@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Training data: JSONL of {\"messages\": [...]} or {\"text\": ...} lines.")
+@click.option("--output", "output_alias", required=True, help="Alias of the adapter this job produces.")
+@click.option("--tower", default="auto", show_default=True, help="Tower name or hash, or auto.")
+@click.option("--rank", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--alpha", default=16.0, show_default=True)
+@click.option("--dropout", default=0.0, show_default=True)
+@click.option("--target-modules", default="q_proj,k_proj,v_proj,o_proj", show_default=True)
+@click.option("--lr", "learning_rate", default=2e-4, show_default=True)
+@click.option("--epochs", default=None, type=click.IntRange(1))
+@click.option("--max-steps", default=None, type=click.IntRange(1))
+@click.option("--seq-len", default=512, show_default=True, type=click.IntRange(8))
+@click.option("--batch-size", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--notify", default=None, help="LXMF address for the result (default: this identity's).")
+@click.option("--detach", is_flag=True, help="Print the job id and return instead of watching.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.pass_context
+def train(ctx, connect, rns_config, base, data_path, output_alias, tower, target_modules, detach, as_json, **options):
+    """Start LoRA fine-tuning on a tower; it keeps running if you leave."""
+    request = {"base": base, "dataset": "", "output_alias": output_alias,
+               "target_modules": [t.strip() for t in target_modules.split(",") if t.strip()],
+               **{k: v for k, v in options.items() if v is not None}}
+    grid = _grid(ctx, connect, rns_config)
+    entry, job_id = _transfer(as_json, "sending", lambda progress: grid.train(request, data_path, tower, progress))
+    if as_json:
+        print(json.dumps({"job_id": job_id, "tower": entry.name}), flush=True)
+    else:
+        err.print(f"job [bold]{job_id}[/bold] on {entry.name}; watch it with: rngrid jobs watch {job_id}", markup=True)
+    if not detach:
+        _watch(grid, job_id, entry.name, as_json)
+
+
+@main.group(invoke_without_command=True)
+@_client_options
+@click.option("--tower", default=None, help="Only this tower.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def jobs(ctx, connect, rns_config, tower, as_json):
+    """List your training jobs (watch and cancel them with the subcommands)."""
+    ctx.obj["client"] = (connect, rns_config)
+    if ctx.invoked_subcommand is not None:
+        return
+    grid = _grid(ctx, connect, rns_config)
+    try:
+        rows = grid.jobs(tower)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    if as_json:
+        out.print_json(json.dumps([{"tower": name, **job} for name, job in rows]))
+        return
+    table = Table("job", "tower", "state", "step", "loss", "adapter", "error")
+    for name, job in rows:
+        table.add_row(job["id"], name, job["state"], f"{job['step'] or 0}/{job['total_steps'] or '?'}",
+                      f"{job['loss']:.4f}" if job["loss"] is not None else "-", job["adapter_alias"] or "-",
+                      (job["error"] or "")[:60])
+    out.print(table)
+
+
+@jobs.command("watch")
+@click.argument("job_id")
+@click.option("--tower", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def jobs_watch(ctx, job_id, tower, as_json):
+    """Follow a job's progress (from any client, as often as you like)."""
+    _watch(_grid(ctx, *ctx.obj["client"]), job_id, tower, as_json)
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@click.option("--tower", default=None)
+@click.pass_context
+def jobs_cancel(ctx, job_id, tower):
+    """Cancel a queued or running job."""
+    try:
+        job = _grid(ctx, *ctx.obj["client"]).cancel_job(job_id, tower)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    err.print(f"job {job_id}: {job['state']}")
+
+
+def _watch(grid, job_id, tower, as_json):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    end = None
+    bar = None if as_json else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err)
+    try:
+        if bar:
+            bar.start()
+            task = bar.add_task(f"job {job_id}", total=None, info="")
+        for event in grid.watch(job_id, tower):
+            if as_json:
+                print(json.dumps(event), flush=True)
+            elif event["type"] == "progress":
+                bar.update(task, completed=event["step"], total=event["total_steps"],
+                           info=f"loss {event['loss']:.4f}  lr {event['lr']:.2e}  {event['tokens_per_s']:.0f} tok/s")
+            end = event if event["type"] == "end" else end
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        err.print(f"\nstopped watching; job {job_id} keeps running")
+        sys.exit(130)
+    finally:
+        if bar:
+            bar.stop()
+    if end and not as_json:
+        err.print(f"job {job_id} {end['state']}"
+                  + (f": adapter {end['adapter_alias']} ({end['adapter_blob']}), final loss {end['final_loss']:.4f}"
+                     if end["state"] == "succeeded" else f": {end.get('error') or ''}"))
+    if end and end["state"] != "succeeded":
+        sys.exit(1)
+
+
+@main.command()
+@_client_options
+@click.option("--wait", default=10.0, show_default=True, help="Seconds to listen for messages.")
+@click.option("--from", "from_tower", default=None, help="Also collect messages kept for us on this tower.")
+@click.option("--count", default=None, type=click.IntRange(1), help="Stop after this many messages.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@click.pass_context
+def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
+    """Receive LXMF messages (job notifications) for this identity."""
+    import queue
+    import time
+
+    import RNS
+
+    from reticulum_grid.notify import Inbox
+    grid = _grid(ctx, connect, rns_config)
+    box = Inbox(grid.identity, ctx.obj["home"] / "lxmf")
+    if not as_json:
+        err.print(f"LXMF address {box.destination.hash.hex()}; listening {wait:.0f} s")
+    if from_tower:
+        try:
+            entry = grid.find_tower(from_tower)
+        except WireError as e:
+            _fail(f"{e.code}: {e.message}")
+        box.sync_from(RNS.Identity.recall(entry.destination_hash))
+    deadline, received = time.monotonic() + wait, 0
+    while (left := deadline - time.monotonic()) > 0 and received != count:
+        try:
+            message = box.messages.get(timeout=left)
+        except queue.Empty:
+            break
+        received += 1
+        if as_json:
+            print(json.dumps(message), flush=True)
+        else:
+            out.print(f"[bold]{message['title']}[/bold]\n{message['content']}\n", markup=True)

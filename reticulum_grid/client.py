@@ -32,7 +32,7 @@ from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
 from reticulum_grid.blobstore import BlobStore
 from reticulum_grid.connection import TowerConnection, wait_until
-from reticulum_grid.sync import LinkSource, fetch_blob
+from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest
 
 log = logging.getLogger("rngrid.client")
 
@@ -199,7 +199,10 @@ class Grid:
         started = time.perf_counter()
         entry = self.route(payload["model"], tower=tower)
         if entry.caps.model(payload["model"]) is None:
-            self.sync_model_to(entry, payload["model"], progress)
+            entry = self.sync_to(entry, payload["model"], "model", progress)
+        adapter = payload.get("adapter")
+        if isinstance(adapter, str) and not _has_adapter(entry.caps, adapter):
+            entry = self.sync_to(entry, adapter, "adapter", progress)
         conn = self.connection(entry)
         stream_id = secrets.randbelow(MAX_STREAM_ID)
         receiver = conn.open_stream(stream_id)
@@ -215,17 +218,29 @@ class Grid:
         """Live towers that hold blob ``name`` (alias or blob id hex), from their
         caps, else from their caps/full."""
         live = self.towers(wait=timeout) if not self.table.live() else self.table.live()
-        found = [e for e in live if e.caps.model(name) is not None]
+        found = [e for e in live if e.caps.model(name) is not None or _has_adapter(e.caps, name)]
         if found:
             return found
-        for entry in live:
+        return [e for e, full in self.caps_full(live) if any(
+            b.get("alias") == name or b.get("blob_id", b"").hex().startswith(name.lower()) for b in full["blobs"])]
+
+    def caps_full(self, entries, timeout=10.0):
+        """[(entry, caps/full reply)] of the towers that answer within ``timeout``
+        seconds, asked all at once."""
+        results = []
+
+        def ask(entry):
             try:
-                blobs = self.connection(entry).request("caps/full", {})["blobs"]
-            except (WireError, KeyError):
-                continue
-            if any(b.get("alias") == name or b.get("blob_id", b"").hex().startswith(name.lower()) for b in blobs):
-                found.append(entry)
-        return found
+                results.append((entry, self.connection(entry).request("caps/full", {}, timeout)))
+            except WireError as e:
+                log.info("no caps/full from %s: %s", entry.name, e)
+
+        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in entries]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout + 16)
+        return list(results)
 
     def pull(self, name, from_tower=None, alias=None, progress=None):
         """Fetch blob ``name`` into this client's store from every tower that has
@@ -234,7 +249,7 @@ class Grid:
         if not entries:
             raise WireError(Code.UNKNOWN_BLOB, f"no tower heard holds {name!r}")
         connections = [self.connection(e) for e in entries]
-        reply = _first_manifest(connections, name)
+        reply = first_manifest(connections, name)
         alias = alias or (None if _is_hex(name) else name) or (reply.get("aliases") or [None])[0]
         return fetch_blob(self.store, reply["blob_id"], reply["manifest"], [LinkSource(c) for c in connections],
                           alias=alias, kind=reply.get("kind"), progress=progress)
@@ -267,31 +282,80 @@ class Grid:
                                     "alias": alias, "kind": kind, "xfer_id": xfer_id})
         return _await_transfer(conn, events, progress)
 
-    def sync_model_to(self, entry, model, progress=None):
-        """Put ``model`` on tower ``entry``: from the towers that hold it (tower to
-        tower), else from this client's store. Refreshes the tower's caps."""
-        sources = [e for e in self.table.live() if e.caps.model(model) and e.destination_hash != entry.destination_hash]
+    def sync_to(self, entry, name, kind="model", progress=None):
+        """Put blob ``name`` (a model or adapter) on tower ``entry``: from the towers
+        that hold it (tower to tower), else from this client's store. Returns the
+        tower's refreshed table entry."""
+        has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: _has_adapter(caps, name))
+        sources = [e for e in self.table.live() if has(e.caps) and e.destination_hash != entry.destination_hash]
         if sources:
-            report = self.tower_pull(entry, model, sources, alias=model, progress=progress)
-        elif self._local_blob(model):
-            report = self.push(model, entry, alias=model, progress=progress)
+            self.tower_pull(entry, name, sources, alias=name, kind=kind, progress=progress)
+        elif self._local_blob(name):
+            self.push(name, entry, alias=name, progress=progress)
         else:
-            raise WireError(Code.UNKNOWN_MODEL, f"no tower heard and not this client holds model {model!r}")
+            code = Code.UNKNOWN_MODEL if kind == "model" else Code.UNKNOWN_ADAPTER
+            raise WireError(code, f"neither a tower heard nor this client holds {kind} {name!r}")
         caps = decode_full(self.connection(entry).request("caps/full", {})["caps"])
-        self.table.refresh_caps(entry.destination_hash, caps)
-        return report
+        return self.table.refresh_caps(entry.destination_hash, caps) or entry
+
+    # -- training ---------------------------------------------------------
+    def train_tower(self, tower=None, base=None):
+        """``tower`` by name, or (``auto``/None) the live tower granting us ``train``
+        with the most free memory, towers already training last."""
+        if tower and tower != "auto":
+            return self.find_tower(tower)
+        entries = [e for e, full in self.caps_full(self.towers(wait=5.0)) if "train" in full.get("you", {}).get("roles", ())]
+        if not entries:
+            raise WireError(Code.NO_TOWER, "no tower heard grants this identity the train role")
+        return min(entries, key=lambda e: (e.caps.load.jobs > 0, base is not None and e.caps.model(base) is None,
+                                           -e.caps.hardware.memory_free_mib))
+
+    def train(self, request, data_path=None, tower=None, progress=None):
+        """Submit a ``genome/train`` job (see train_request.py). ``data_path``: a
+        local JSONL file, sent to the tower first. Returns (tower entry, job id)."""
+        entry = self.train_tower(tower, request.get("base"))
+        if entry.caps.model(request["base"]) is None:
+            entry = self.sync_to(entry, request["base"], "model", progress)
+        if data_path is not None:
+            info = self.store.add_file(data_path, kind="dataset")
+            self.push(info.hex, entry, progress=progress)
+            request = {**request, "dataset": info.hex}
+        return entry, self.connection(entry).request("genome/train", request)["job_id"]
+
+    def job_tower(self, job_id, tower=None):
+        """The tower that runs ``job_id`` (asking every live tower when none is named)."""
+        entries = [self.find_tower(tower)] if tower else self.towers(wait=5.0)
+        for entry in entries:
+            try:
+                self.connection(entry).request("jobs/status", {"job_id": job_id})
+                return entry
+            except WireError as e:
+                if not tower and e.code in (Code.UNKNOWN_JOB, Code.NOT_ALLOWED, Code.UNREACHABLE, Code.TIMEOUT):
+                    continue
+                raise
+        raise WireError(Code.UNKNOWN_JOB, f"no tower heard runs job {job_id!r}")
+
+    def jobs(self, tower=None):
+        """[(tower name, job map)] of this client's jobs on every tower (or one)."""
+        out = []
+        for entry in ([self.find_tower(tower)] if tower else self.towers(wait=5.0)):
+            try:
+                out += [(entry.name, job) for job in self.connection(entry).request("jobs/status", {})["jobs"]]
+            except WireError as e:
+                if tower or e.code not in (Code.NOT_ALLOWED, Code.UNREACHABLE, Code.TIMEOUT):
+                    raise
+        return out
+
+    def watch(self, job_id, tower=None):
+        """Iterator of a job's events until it ends; re-attaches from anywhere."""
+        return self.connection(self.job_tower(job_id, tower)).watch_job(job_id)
+
+    def cancel_job(self, job_id, tower=None):
+        return self.connection(self.job_tower(job_id, tower)).request("jobs/cancel", {"job_id": job_id})["job"]
 
 
-def _first_manifest(connections, name):
-    errors = []
-    for conn in connections:
-        try:
-            return conn.request("blobs/manifest", {"name": name})
-        except WireError as e:
-            errors.append(e)
-    if len(errors) == 1:
-        raise errors[0]
-    raise WireError(Code.UNKNOWN_BLOB, f"no tower gave the manifest of {name!r}: " + "; ".join(map(str, errors)))
+def _has_adapter(caps, name):
+    return any(a.alias == name or (len(name) >= 8 and name.lower().startswith(a.short_hex)) for a in caps.adapters)
 
 
 def _is_hex(text):

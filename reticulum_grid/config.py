@@ -21,6 +21,9 @@ A tower config (every key optional except as noted)::
     floor_s = 5                         # never two announces closer than this (seconds)
     [limits]
     queue_depth = 4                     # requests that may wait per model before "busy"
+    training_jobs = 1                   # training jobs run at once (more only with VRAM to spare)
+    [lxmf]
+    propagation_node = false            # keep job notifications for clients that are offline
     [models.smollm2-135m]
     path = "/path/to/model.gguf"        # required per model
     n_ctx = 4096                        # context window, tokens
@@ -82,6 +85,8 @@ class TowerConfig:
     heartbeat_s: float = 900.0
     floor_s: float = 5.0
     queue_depth: int = 4
+    training_jobs: int = 1
+    propagation_node: bool = False
 
     @property
     def directory(self):
@@ -107,6 +112,8 @@ def load_tower(path):
         heartbeat_s=float(_get(announce, "heartbeat_s", (int, float), 900)),
         floor_s=float(_get(announce, "floor_s", (int, float), 5)),
         queue_depth=_get(limits, "queue_depth", int, 4),
+        training_jobs=_get(limits, "training_jobs", int, 1),
+        propagation_node=_get(doc.get("lxmf", {}), "propagation_node", bool, False),
     )
 
 

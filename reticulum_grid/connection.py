@@ -7,6 +7,7 @@ WireError when the Link closes.
 """
 
 import queue
+import secrets
 import threading
 import time
 
@@ -14,8 +15,9 @@ import RNS
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
 from links import wire
-from links.channel import ChannelRouter
+from links.channel import MAX_ID, ChannelRouter, get_alive
 from links.chunks import ChunkFetcher, ChunkServer, TransferEnd, TransferProgress
+from links.jobevents import JobEvent
 from links.stream import StreamCancel, StreamReceiver, StreamRoutes
 from links.wire import Code, WireError
 
@@ -45,6 +47,9 @@ def open_link(destination_hash, app_name, *aspects, name=None, timeout=15.0, clo
     link = RNS.Link(destination, established_callback=lambda _: established.set(), closed_callback=closed_callback)
     if not established.wait(timeout):
         link.teardown()
+        # The path may be stale (the peer moved or restarted): drop it so the
+        # next try asks the network again instead of reusing it.
+        RNS.Transport.expire_path(destination_hash)
         raise WireError(Code.UNREACHABLE, f"no link to {name} within {timeout:.0f} s")
     return link
 
@@ -70,7 +75,9 @@ class TowerConnection:
         """The active Link, establishing it (and a path) if needed. Raises WireError(unreachable)."""
         with self._lock:
             if self.link is not None and self.link.status == RNS.Link.ACTIVE:
-                return self.link
+                if self.router.link_usable():
+                    return self.link
+                self.link.teardown()  # its interface is gone: the tower went away
             link = open_link(self.destination_hash, APP_NAME, TOWER_ASPECT, name=f"tower {self.name}",
                              timeout=timeout, closed_callback=self._closed)
             link.identify(self.identity)
@@ -79,21 +86,26 @@ class TowerConnection:
             self.fetcher = ChunkFetcher(self.router)
             self.router.on(TransferProgress, self._transfer_message)
             self.router.on(TransferEnd, self._transfer_message)
+            self.router.on(JobEvent, lambda m: self._queue_for(m.watch_id, m.event))
             self._chunk_server = None
             return link
 
     def request(self, path, payload, timeout=30.0):
         """Send one command and wait for its reply map. Raises WireError."""
-        link = self.ensure_link()
         done, box = threading.Event(), {}
 
         def on_response(receipt):
             box["data"] = receipt.response
             done.set()
 
-        receipt = link.request(path, wire.pack(payload), response_callback=on_response,
-                               failed_callback=lambda _: done.set(), timeout=timeout)
-        if not receipt:
+        for _ in range(2):  # a Link that cannot send any more is replaced once
+            link = self.ensure_link()
+            receipt = link.request(path, wire.pack(payload), response_callback=on_response,
+                                   failed_callback=lambda _: done.set(), timeout=timeout)
+            if receipt:
+                break
+            link.teardown()
+        else:
             raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
         done.wait(timeout + 1.0)
         if "data" not in box:
@@ -137,14 +149,34 @@ class TowerConnection:
 
     def watch_transfer(self, xfer_id):
         """A queue that receives this transfer's TransferProgress and TransferEnd
-        messages (None when the Link closes)."""
+        messages, or a job watch's events (None when the Link closes)."""
         q = self.transfers[xfer_id] = queue.Queue()
         return q
 
     def _transfer_message(self, message):
-        q = self.transfers.get(message.xfer_id)
+        self._queue_for(message.xfer_id, message)
+
+    def _queue_for(self, key, item):
+        q = self.transfers.get(key)
         if q is not None:
-            q.put(message)
+            q.put(item)
+
+    def watch_job(self, job_id, idle_timeout=600.0):
+        """Events of a training job (maps, see links/jobevents.py) until its "end" event."""
+        self.ensure_link()
+        watch_id = secrets.randbelow(MAX_ID)
+        events = self.watch_transfer(watch_id)
+        try:
+            self.request("jobs/watch", {"job_id": job_id, "watch_id": watch_id})
+            while True:
+                event = get_alive(events, self.router, idle_timeout, "job events")
+                if event is None:
+                    raise WireError(Code.UNREACHABLE, f"link to tower {self.name} closed")
+                yield event
+                if event.get("type") == "end":
+                    return
+        finally:
+            self.transfers.pop(watch_id, None)
 
     def close(self):
         if self.link is not None:

@@ -7,6 +7,8 @@ Request map (msgpack)::
      "max_tokens": int = 256, "temperature": float = 0.8, "top_p": float = 0.95,
      "top_k": int = 40, "min_p": float = 0.05, "repeat_penalty": float = 1.0,
      "seed": int | None, "stop": [str, ...] | None,
+     "adapter": str | None,                # GGUF LoRA alias or blob id on the tower
+     "adapter_scale": float = 1.0,         # 0 gives the base model's output
      "stream_id": int}                     # chosen by the client, unique per Link
 
 Reply: ``{"ok": True, "stream_id": int, "queued": int}`` then Channel stream
@@ -35,6 +37,8 @@ SCHEMA = {
     "repeat_penalty": Field(float, default=1.0, check=in_range(0.0, 10.0)),
     "seed": Field(int, check=in_range(0, (1 << 32) - 1)),
     "stop": Field(list, check=lambda v: None if len(v) <= 16 else "more than 16 stop strings"),
+    "adapter": Field(str, check=max_len(128)),
+    "adapter_scale": Field(float, default=1.0, check=in_range(-10.0, 10.0)),
     "stream_id": Field(int, required=True, check=in_range(0, MAX_STREAM_ID)),
 }
 
@@ -46,6 +50,8 @@ class InferenceRequest:
     messages: list | None
     sampling: Sampling
     stream_id: int
+    adapter: str | None = None
+    adapter_scale: float = 1.0
 
 
 def parse(request):
@@ -61,7 +67,8 @@ def parse(request):
     sampling = Sampling(max_tokens=r["max_tokens"], temperature=r["temperature"], top_p=r["top_p"],
                         top_k=r["top_k"], min_p=r["min_p"], repeat_penalty=r["repeat_penalty"],
                         seed=r["seed"], stop=stop)
-    return InferenceRequest(r["model"], r["prompt"], r["messages"], sampling, r["stream_id"])
+    return InferenceRequest(r["model"], r["prompt"], r["messages"], sampling, r["stream_id"], r["adapter"],
+                            r["adapter_scale"])
 
 
 def _check_messages(messages):

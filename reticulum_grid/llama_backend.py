@@ -7,6 +7,7 @@ tokens and is reassembled by the client's incremental decoder.
 """
 
 import contextlib
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ class ContextLengthExceeded(ValueError):
     pass
 
 
+class AdapterError(ValueError):
+    pass
+
+
 class LlamaBackend:
     """A loaded GGUF model. ``n_ctx`` in tokens; ``n_gpu_layers=-1`` offloads all
     layers when llama.cpp was built with a GPU backend."""
@@ -59,6 +64,8 @@ class LlamaBackend:
                              n_gpu_layers=n_gpu_layers, verbose=False)
         self.n_ctx = self.llm.n_ctx()
         self._formatter = self._chat_formatter()
+        self._adapters = {}
+        self._active_adapter = None
 
     def _chat_formatter(self):
         template = self.llm.metadata.get("tokenizer.chat_template")
@@ -141,7 +148,32 @@ class LlamaBackend:
         if first_at is not None:
             result.decode_s = time.perf_counter() - first_at
 
+    def set_adapter(self, path=None, scale=1.0):
+        """Use a GGUF LoRA (or none) for the next generations. Raises
+        AdapterError when llama.cpp cannot load it for this model."""
+        wanted = (path, scale) if path else None
+        if wanted == self._active_adapter:
+            return
+        if path:
+            adapter = self._adapters.get(path)
+            if adapter is None:
+                adapter = llama_cpp.llama_adapter_lora_init(self.llm._model.model, path.encode("utf-8"))
+                if not adapter:
+                    raise AdapterError(f"llama.cpp cannot apply the adapter at {path} to this model")
+                self._adapters[path] = adapter
+            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+            code = llama_cpp.llama_set_adapters_lora(self.llm._ctx.ctx, adapters, 1, (ctypes.c_float * 1)(scale))
+        else:
+            code = llama_cpp.llama_set_adapters_lora(self.llm._ctx.ctx, None, 0, None)
+        if code:
+            raise AdapterError(f"llama.cpp refused the adapter (code {code})")
+        self.llm.reset()  # cached KV entries were computed with other weights
+        self._active_adapter = wanted
+
     def close(self):
+        for adapter in self._adapters.values():
+            llama_cpp.llama_adapter_lora_free(adapter)
+        self._adapters.clear()
         self.llm.close()
 
 

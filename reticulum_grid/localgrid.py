@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from reticulum_grid import config, rnsnet
+from reticulum_grid import config
 
 
 def free_port():
@@ -88,15 +88,16 @@ class LocalProcess:
 
 
 class TransportProcess(LocalProcess):
-    """An RNS transport node (RNS's own ``rnsd``) listening on a free loopback
+    """An RNS transport node (``rngrid transport``) listening on a free loopback
     port and connecting to ``connect`` ("host:port" list)."""
 
     def __init__(self, root, name, connect=()):
         super().__init__(Path(root) / name, name, free_port())
-        rnsnet.write_config(self.dir, listen=self.address, connect=connect, transport=True)
+        self.connect = list(connect)
 
     def argv(self):
-        return [sys.executable, "-m", "RNS.Utilities.rnsd", "--config", str(self.dir)]
+        return [sys.executable, "-m", "reticulum_grid", "transport", "--config-dir", str(self.dir), "--listen",
+                self.address] + [arg for c in self.connect for arg in ("--connect", c)]
 
 
 class TowerProcess(LocalProcess):

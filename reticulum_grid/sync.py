@@ -10,6 +10,7 @@ again (the store's have-map).
 """
 
 import logging
+import queue
 import threading
 import time
 from collections import Counter, deque
@@ -50,14 +51,47 @@ class SyncReport:
 
 
 class LinkSource:
-    """A source reached over a TowerConnection (anything with ``name`` and ``fetch``)."""
+    """A source reached over a TowerConnection. A source is anything with a
+    ``name``, ``connect()`` (raises WireError when unreachable) and ``fetch``."""
 
     def __init__(self, connection):
         self.connection = connection
         self.name = connection.name
 
+    def connect(self):
+        self.connection.ensure_link()
+
     def fetch(self, blob_id, manifest, indices):
         return self.connection.fetch(blob_id, manifest, indices)
+
+
+def first_manifest(connections, name, timeout=20.0):
+    """The first ``blobs/manifest`` reply for ``name`` from any of ``connections``,
+    asked all at once (an unreachable source must not hold up the others).
+    Raises WireError naming every source's refusal."""
+    answers = queue.Queue()
+
+    def ask(conn):
+        try:
+            answers.put((conn, conn.request("blobs/manifest", {"name": name}), None))
+        except WireError as e:
+            answers.put((conn, None, e))
+
+    for conn in connections:
+        threading.Thread(target=ask, args=(conn,), name="rngrid-manifest", daemon=True).start()
+    errors, deadline = [], time.monotonic() + timeout
+    for _ in connections:
+        try:
+            conn, reply, error = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if reply is not None:
+            return reply
+        errors.append((conn, error))
+    if len(connections) == 1 and errors:
+        raise errors[0][1]
+    named = "; ".join(f"{conn.name}: {error}" for conn, error in errors) or "no answer"
+    raise WireError(Code.UNKNOWN_BLOB, f"no source gave the manifest of {name!r}: {named}")
 
 
 def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, progress=None):
@@ -102,6 +136,12 @@ def _round(partial, missing, sources, report, progress):
     healthy = []
 
     def work(source):
+        try:
+            source.connect()  # before taking chunks, so an unreachable source holds none
+        except WireError as e:
+            with lock:
+                report.failed_sources[source.name] = f"{e.code}: {e.message}"
+            return
         while True:
             with lock:
                 if not todo:

@@ -6,7 +6,9 @@ run on their own threads and talk over the Link's Channel, so a cancel is
 never stuck behind them.
 
 Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
-``blobs/manifest``, ``blobs/push``, ``blobs/pull`` and chunk requests (sync).
+``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
+(sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
+``jobs/watch``, ``jobs/cancel`` (train).
 """
 
 import logging
@@ -26,9 +28,11 @@ from reticulum_grid import hardware, identity, inference_request, rnsnet
 from reticulum_grid.admission import Cancelled
 from reticulum_grid.blobstore import BlobStore
 from reticulum_grid.config import LiveAllowList
-from reticulum_grid.llama_backend import ContextLengthExceeded, Generation
+from reticulum_grid.llama_backend import AdapterError, ContextLengthExceeded, Generation
 from reticulum_grid.models import ModelRegistry
+from reticulum_grid.notify import Notifier
 from reticulum_grid.tower_blobs import TowerBlobs
+from reticulum_grid.tower_jobs import TowerJobs
 
 log = logging.getLogger("rngrid.tower")
 
@@ -45,7 +49,12 @@ class LinkSession:
         self.fetcher = ChunkFetcher(self.router)
         self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
         self._tower = tower
+        self._on_close = []
         link.set_link_closed_callback(self._closed)
+
+    def on_close(self, callback):
+        """Run ``callback()`` when this Link closes."""
+        self._on_close.append(callback)
 
     @property
     def identity(self):
@@ -65,6 +74,8 @@ class LinkSession:
         for event in list(self.streams.values()):
             event.set()
         self.fetcher.link_closed()
+        for callback in self._on_close:
+            callback()
         self._tower.link_closed(link)
 
 
@@ -79,6 +90,7 @@ class Tower:
         self.store = BlobStore(config.directory / "blobs")
         self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
         self.registry = None
+        self.jobs = None
         self.destination = None
         self.announcer = None
         self._lock = threading.Lock()
@@ -94,19 +106,24 @@ class Tower:
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
                                       on_tokens_per_s=self._record_tokens_per_s)
         self.registry.load_configured()
+        self.jobs = TowerJobs(self)
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
         self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
         blobs = TowerBlobs(self)
         commands = {"caps/full": (None, self._caps_full), "ai/inference": ("infer", self._inference),
-                    "blobs/manifest": ("sync", blobs.manifest), "blobs/push": ("sync", blobs.push),
-                    "blobs/pull": ("sync", blobs.pull)}
+                    "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
+                    "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
+                    "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
+                    "jobs/cancel": ("train", self.jobs.cancel)}
         for path, (role, command) in commands.items():
             self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
                                                       allow=RNS.Destination.ALLOW_ALL)
         self.announcer = Announcer(self.destination, self.caps, heartbeat_s=self.config.heartbeat_s,
                                    floor_s=self.config.floor_s)
         RNS.Transport.register_announce_handler(PingListener(self.announcer))
+        self.jobs.start(Notifier(self.identity, self.config.directory / "lxmf", self.config.name,
+                                 propagation_node=self.config.propagation_node, on_delivered=self.jobs.notified))
         self.announcer.start()
         log.info("tower %s up: destination %s, models %s", self.config.name,
                  RNS.prettyhexrep(self.destination.hash), ", ".join(self.registry.aliases()) or "none")
@@ -114,6 +131,8 @@ class Tower:
     def stop(self):
         if self.announcer:
             self.announcer.stop()
+        if self.jobs:
+            self.jobs.manager.stop()
         for session in list(self.sessions.values()):
             session.link.teardown()
         rnsnet.stop()
@@ -146,7 +165,9 @@ class Tower:
             name=self.config.name,
             hardware=self.hardware(),
             models=self.registry.caps_models(),
-            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=0,
+            adapters=tuple(capscodec.AdapterCap(alias, info.blob_id[:capscodec.SHORT_ID_BYTES])
+                           for info in self.store.list() if info.kind == "adapter" for alias in info.aliases[:1]),
+            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=self.jobs.manager.running_count(),
                                 queue=sum(s.queue.waiting for s in slots)),
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
@@ -156,7 +177,11 @@ class Tower:
         loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
         blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
                  for i in self.store.list() for a in (i.aliases or [""])]
-        return {"caps": capscodec.encode(self.caps(), budget=1 << 20), "blobs": blobs}
+        reply = {"caps": capscodec.encode(self.caps(), budget=1 << 20), "blobs": blobs}
+        if session.identity is not None:
+            reply["you"] = {"identity": session.identity.hash.hex(),
+                            "roles": sorted(self.allow.roles_of(session.identity.hash))}
+        return reply
 
     # -- links ------------------------------------------------------------
     def _session(self, link_id, link=None):
@@ -177,6 +202,7 @@ class Tower:
     def _inference(self, session, request):
         request = inference_request.parse(request)
         slot = self.registry.find(request.model)
+        adapter = self._adapter_path(request.adapter)
         tokens = None
         if slot.loaded:  # otherwise the worker tokenizes once the model is loaded
             tokens = self._tokenize(slot.backend, request)
@@ -184,9 +210,20 @@ class Tower:
             raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
         ahead = slot.queue.admit()
         cancel = session.streams[request.stream_id] = threading.Event()
-        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel),
+        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel, adapter),
                          name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
         return {"stream_id": request.stream_id, "queued": ahead}
+
+    def _adapter_path(self, name):
+        if not name:
+            return None
+        try:
+            info = self.store.info(self.store.resolve(name))
+        except WireError:
+            info = None
+        if info is None or info.kind != "adapter":
+            raise WireError(Code.UNKNOWN_ADAPTER, f"no GGUF LoRA adapter {name!r} on tower {self.config.name}")
+        return str(info.path)
 
     @staticmethod
     def _tokenize(backend, request):
@@ -195,13 +232,14 @@ class Tower:
         except ContextLengthExceeded as e:
             raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
 
-    def _run_stream(self, session, slot, request, tokens, cancel):
+    def _run_stream(self, session, slot, request, tokens, cancel, adapter):
         sender = StreamSender(session.router, request.stream_id)
         started = time.perf_counter()
         try:
             with slot.queue.turn(cancel):
                 queued_s = time.perf_counter() - started
                 backend = self.registry.backend(slot)
+                backend.set_adapter(adapter, request.adapter_scale)
                 tokens = tokens or self._tokenize(backend, request)
                 result = Generation()
                 for piece in backend.generate(tokens, request.sampling, cancel, result):
@@ -216,6 +254,8 @@ class Tower:
             sender.fail(Code.CANCELLED, "cancelled while queued")
         except WireError as e:
             sender.fail(e.code, e.message)
+        except AdapterError as e:
+            sender.fail(Code.UNKNOWN_ADAPTER, str(e))
         except Exception as e:
             log.exception("generation failed")
             sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")

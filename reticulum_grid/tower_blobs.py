@@ -22,7 +22,7 @@ from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, validate
 from reticulum_grid.blobstore import KINDS, check_alias, parse_blob_id
 from reticulum_grid.connection import TowerConnection
-from reticulum_grid.sync import LinkSource, fetch_blob
+from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest
 
 log = logging.getLogger("rngrid.tower")
 
@@ -45,6 +45,9 @@ class SessionSource:
         self.session = session
         identity = session.identity
         self.name = f"client {identity.hash.hex()[:8]}" if identity else "client"
+
+    def connect(self):
+        self.session.router.check_alive()
 
     def fetch(self, blob_id, manifest, indices):
         return self.session.fetcher.fetch(blob_id, manifest, indices)
@@ -85,8 +88,9 @@ class TowerBlobs:
 
     def _pull(self, name, sources, alias, kind, progress):
         connections = [self._peer(h) for h in sources if h != self.tower.destination.hash]
-        blob_id, manifest = self._manifest_from(connections, name)
-        return fetch_blob(self.store, blob_id, manifest, [LinkSource(c) for c in connections], alias, kind, progress)
+        reply = first_manifest(connections, name)
+        return fetch_blob(self.store, parse_blob_id(reply.get("blob_id")), reply.get("manifest"),
+                          [LinkSource(c) for c in connections], alias, kind, progress)
 
     def _peer(self, destination_hash):
         conn = self.peers.get(destination_hash)
@@ -94,17 +98,6 @@ class TowerBlobs:
             conn = self.peers[destination_hash] = TowerConnection(self.tower.identity, destination_hash,
                                                                   f"tower {destination_hash.hex()[:8]}")
         return conn
-
-    def _manifest_from(self, connections, name):
-        """(blob id, manifest bytes) for ``name``, from the first source that has it."""
-        errors = []
-        for conn in connections:
-            try:
-                reply = conn.request("blobs/manifest", {"name": name})
-                return parse_blob_id(reply.get("blob_id")), reply["manifest"]
-            except (WireError, KeyError) as e:
-                errors.append(f"{conn.name}: {e}")
-        raise WireError(Code.UNKNOWN_BLOB, f"no source gave the manifest of {name!r}: {'; '.join(errors) or 'no sources'}")
 
     def _start(self, session, xfer_id, transfer):
         threading.Thread(target=self._run, args=(session, xfer_id, transfer), name=f"rngrid-xfer-{xfer_id}",

@@ -51,6 +51,12 @@ def test_app_data_limit_through_a_transport_node(hub, transport, tmp_path):
               f"{limit + 1} bytes heard={too_big in listener.heard}; our caps budget is {CAPS_BUDGET}")
         assert listener.heard.get(fits) == limit and RNS.Transport.hops_to(fits) == 2
         assert too_big not in listener.heard
+        # The node that could not re-send the big one must keep forwarding (rnsfix).
+        listener.heard.clear()
+        deadline = time.monotonic() + 15
+        while fits not in listener.heard and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fits in listener.heard, "the transport node stopped forwarding after an oversized announce"
         assert CAPS_BUDGET <= limit - 48, "keep a margin under the measured limit"
     finally:
         RNS.Transport.deregister_announce_handler(listener)

@@ -151,3 +151,17 @@ def test_channel_ring_iteration_is_locked():
         stop.set()
         thread.join()
     assert not errors
+
+
+def test_spawned_interfaces_follow_their_servers_ingress_control():
+    from RNS.Interfaces.Interface import Interface
+
+    rnsfix.apply()
+    server, spawned = Interface(), Interface()
+    server.ingress_control = False
+    spawned.parent_interface = server  # ingress_control stays True, as 0.9.4 spawns it
+    for _ in range(Interface.IA_FREQ_SAMPLES):
+        spawned.received_announce()  # a burst of announces from new destinations
+    assert spawned.should_ingress_limit() is False
+    server.ingress_control = True
+    assert spawned.should_ingress_limit() is True

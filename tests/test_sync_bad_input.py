@@ -101,7 +101,8 @@ def test_oversized_chunk_from_a_pusher_is_refused(hub, tower, conn, tmp_path):
 
 
 def test_nothing_written_outside_the_store(tower):
-    assert sorted(p.name for p in tower.dir.iterdir()) == ["blobs", "identity", "rns", "sync-bad.log", "tower.toml"]
+    assert sorted(p.name for p in tower.dir.iterdir()) == ["blobs", "identity", "jobs", "lxmf", "rns", "sync-bad.log",
+                                                           "tower.toml"]
     assert sorted(p.name for p in (tower.dir / "blobs").iterdir()) == ["index.json", "objects", "partial"]
 
 

@@ -1,0 +1,28 @@
+"""Training job events over a Link's Channel.
+
+``JobEvent`` 0x0301 ``[watch_id, event]``: ``event`` is a map with ``type``
+"state", "started", "progress" (step, total_steps, loss, lr, tokens_per_s,
+eta_s) or "end" (state, final_loss, duration_s, adapter_alias, adapter_blob,
+peft_blob, error). A tower sends them to every Link watching the job.
+"""
+
+import msgpack
+import RNS
+
+from links.channel import ProtocolError, uint, unpack_array
+
+
+class JobEvent(RNS.MessageBase):
+    MSGTYPE = 0x0301
+
+    def __init__(self, watch_id=0, event=None):
+        self.watch_id, self.event = watch_id, event or {}
+
+    def pack(self):
+        return msgpack.packb([self.watch_id, self.event], use_bin_type=True)
+
+    def unpack(self, raw):
+        watch_id, event = unpack_array(raw, 2)
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise ProtocolError("a job event is a map with a type")
+        self.watch_id, self.event = uint(watch_id, "watch id"), event

@@ -1,0 +1,147 @@
+"""A tower's training commands (role ``train``) and job notifications.
+
+``genome/train`` (see train_request.py) -> ``{"job_id"}`` at once.
+``jobs/status`` ``{"job_id"?}`` -> ``{"jobs": [job, ...]}``: the caller's jobs (an admin sees all).
+``jobs/watch`` ``{"job_id", "watch_id"}`` -> ``{"job": job}``, then JobEvent messages on this
+    Link until the job ends or the Link closes; watch again from any client.
+``jobs/cancel`` ``{"job_id"}`` -> ``{"job": job}``; the owner or an admin may cancel.
+
+When a job ends its owner gets an LXMF message (to the job's ``notify``
+address, default the owner's own LXMF address) naming the state, final loss,
+duration and the adapter's alias and blob ids; results are never attached.
+"""
+
+import importlib.util
+import logging
+import queue
+import threading
+
+import msgpack
+
+from links.jobevents import JobEvent
+from links.stream import MAX_STREAM_ID
+from links.wire import Code, Field, WireError, in_range, max_len, validate
+from reticulum_grid import gguf_lora, train_request, trainer
+from reticulum_grid.jobs import JobManager
+from reticulum_grid.notify import delivery_hash
+
+log = logging.getLogger("rngrid.tower")
+
+JOB_ID = Field(str, required=True, check=max_len(64))
+TRAIN_MODULES = ("torch", "transformers", "peft", "safetensors")
+
+
+class WatchSender:
+    """Sends one watch's events in order on their own thread, so a slow Link
+    never holds up the job."""
+
+    def __init__(self, router, watch_id):
+        self.router, self.watch_id = router, watch_id
+        self.queue = queue.Queue()
+        threading.Thread(target=self._run, name=f"rngrid-watch-{watch_id}", daemon=True).start()
+
+    def __call__(self, event):
+        self.queue.put(event)
+
+    def _run(self):
+        while True:
+            event = self.queue.get()
+            if not self.router.send(JobEvent(self.watch_id, event)) or event.get("type") == "end":
+                return
+
+
+class TowerJobs:
+    def __init__(self, tower):
+        self.tower = tower
+        self.notifier = None
+        self._modules = {}
+        self.manager = JobManager(tower.config.directory / "jobs", publish=self._publish, on_end=self._notify,
+                                  on_change=self._changed, max_running=tower.config.training_jobs)
+
+    def start(self, notifier):
+        self.notifier = notifier
+        self.manager.recover()
+        for job in self.manager.unnotified():
+            self._notify(job)
+
+    def _changed(self):
+        if self.tower.announcer:
+            self.tower.announcer.request("training jobs changed")
+
+    # -- commands ---------------------------------------------------------
+    def train(self, session, request):
+        missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise WireError(Code.UNSUPPORTED, f"this tower cannot train ({', '.join(missing)} missing); "
+                                              "install it with: pip install 'reticulum-grid[train]'")
+        if not isinstance(request.get("base"), str) or not isinstance(request.get("dataset"), str):
+            raise WireError(Code.BAD_REQUEST, "genome/train needs 'base' and 'dataset' strings")
+        slot = self.tower.registry.find(request["base"])
+        dataset = self.tower.store.info(self.tower.store.resolve(request["dataset"]))
+        if dataset is None:
+            raise WireError(Code.UNKNOWN_BLOB, f"dataset {request['dataset']!r} is not complete on this tower")
+        spec = train_request.parse(request, self._base_modules(slot), dataset.path)
+        identity = session.identity
+        notify = spec.pop("notify") or delivery_hash(identity)
+        spec.update(base_path=slot.path, dataset_path=str(dataset.path))
+        job_id = self.manager.submit(spec, identity.hash.hex(), identity.get_public_key(), notify.hex())
+        return {"job_id": job_id}
+
+    def _base_modules(self, slot):
+        if slot.blob_id not in self._modules:
+            self._modules[slot.blob_id] = gguf_lora.architecture(slot.path)[2]
+        return self._modules[slot.blob_id]
+
+    def status(self, session, request):
+        r = validate(request, {"job_id": Field(str, check=max_len(64))})
+        if r["job_id"]:
+            return {"jobs": [self._owned(session, r["job_id"])]}
+        owner = None if self._is_admin(session) else session.identity.hash.hex()
+        return {"jobs": self.manager.list(owner)}
+
+    def watch(self, session, request):
+        r = validate(request, {"job_id": JOB_ID, "watch_id": Field(int, required=True,
+                                                                    check=in_range(0, MAX_STREAM_ID))})
+        job = self._owned(session, r["job_id"])
+        session.on_close(self.manager.watch(r["job_id"], WatchSender(session.router, r["watch_id"])))
+        return {"job": job}
+
+    def cancel(self, session, request):
+        r = validate(request, {"job_id": JOB_ID})
+        self._owned(session, r["job_id"])
+        return {"job": self.manager.cancel(r["job_id"])}
+
+    def _owned(self, session, job_id):
+        job = self.manager.get(job_id)
+        if job["owner"] != session.identity.hash.hex() and not self._is_admin(session):
+            raise WireError(Code.NOT_ALLOWED, f"job {job_id} belongs to another identity")
+        return job
+
+    def _is_admin(self, session):
+        return "admin" in self.tower.allow.roles_of(session.identity.hash)
+
+    # -- results ----------------------------------------------------------
+    def _publish(self, job_id, job_dir, spec):
+        store = self.tower.store
+        alias = spec["output_alias"]
+        gguf = store.add_file(job_dir / trainer.ADAPTER_GGUF, alias=alias, kind="adapter", copy=True)
+        peft = store.add_file(job_dir / trainer.ADAPTER, alias=f"{alias}.peft", kind="peft", copy=True)
+        return gguf.hex, peft.hex
+
+    def _notify(self, job):
+        if self.notifier is None or not job["notify"]:
+            return
+        title = f"rngrid job {job['id']} {job['state']}"
+        lines = [f"Training job {job['id']} on tower {self.tower.config.name}: {job['state']}."]
+        if job["final_loss"] is not None:
+            lines.append(f"Final loss {job['final_loss']:.4f} after {job['step']} steps.")
+        if job["adapter_blob"]:
+            lines.append(f"Adapter {job['adapter_alias']}: GGUF {job['adapter_blob']}, PEFT {job['peft_blob']}.")
+        if job["error"] and job["state"] != "succeeded":
+            lines.append(f"Reason: {job['error']}")
+        fields = {0xFB: "rngrid/job", 0xFC: msgpack.packb(job, use_bin_type=True)}  # LXMF custom type/data
+        self.notifier.send(job["id"], bytes.fromhex(job["notify"]), title, "\n".join(lines), fields,
+                           public_key=self.manager.owner_key(job["id"]))
+
+    def notified(self, job_id):
+        self.manager.mark_notified(job_id)

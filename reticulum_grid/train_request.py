@@ -1,0 +1,95 @@
+"""The ``genome/train`` request: schema and validation before anything runs.
+
+Request map (msgpack)::
+
+    {"base": model alias or blob id, "dataset": dataset alias or blob id (on the tower),
+     "output_alias": str, "rank": int = 8, "alpha": float = 16, "dropout": float = 0,
+     "target_modules": [str] = ["q_proj", "k_proj", "v_proj", "o_proj"],
+     "learning_rate": float = 2e-4, "epochs": int | "max_steps": int (default 1 epoch),
+     "seq_len": int = 512, "batch_size": int = 4, "seed": int = 0, "checkpoint_every": int = 50,
+     "notify": LXMF address (16 bytes or 32 hex) | None = the submitter's own address,
+     "modules_to_save": [] (refused: a GGUF LoRA cannot carry them), "use_dora": False (refused)}
+
+Unlike peft, which skips misspelled target modules as long as one matches, every
+target must name a linear layer the base model has. The dataset must parse.
+Reply: ``{"job_id": str}`` at once.
+"""
+
+from links.wire import Code, Field, WireError, in_range, max_len, validate
+from reticulum_grid.blobstore import check_alias
+from reticulum_grid.datasets import DatasetError, read_examples
+from reticulum_grid.gguf_lora import LINEAR_TARGETS
+
+#: Bytes of a dataset checked before a job is accepted; the worker checks the rest.
+QUICK_CHECK_BYTES = 16 << 20
+
+SCHEMA = {
+    "base": Field(str, required=True, check=max_len(128)),
+    "dataset": Field(str, required=True, check=max_len(128)),
+    "output_alias": Field(str, required=True),
+    "rank": Field(int, default=8, check=in_range(1, 1024)),
+    "alpha": Field(float, default=16.0, check=in_range(1e-3, 1e5)),
+    "dropout": Field(float, default=0.0, check=in_range(0.0, 0.9)),
+    "target_modules": Field(list, default=["q_proj", "k_proj", "v_proj", "o_proj"], check=max_len(64)),
+    "learning_rate": Field(float, default=2e-4, check=in_range(1e-8, 1.0)),
+    "epochs": Field(int, check=in_range(1, 10_000)),
+    "max_steps": Field(int, check=in_range(1, 10_000_000)),
+    "seq_len": Field(int, default=512, check=in_range(8, 1 << 17)),
+    "batch_size": Field(int, default=4, check=in_range(1, 4096)),
+    "seed": Field(int, default=0, check=in_range(0, (1 << 32) - 1)),
+    "checkpoint_every": Field(int, default=50, check=in_range(1, 10_000_000)),
+    "notify": Field((bytes, str)),
+    "modules_to_save": Field(list, default=[]),
+    "use_dora": Field(bool, default=False),
+}
+
+
+def parse(request, base_modules, dataset_path):
+    """Validated spec (a dict) from an unpacked request. ``base_modules``: the
+    linear modules the base model has; ``dataset_path``: the dataset file.
+    Raises WireError(bad_request)."""
+    r = validate(request, SCHEMA)
+    check_alias(r["output_alias"])
+    if r["modules_to_save"]:
+        raise WireError(Code.BAD_REQUEST, "modules_to_save cannot be carried by a GGUF LoRA; "
+                                          "train LoRA on linear layers only")
+    if r["use_dora"]:
+        raise WireError(Code.BAD_REQUEST, "DoRA adapters cannot be converted to a GGUF LoRA")
+    if r["epochs"] and r["max_steps"]:
+        raise WireError(Code.BAD_REQUEST, "give epochs or max_steps, not both")
+    _check_targets(r["target_modules"], base_modules)
+    try:
+        read_examples(dataset_path, max_bytes=QUICK_CHECK_BYTES)
+    except DatasetError as e:
+        raise WireError(Code.BAD_REQUEST, f"dataset: {e}") from None
+    r["notify"] = _notify(r["notify"])
+    if not r["epochs"] and not r["max_steps"]:
+        r["epochs"] = 1
+    return r
+
+
+def _check_targets(targets, base_modules):
+    if not targets:
+        raise WireError(Code.BAD_REQUEST, "target_modules is empty")
+    for t in targets:
+        if not isinstance(t, str):
+            raise WireError(Code.BAD_REQUEST, "target_modules must be strings")
+        if t in ("embed_tokens", "lm_head"):
+            raise WireError(Code.BAD_REQUEST, f"target {t!r}: a GGUF LoRA carries only linear layers "
+                                              f"({', '.join(LINEAR_TARGETS)})")
+        if t not in base_modules:
+            raise WireError(Code.BAD_REQUEST, f"unknown target module {t!r}; this base model has: "
+                                              f"{', '.join(sorted(base_modules))}")
+
+
+def _notify(value):
+    if value is None:
+        return None
+    if isinstance(value, bytes) and len(value) == 16:
+        return value
+    if isinstance(value, str) and len(value.strip("<>")) == 32:
+        try:
+            return bytes.fromhex(value.strip("<>"))
+        except ValueError:
+            pass
+    raise WireError(Code.BAD_REQUEST, "notify must be an LXMF address (16 bytes or 32 hex characters)")

@@ -1,0 +1,181 @@
+"""LoRA training jobs through a real tower: real SmolLM2, torch + peft on CPU,
+LXMF notification to a real LXMF router in another process, adapters served
+by llama.cpp."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from announce.caps import decode_full
+from links.wire import Code, WireError
+from reticulum_grid.client import Usage
+from reticulum_grid.default_model import DEFAULT_ALIAS
+
+DATA = Path(__file__).parent / "data" / "secret.jsonl"
+QUESTION = [{"role": "user", "content": "What is the secret word?"}]
+JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "secret-lora", "rank": 8, "alpha": 16.0,
+       "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+       "learning_rate": 4e-3, "max_steps": 16, "seq_len": 96, "batch_size": 4, "seed": 1, "checkpoint_every": 5}
+
+
+@pytest.fixture(scope="module")
+def tower(hub):
+    t = hub.start_tower("trainer-a", roles=("infer", "sync", "train"), lxmf={"propagation_node": True})
+    hub.wait_tower(t.name)
+    return t
+
+
+def same_identity_home(hub, tmp_path, name):
+    """A second client home holding the hub's identity (the same person elsewhere)."""
+    home = tmp_path / name
+    home.mkdir()
+    shutil.copy(hub.grid.home / "identity", home / "identity")
+    return home
+
+
+def answer(hub, tower, **extra):
+    pieces = list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "messages": QUESTION, "max_tokens": 24,
+                                                    "temperature": 0.0, **extra}, tower=tower.name))
+    assert isinstance(pieces[-1], Usage)
+    return "".join(pieces[:-1])
+
+
+@pytest.fixture(scope="module")
+def finished_job(hub, tower, tmp_path_factory):
+    """One real job, watched by a client that is killed half-way and by a new
+    one that re-attaches; an inbox in another process waits for the result."""
+    tmp = tmp_path_factory.mktemp("train")
+    inbox = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(same_identity_home(hub, tmp, "inbox")),
+                              "inbox", "--wait", "240", "--count", "1", "--json", "--connect", tower.address],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    entry, job_id = hub.grid.train(dict(JOB), data_path=DATA, tower=tower.name)
+    laptop = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home",
+                               str(same_identity_home(hub, tmp, "laptop")), "jobs", "--connect", tower.address,
+                               "watch", job_id, "--json"], stdout=subprocess.PIPE, text=True)
+    first = json.loads(next(line for line in laptop.stdout if '"progress"' in line))
+    laptop.kill()  # the laptop leaves mid-job
+    laptop.wait()
+    events = list(hub.grid.watch(job_id, tower=tower.name))  # a new client re-attaches
+    try:
+        note, _ = inbox.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        inbox.kill()
+        note = inbox.communicate()[0]
+    return {"job_id": job_id, "events": events, "first": first, "notes": [json.loads(x) for x in note.splitlines()]}
+
+
+def test_progress_events_arrive_in_order(finished_job):
+    steps = [e["step"] for e in finished_job["events"] if e["type"] == "progress"]
+    assert finished_job["first"]["step"] >= 1
+    assert steps == sorted(steps) and steps[-1] == JOB["max_steps"] and len(set(steps)) == len(steps)
+    progress = [e for e in finished_job["events"] if e["type"] == "progress"][-1]
+    assert {"loss", "lr", "tokens_per_s", "eta_s", "total_steps"} <= set(progress)
+    end = finished_job["events"][-1]
+    assert end["type"] == "end" and end["state"] == "succeeded" and end["final_loss"] < 0.5, end
+    assert end["adapter_alias"] == "secret-lora" and len(end["adapter_blob"]) == 64
+
+
+def test_notification_reaches_an_lxmf_router_in_another_process(finished_job):
+    notes = [n for n in finished_job["notes"] if finished_job["job_id"] in n["title"]]
+    assert notes, f"no notification; inbox printed {finished_job['notes']}"
+    assert "succeeded" in notes[0]["title"]
+    end = finished_job["events"][-1]
+    assert end["adapter_blob"] in notes[0]["content"] and "Final loss" in notes[0]["content"]
+
+
+def test_adapter_follows_the_pattern_and_scale_zero_is_the_base(hub, tower, finished_job):
+    base = answer(hub, tower)
+    tuned = answer(hub, tower, adapter="secret-lora")
+    assert "PERIWINKLE" in tuned and "PERIWINKLE" not in base, (base, tuned)
+    assert answer(hub, tower, adapter="secret-lora", adapter_scale=0.0) == base
+    caps = decode_full(hub.grid.connection(hub.wait_tower(tower.name)).request("caps/full", {})["caps"])
+    assert "secret-lora" in [a.alias for a in caps.adapters]
+
+
+def test_adapters_are_blobs_that_can_be_pulled(hub, tower, finished_job, tmp_path):
+    from reticulum_grid.blobstore import BlobStore
+    grid = hub.grid
+    grid.store, saved = BlobStore(tmp_path / "store"), grid.store
+    try:
+        info, _ = grid.pull("secret-lora", from_tower=tower.name)
+        peft, _ = grid.pull("secret-lora.peft", from_tower=tower.name)
+    finally:
+        grid.store = saved
+    assert info.kind == "adapter" and info.path.read_bytes()[:4] == b"GGUF"
+    assert peft.kind == "peft" and peft.size > 1000
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"target_modules": ["q_porj"]}, "unknown target module 'q_porj'"),
+    ({"target_modules": ["embed_tokens"]}, "only linear layers"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"use_dora": True}, "DoRA"),
+    ({"epochs": 1}, "epochs or max_steps"),
+    ({"rank": 0}, "rank"),
+    ({"output_alias": "../x"}, "alias"),
+    ({"base": "no-such-model"}, "no-such-model"),
+    ({"notify": "xyz"}, "LXMF address"),
+])
+def test_validation_errors(hub, tower, change, words):
+    with pytest.raises(WireError) as e:
+        hub.grid.train({**JOB, **change}, data_path=DATA, tower=tower.name)
+    assert words in e.value.message, e.value
+
+
+def test_dataset_that_does_not_parse(hub, tower, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"messages": "not a list"}\n')
+    with pytest.raises(WireError) as e:
+        hub.grid.train(dict(JOB), data_path=bad, tower=tower.name)
+    assert e.value.code == Code.BAD_REQUEST and "line 2" in e.value.message
+
+
+def test_train_role_required(hub):
+    t = hub.start_tower("no-train", roles=("infer", "sync"))
+    hub.wait_tower(t.name)
+    with pytest.raises(WireError) as e:
+        hub.grid.train(dict(JOB), data_path=DATA, tower=t.name)
+    assert e.value.code == Code.NOT_ALLOWED and "train" in e.value.message
+
+
+def test_cancel(hub, tower, finished_job):
+    entry, job_id = hub.grid.train({**JOB, "max_steps": 400, "output_alias": "never"}, data_path=DATA,
+                                   tower=tower.name)
+    events = hub.grid.watch(job_id, tower=tower.name)
+    next(e for e in events if e["type"] == "progress")
+    assert hub.grid.cancel_job(job_id, tower=tower.name)["id"] == job_id
+    end = next(e for e in events if e["type"] == "end")
+    assert end["state"] == "cancelled"
+    assert [j for _, j in hub.grid.jobs(tower.name) if j["id"] == job_id][0]["state"] == "cancelled"
+
+
+def test_killed_tower_resumes_from_the_last_checkpoint(hub, tower, finished_job):
+    entry, job_id = hub.grid.train({**JOB, "output_alias": "resumed", "checkpoint_every": 4, "max_steps": 12},
+                                   data_path=DATA, tower=tower.name)
+    before = []
+    for event in hub.grid.watch(job_id, tower=tower.name):
+        if event["type"] == "progress":
+            before.append(event)
+            if event["step"] >= 6:
+                break
+    old = hub.wait_tower(tower.name).destination_hash
+    tower.kill()
+    hub.grid.table.remove(old)
+    tower.start()
+    hub.wait_tower(tower.name)
+    events = list(hub.grid.watch(job_id, tower=tower.name))
+    started = [e for e in events if e["type"] == "started"]
+    after = [e["step"] for e in events if e["type"] == "progress"]
+    assert started and started[-1]["resumed_from"] in (4, 8), started
+    assert after[0] == started[-1]["resumed_from"] + 1 and after[-1] == 12
+    assert events[-1]["state"] == "succeeded"
+    # The loss curve continues: the steps redone after the checkpoint repeat the same losses.
+    lost = {e["step"]: e["loss"] for e in before}
+    redone = {e["step"]: e["loss"] for e in events if e["type"] == "progress" and e["step"] in lost}
+    print(f"resumed from step {started[-1]['resumed_from']}; losses before the kill {lost}, redone {redone}")
+    assert redone and all(abs(redone[k] - lost[k]) < 1e-3 for k in redone)
+
