@@ -106,11 +106,12 @@ class Caps:
     version: int = SCHEMA_VERSION
 
     def model(self, alias):
-        """The ModelCap for ``alias`` (or a blob id prefix in hex), or None."""
-        for m in self.models:
-            if m.alias == alias or (len(alias) >= 8 and alias.lower().startswith(m.short_hex)):
-                return m
-        return None
+        """The ModelCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
+        return _find(self.models, alias)
+
+    def adapter(self, alias):
+        """The AdapterCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
+        return _find(self.adapters, alias)
 
     def materially_differs(self, other, vram_fraction=0.10):
         """True when a re-announce is warranted: models or adapters changed, a
@@ -125,6 +126,21 @@ class Caps:
         total = max(self.hardware.memory_total_mib, 1)
         moved = abs(self.hardware.memory_free_mib - other.hardware.memory_free_mib)
         return moved > vram_fraction * total
+
+
+def _find(items, name):
+    for item in items:
+        if item.alias == name:
+            return item
+    if len(name) >= 2 * SHORT_ID_BYTES:
+        try:
+            prefix = bytes.fromhex(name[:2 * SHORT_ID_BYTES])
+        except ValueError:
+            return None
+        for item in items:
+            if item.short_id == prefix:
+                return item
+    return None
 
 
 def _pack_map(caps, models, adapters, more):

@@ -2,8 +2,10 @@
 
 Message types (msgpack arrays inside Channel envelopes):
 
-- ``TokenChunk``  0x0101 ``[stream_id, seq, utf8_bytes]`` - seq counts chunks from 0;
-  the bytes may end or start inside a multibyte character.
+- ``TokenChunk``  0x0101 ``[stream_id, seq, utf8_bytes, [token id, ...]]`` - seq counts
+  chunks from 0; the bytes may end or start inside a multibyte character; the
+  ids are the tokens those bytes came from (so another tower of the same model
+  can continue exactly where this one stopped).
 - ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map:
   prompt_tokens, completion_tokens, ttft_s (seconds), tokens_per_s, tower.
 - ``StreamError`` 0x0103 ``[stream_id, code, message]``
@@ -11,6 +13,9 @@ Message types (msgpack arrays inside Channel envelopes):
 
 A tower coalesces tokens into one chunk while the Channel window is full (a
 slow link) and otherwise sends at once; nothing waits longer than FLUSH_S.
+While it has nothing to send (queued, reading a long prompt, a slow model) it
+sends an empty TokenChunk every HEARTBEAT_S (or 4 RTTs), so a client notices
+within a few seconds that a tower went away, even behind a transport node.
 The client decodes UTF-8 incrementally, so a character split across tokens or
 chunks is never broken.
 """
@@ -18,6 +23,7 @@ chunks is never broken.
 import codecs
 import queue
 import threading
+import time
 
 import msgpack
 import RNS
@@ -34,25 +40,30 @@ from links.wire import WireError
 
 #: Longest a produced token may wait before it is sent (seconds).
 FLUSH_S = 0.05
+#: Seconds between heartbeats of a stream that has nothing to send.
+HEARTBEAT_S = 1.0
 #: Envelope room taken by TokenChunk's own fields (msgpack array, ids, bin header).
 CHUNK_OVERHEAD = 24
+#: Bytes a token id takes in a TokenChunk at most (msgpack uint32).
+ID_BYTES = 5
 MAX_STREAM_ID = MAX_ID
 
 
 class TokenChunk(RNS.MessageBase):
     MSGTYPE = 0x0101
 
-    def __init__(self, stream_id=0, seq=0, data=b""):
-        self.stream_id, self.seq, self.data = stream_id, seq, data
+    def __init__(self, stream_id=0, seq=0, data=b"", ids=()):
+        self.stream_id, self.seq, self.data, self.ids = stream_id, seq, data, list(ids)
 
     def pack(self):
-        return msgpack.packb([self.stream_id, self.seq, self.data], use_bin_type=True)
+        return msgpack.packb([self.stream_id, self.seq, self.data, self.ids], use_bin_type=True)
 
     def unpack(self, raw):
-        stream_id, seq, data = unpack_array(raw, 3)
-        if not isinstance(data, bytes):
-            raise ProtocolError("token chunk data is not bytes")
+        stream_id, seq, data, ids = unpack_array(raw, 4)
+        if not isinstance(data, bytes) or not isinstance(ids, list):
+            raise ProtocolError("token chunk data is not bytes and ids")
         self.stream_id, self.seq, self.data = uint(stream_id, "stream id"), uint(seq, "seq"), data
+        self.ids = [uint(i, "token id", 1 << 31) for i in ids]
 
 
 class StreamEnd(RNS.MessageBase):
@@ -134,26 +145,27 @@ class StreamRoutes:
 
 
 class StreamSender:
-    """Tower side: one stream's bytes to the client, coalesced while the window is full.
+    """Tower side: one stream's tokens to the client, coalesced while the window is full.
 
-    ``push(data)`` never blocks the generator; a sender thread flushes. ``end()``
-    and ``fail()`` queue the terminal message after all pushed bytes."""
+    ``push(data, ids)`` never blocks the generator; a sender thread flushes,
+    whole tokens per message. ``end()`` and ``fail()`` queue the terminal
+    message after all pushed tokens."""
 
     def __init__(self, router, stream_id):
         self.router = router
         self.stream_id = stream_id
-        self._buffer = bytearray()
+        self._pieces = []
         self._terminal = None
         self._seq = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"rngrid-stream-{stream_id}", daemon=True)
         self._thread.start()
 
-    def push(self, data):
-        if not data:
+    def push(self, data, ids=()):
+        if not data and not ids:
             return
         with self._cond:
-            self._buffer += data
+            self._pieces.append((data, list(ids)))
             self._cond.notify()
 
     def end(self, finish_reason, usage):
@@ -173,36 +185,72 @@ class StreamSender:
 
     def _run(self):
         limit = self.router.payload_limit(CHUNK_OVERHEAD)
+        heartbeat = max(HEARTBEAT_S, 4 * (self.router.link.rtt or 0))
+        last_sent = time.monotonic()
         while True:
             with self._cond:
-                while not self._buffer and self._terminal is None:
+                while not self._pieces and self._terminal is None and time.monotonic() - last_sent < heartbeat:
                     self._cond.wait(FLUSH_S)
-                terminal = None if self._buffer else self._terminal
+                terminal = None if self._pieces else self._terminal
             if terminal is not None:
                 self.router.send(terminal)
                 return
             if not self.router.wait_window():
                 return
-            with self._cond:
-                data = bytes(self._buffer[:limit])  # take what accumulated while waiting
-                del self._buffer[:len(data)]
-            if not self.router.send(TokenChunk(self.stream_id, self._seq, data)):
+            data, ids = self._take(limit)  # nothing taken: a heartbeat
+            if not self.router.send(TokenChunk(self.stream_id, self._seq, data, ids)):
                 return
             self._seq += 1
+            last_sent = time.monotonic()
+
+    def _take(self, limit):
+        """Whole tokens (bytes and ids) that fit one message; what accumulated
+        while waiting for the window goes together."""
+        data, ids = bytearray(), []
+        with self._cond:
+            while self._pieces:
+                piece, piece_ids = self._pieces[0]
+                size = len(piece) + ID_BYTES * len(piece_ids)
+                if data and len(data) + ID_BYTES * len(ids) + size > limit:
+                    break
+                if not data and size > limit:  # one token larger than a message: split it
+                    cut = max(1, limit - ID_BYTES * len(piece_ids))
+                    if len(piece) > cut:
+                        self._pieces[0] = (piece[cut:], piece_ids)
+                        return piece[:cut], []
+                self._pieces.pop(0)
+                data += piece
+                ids += piece_ids
+        return bytes(data), ids
+
+
+class TextDecoder:
+    """Incremental UTF-8: a character split across chunks (or across towers,
+    after a failover) comes out whole. "ignore" drops a character cut off by
+    max_tokens, as llama-cpp-python's own completion does, so a joined stream
+    equals the non-streamed text."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+
+    def feed(self, data):
+        return self._decoder.decode(data)
+
+    def finish(self):
+        return self._decoder.decode(b"", final=True)
+
 
 class StreamReceiver:
-    """Client side: one stream's messages as events, text decoded incrementally.
+    """Client side: one stream's messages as events.
 
-    ``events(timeout, router)`` yields ``("text", str)`` and finally ``("end", reason, usage)``;
-    raises WireError on an error message, a gap, an idle ``timeout`` (seconds) or,
-    with the Link's ``router``, a Link that died without a teardown."""
+    ``events(timeout, router)`` yields ``("data", bytes, token ids)`` and finally
+    ``("end", reason, usage)``; raises WireError on an error message, a gap, an
+    idle ``timeout`` (seconds) or, with the Link's ``router``, a Link that died
+    without a teardown."""
 
     def __init__(self, stream_id):
         self.stream_id = stream_id
         self._queue = queue.Queue()
-        # "ignore" drops a character cut off by max_tokens, as llama-cpp-python's
-        # own completion does, so a joined stream equals the non-streamed text.
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         self._next_seq = 0
 
     def deliver(self, message):
@@ -219,13 +267,9 @@ class StreamReceiver:
                 if message.seq != self._next_seq:
                     raise WireError("bad_stream", f"chunk {message.seq} arrived, expected {self._next_seq}")
                 self._next_seq += 1
-                text = self._decoder.decode(message.data)
-                if text:
-                    yield ("text", text)
+                if message.data or message.ids:  # an empty chunk is a heartbeat
+                    yield ("data", message.data, message.ids)
             elif isinstance(message, StreamEnd):
-                tail = self._decoder.decode(b"", final=True)
-                if tail:
-                    yield ("text", tail)
                 yield ("end", message.finish_reason, message.usage)
                 return
             elif isinstance(message, StreamError):

@@ -213,6 +213,38 @@ def _stream(stream, as_json):
             print(piece, end="", flush=True)
 
 
+@main.command()
+@_client_options
+@click.option("-m", "--model", required=True, help="Model alias (or blob id prefix).")
+@click.option("--adapter", default=None, help="LoRA adapter the request would use.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def route(ctx, connect, rns_config, model, adapter, as_json):
+    """Show how the grid would rank the towers for MODEL, and why."""
+    grid = _grid(ctx, connect, rns_config)
+    try:
+        ranked = grid.rank(model, adapter=adapter)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    rows = [{"rank": i + 1, "tower": c.entry.name, "destination": c.entry.hash_hex, **c.reasons,
+             "load": {"streams": c.entry.caps.load.streams, "queue": c.entry.caps.load.queue,
+                      "jobs": c.entry.caps.load.jobs},
+             "tokens_per_s": c.entry.caps.tokens_per_s,
+             "rtt_ms": round(grid.health.get(c.entry.destination_hash).rtt_s * 1000, 1)}
+            for i, c in enumerate(ranked)]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("#", "tower", "model", "why not first", "load", "tok/s", "RTT", "hops", "s/token")
+    for r in rows:
+        flags = [k.replace("_", " ") for k in ("backed_off", "training", "no_room", "lacks_adapter") if r[k]]
+        load = r["load"]
+        table.add_row(str(r["rank"]), r["tower"], r["tier"], ", ".join(flags) or "-",
+                      f"{load['streams']} running, {load['queue']} queued" + (", training" if load["jobs"] else ""),
+                      f"{r['tokens_per_s']:.0f}", f"{r['rtt_ms']:.0f} ms", str(r["hops"]), f"{r['cost_s_per_token']:.3f}")
+    out.print(table)
+
+
 @main.command("id")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Show a tower's identity and destination instead of this client's.")

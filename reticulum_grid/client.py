@@ -17,13 +17,12 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import RNS
 
 from announce.announcer import Pinger, TowerListener
-from announce.caps import decode_full
+from announce.caps import CapsError, decode_full
 from announce.table import TowerTable
 from links.channel import get_alive
 from links.chunks import TransferEnd, TransferProgress
@@ -32,6 +31,7 @@ from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
 from reticulum_grid.blobstore import BlobStore
 from reticulum_grid.connection import TowerConnection, wait_until
+from reticulum_grid.inference import InferenceStream, Usage  # noqa: F401 (Usage is part of the client API)
 from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest
 
 log = logging.getLogger("rngrid.client")
@@ -41,22 +41,8 @@ DEFAULT_CONNECT = ("127.0.0.1:4242",)
 PING_INTERVAL_S = 4.0
 #: A transfer with no progress message for this long has stalled (seconds).
 TRANSFER_IDLE_S = 60.0
-
-
-@dataclass
-class Usage:
-    """Ends an inference stream. Tokens are counts; times in seconds; rate in tokens/s.
-
-    ``ttft_s`` is measured by the client, from execute() to the first text;
-    ``tower_ttft_s`` is the tower's prompt processing time to the first token."""
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    tokens_per_s: float
-    tower: str
-    finish_reason: str
-    tower_ttft_s: float = 0.0
-    queued_s: float = 0.0
+#: Live load (caps/full) older than this is asked again before routing (seconds).
+LIVE_MAX_AGE_S = 1.0
 
 
 def _start_rns(home, connect, rns_config):
@@ -87,6 +73,9 @@ class Grid:
         self.listener = TowerListener(self.table)
         RNS.Transport.register_announce_handler(self.listener)
         self.connections = {}
+        self.health = router.HealthBook()
+        self.needs = {}
+        self._live_at = {}
         self._pinger = Pinger(self.identity)
         self._last_ping = 0.0
         self._lock = threading.Lock()
@@ -145,14 +134,29 @@ class Grid:
             raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard within {timeout:.0f} s")
         return entry
 
-    def route(self, model, tower=None, timeout=15.0, settle_s=0.3):
-        """The tower to run ``model`` on (``tower`` overrides). When no tower has
-        the model but this client does, the tower with the most free memory.
-        Raises WireError(no_tower)."""
+    def route(self, model, tower=None, timeout=15.0, adapter=None):
+        """The best tower to run ``model`` on (``tower`` overrides). Raises WireError(no_tower)."""
+        return self.rank(model, adapter=adapter, tower=tower, timeout=timeout)[0].entry
+
+    def rank(self, model, adapter=None, tower=None, timeout=15.0, settle_s=0.3):
+        """Candidate towers for ``model``, best first (router.py), with their live
+        load and RTT refreshed. When no tower has the model but this client does,
+        every tower is a candidate (the model is pushed first). Raises WireError(no_tower)."""
         if tower:
-            return self.find_tower(tower, timeout)
+            entries = [self.find_tower(tower, timeout)]
+        else:
+            entries = self._discover_for(model, timeout, settle_s)
+        self.refresh(entries)
+        live = [self.table.get(e.destination_hash) or e for e in entries]
+        syncable = bool(tower) or self._local_blob(model) is not None
+        ranked = router.rank(live, model, adapter, self.health, self.needs.get(model, 0), syncable=syncable)
+        if not ranked:
+            raise WireError(Code.NO_TOWER, f"no tower has model {model!r}")
+        return ranked
+
+    def _discover_for(self, model, timeout, settle_s):
         if router.candidates(self.table.live(), model):
-            return router.choose(self.table.live(), model)
+            return self.table.live()
         local = self._local_blob(model)
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
         if not self.wait_for(ready, timeout):
@@ -160,10 +164,31 @@ class Grid:
                               for e in self.table.live()) or "none"
             raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard within {timeout:.0f} s; heard: {heard}")
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
-        live = self.table.live()
-        if router.candidates(live, model) or not local:
-            return router.choose(live, model)
-        return max(live, key=lambda e: e.caps.hardware.memory_free_mib)
+        return self.table.live()
+
+    def refresh(self, entries, max_age_s=LIVE_MAX_AGE_S):
+        """Ask towers whose live load is older than ``max_age_s`` for caps/full (all
+        at once, on the Links we keep), recording their load, RTT and model needs.
+        Towers that do not answer are backed off."""
+        now = time.monotonic()
+        stale = [e for e in entries if now - self._live_at.get(e.destination_hash, 0.0) > max_age_s]
+        if not stale:
+            return
+        answered = set()
+        for entry, full, rtt in self.caps_full(stale, timeout=5.0, timed=True):
+            answered.add(entry.destination_hash)
+            self._live_at[entry.destination_hash] = time.monotonic()
+            self.health.rtt(entry.destination_hash, rtt)
+            try:
+                self.table.refresh_caps(entry.destination_hash, decode_full(full["caps"]))
+            except (CapsError, KeyError) as e:
+                log.warning("bad caps/full from %s: %s", entry.name, e)
+            for blob in full.get("blobs", ()):
+                if isinstance(blob.get("need_mib"), int) and blob.get("alias"):
+                    self.needs[blob["alias"]] = blob["need_mib"]
+        for entry in stale:
+            if entry.destination_hash not in answered:
+                self.health.failed(entry.destination_hash)
 
     def _local_blob(self, name):
         try:
@@ -185,53 +210,44 @@ class Grid:
 
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
         (str) followed by one Usage; a model the chosen tower lacks is synced
-        to it first (``progress(done_bytes, total_bytes)``). Other commands need
-        ``tower`` and return the reply map. Raises WireError (code + message)."""
+        to it first (``progress(done_bytes, total_bytes)``); towers that fail are
+        replaced (inference.py). Other commands need ``tower`` and return the
+        reply map within ``timeout`` seconds. Raises WireError (code + message)."""
         if command == "ai/inference":
-            return self.infer(payload, tower=tower, timeout=timeout, progress=progress)
+            return self.infer(payload, tower=tower, progress=progress)
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
 
-    def infer(self, payload, tower=None, timeout=30.0, progress=None):
+    def infer(self, payload, tower=None, progress=None):
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
         started = time.perf_counter()
-        entry = self.route(payload["model"], tower=tower)
-        if entry.caps.model(payload["model"]) is None:
-            entry = self.sync_to(entry, payload["model"], "model", progress)
-        adapter = payload.get("adapter")
-        if isinstance(adapter, str) and not _has_adapter(entry.caps, adapter):
-            entry = self.sync_to(entry, adapter, "adapter", progress)
-        conn = self.connection(entry)
-        stream_id = secrets.randbelow(MAX_STREAM_ID)
-        receiver = conn.open_stream(stream_id)
-        try:
-            conn.request("ai/inference", {**payload, "stream_id": stream_id}, timeout)
-        except BaseException:
-            conn.close_stream(stream_id)
-            raise
-        return InferenceStream(conn, receiver, started, entry.name, idle_timeout=timeout)
+        adapter = payload.get("adapter") if isinstance(payload.get("adapter"), str) else None
+        choices = self.rank(payload["model"], adapter=adapter, tower=tower)
+        return InferenceStream(self, payload, choices, progress=progress, started=started)
 
     # -- blobs ------------------------------------------------------------
     def holders(self, name, timeout=10.0):
         """Live towers that hold blob ``name`` (alias or blob id hex), from their
         caps, else from their caps/full."""
         live = self.towers(wait=timeout) if not self.table.live() else self.table.live()
-        found = [e for e in live if e.caps.model(name) is not None or _has_adapter(e.caps, name)]
+        found = [e for e in live if e.caps.model(name) is not None or e.caps.adapter(name)]
         if found:
             return found
         return [e for e, full in self.caps_full(live) if any(
             b.get("alias") == name or b.get("blob_id", b"").hex().startswith(name.lower()) for b in full["blobs"])]
 
-    def caps_full(self, entries, timeout=10.0):
+    def caps_full(self, entries, timeout=10.0, timed=False):
         """[(entry, caps/full reply)] of the towers that answer within ``timeout``
-        seconds, asked all at once."""
+        seconds, asked all at once; ``timed`` adds each round trip (seconds)."""
         results = []
 
         def ask(entry):
             try:
-                results.append((entry, self.connection(entry).request("caps/full", {}, timeout)))
+                started = time.monotonic()
+                reply = self.connection(entry).request("caps/full", {}, timeout)
+                results.append((entry, reply, time.monotonic() - started) if timed else (entry, reply))
             except WireError as e:
                 log.info("no caps/full from %s: %s", entry.name, e)
 
@@ -286,7 +302,7 @@ class Grid:
         """Put blob ``name`` (a model or adapter) on tower ``entry``: from the towers
         that hold it (tower to tower), else from this client's store. Returns the
         tower's refreshed table entry."""
-        has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: _has_adapter(caps, name))
+        has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: caps.adapter(name))
         sources = [e for e in self.table.live() if has(e.caps) and e.destination_hash != entry.destination_hash]
         if sources:
             self.tower_pull(entry, name, sources, alias=name, kind=kind, progress=progress)
@@ -354,10 +370,6 @@ class Grid:
         return self.connection(self.job_tower(job_id, tower)).request("jobs/cancel", {"job_id": job_id})["job"]
 
 
-def _has_adapter(caps, name):
-    return any(a.alias == name or (len(name) >= 8 and name.lower().startswith(a.short_hex)) for a in caps.adapters)
-
-
 def _is_hex(text):
     return len(text) >= 8 and all(c in "0123456789abcdef" for c in text.lower())
 
@@ -375,56 +387,3 @@ def _await_transfer(conn, events, progress):
             if not message.ok:
                 raise WireError(message.code, message.message)
             return message.report
-
-
-class InferenceStream:
-    """Iterator of text pieces (str) followed by one Usage.
-
-    Leaving the iteration early (break, exception, Ctrl-C) cancels the stream
-    on the tower. ``text`` holds what arrived; ``usage`` is set at the end."""
-
-    def __init__(self, conn, receiver, started, tower, idle_timeout=30.0):
-        self.conn = conn
-        self.receiver = receiver
-        self.started = started
-        self.tower = tower
-        self.idle_timeout = idle_timeout
-        self.text = ""
-        self.usage = None
-        self._finished = False
-
-    def __iter__(self):
-        first_at = None
-        try:
-            for event in self.receiver.events(self.idle_timeout, self.conn.router):
-                if event[0] == "text":
-                    if first_at is None:
-                        first_at = time.perf_counter()
-                    self.text += event[1]
-                    yield event[1]
-                else:
-                    self._finished = True
-                    self.usage = self._usage(event[1], event[2], first_at)
-                    yield self.usage
-        except WireError:
-            self._finished = True  # the tower ended the stream itself
-            raise
-        finally:
-            if self._finished:
-                self.conn.close_stream(self.receiver.stream_id)
-            else:
-                self.cancel()
-
-    def cancel(self):
-        """Stop generation on the tower (idempotent)."""
-        self._finished = True
-        self.conn.cancel(self.receiver.stream_id)
-
-    def _usage(self, finish_reason, usage, first_at):
-        def num(key, kind=float):
-            value = usage.get(key, 0)
-            return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
-        return Usage(prompt_tokens=num("prompt_tokens", int), completion_tokens=num("completion_tokens", int),
-                     ttft_s=(first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
-                     tower=self.tower, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
-                     queued_s=num("queued_s"))

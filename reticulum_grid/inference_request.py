@@ -9,6 +9,7 @@ Request map (msgpack)::
      "seed": int | None, "stop": [str, ...] | None,
      "adapter": str | None,                # GGUF LoRA alias or blob id on the tower
      "adapter_scale": float = 1.0,         # 0 gives the base model's output
+     "continue_tokens": [int, ...] | None, # tokens another tower already generated (failover)
      "stream_id": int}                     # chosen by the client, unique per Link
 
 Reply: ``{"ok": True, "stream_id": int, "queued": int}`` then Channel stream
@@ -39,6 +40,7 @@ SCHEMA = {
     "stop": Field(list, check=lambda v: None if len(v) <= 16 else "more than 16 stop strings"),
     "adapter": Field(str, check=max_len(128)),
     "adapter_scale": Field(float, default=1.0, check=in_range(-10.0, 10.0)),
+    "continue_tokens": Field(list, check=lambda v: None if len(v) <= 1 << 20 else "too many tokens"),
     "stream_id": Field(int, required=True, check=in_range(0, MAX_STREAM_ID)),
 }
 
@@ -52,6 +54,7 @@ class InferenceRequest:
     stream_id: int
     adapter: str | None = None
     adapter_scale: float = 1.0
+    continue_tokens: tuple = ()
 
 
 def parse(request):
@@ -67,8 +70,11 @@ def parse(request):
     sampling = Sampling(max_tokens=r["max_tokens"], temperature=r["temperature"], top_p=r["top_p"],
                         top_k=r["top_k"], min_p=r["min_p"], repeat_penalty=r["repeat_penalty"],
                         seed=r["seed"], stop=stop)
+    continued = tuple(r["continue_tokens"] or ())
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 1 << 31 for t in continued):
+        raise WireError(Code.BAD_REQUEST, "continue_tokens must be token ids")
     return InferenceRequest(r["model"], r["prompt"], r["messages"], sampling, r["stream_id"], r["adapter"],
-                            r["adapter_scale"])
+                            r["adapter_scale"], continued)
 
 
 def _check_messages(messages):

@@ -87,9 +87,11 @@ class LlamaBackend:
         rendered = self._formatter(messages=messages)
         return rendered.prompt, not rendered.added_special
 
-    def tokenize_prompt(self, prompt=None, messages=None):
-        """Prompt tokens exactly as create_completion builds them. Raises
-        ContextLengthExceeded when they leave no room in the context window."""
+    def tokenize_prompt(self, prompt=None, messages=None, continued=()):
+        """Prompt tokens exactly as create_completion builds them, followed by
+        ``continued`` (tokens a previous run generated). Raises ValueError for
+        ids outside the vocabulary and ContextLengthExceeded when they leave no
+        room in the context window."""
         add_bos = True
         if messages is not None:
             prompt, add_bos = self.format_chat(messages)
@@ -97,6 +99,9 @@ class LlamaBackend:
         bos = self.llm.token_bos()
         if add_bos and self.llm._model.add_bos_token() and bos != -1:
             tokens = [bos] + tokens
+        if any(t >= self.llm.n_vocab() for t in continued):
+            raise ValueError(f"continue_tokens hold ids outside this model's vocabulary of {self.llm.n_vocab()}")
+        tokens += list(continued)
         if len(tokens) >= self.n_ctx:
             raise ContextLengthExceeded(
                 f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens")
@@ -113,7 +118,7 @@ class LlamaBackend:
         max_tokens = min(sampling.max_tokens, self.n_ctx - len(tokens))
         stops = [s.encode("utf-8") for s in sampling.stop if s]
         self.llm.set_seed(sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "big"))
-        produced, sent, history = bytearray(), 0, list(tokens)
+        produced, sent, history, ids = bytearray(), 0, list(tokens), []
         result.finish_reason = "length"
         first_at = None
         for token in self.llm.generate(tokens, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -130,6 +135,7 @@ class LlamaBackend:
                 result.ttft_s = first_at - started
             produced += self.llm.detokenize([token], prev_tokens=history)
             history.append(token)
+            ids.append(token)
             result.completion_tokens += 1
             cut = _find_stop(produced, stops, sent)
             if cut is not None:
@@ -138,13 +144,13 @@ class LlamaBackend:
                 break
             safe = len(produced) - _partial_stop_suffix(produced, stops)
             if safe > sent:
-                yield bytes(produced[sent:safe])
-                sent = safe
+                yield bytes(produced[sent:safe]), ids
+                sent, ids = safe, []
             result.decode_s = time.perf_counter() - first_at
             if result.completion_tokens >= max_tokens:
                 break
         if len(produced) > sent:
-            yield bytes(produced[sent:])
+            yield bytes(produced[sent:]), ids
         if first_at is not None:
             result.decode_s = time.perf_counter() - first_at
 

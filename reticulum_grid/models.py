@@ -3,8 +3,9 @@
 Models named in the tower config are registered in place and loaded at
 start; models that arrive later (pushed or pulled) are loaded into llama.cpp
 on first use. Loading checks free memory (VRAM, or RAM on a CPU tower)
-against the file size plus a margin, unloading idle models least recently
-used first, and refuses with ``insufficient_memory`` when it still does not fit.
+against the model's need (weights + KV cache, gguf_info.need_mib), unloading
+idle models least recently used first, and refuses with
+``insufficient_memory`` when it still does not fit.
 """
 
 import logging
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from announce.caps import SHORT_ID_BYTES, ModelCap
 from links.wire import Code, WireError
-from reticulum_grid import hardware
+from reticulum_grid import gguf_info, hardware
 from reticulum_grid.admission import ModelQueue
 from reticulum_grid.config import ModelConfig
 from reticulum_grid.llama_backend import Generation, LlamaBackend, Sampling
@@ -22,8 +23,6 @@ from reticulum_grid.llama_backend import Generation, LlamaBackend, Sampling
 log = logging.getLogger("rngrid.models")
 
 MIB = 1 << 20
-#: Memory beyond the file size a loaded GGUF takes: KV cache, compute buffers (MiB).
-LOAD_OVERHEAD_MIB = 256
 
 
 @dataclass
@@ -35,6 +34,7 @@ class ModelSlot:
     settings: ModelConfig
     queue: ModelQueue
     backend: LlamaBackend = None
+    need_mib: int = None
     last_used: float = 0.0
     load_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -61,7 +61,7 @@ class ModelRegistry:
 
     def load_configured(self):
         for blob_id in list(self._settings):
-            self.backend(self._slot(blob_id))
+            self.backend(self.slot(blob_id))
 
     def aliases(self):
         """{alias: blob_id} of every model blob in the store."""
@@ -75,11 +75,16 @@ class ModelRegistry:
             self.store.reload()
 
     def caps_models(self):
-        seen = {}
-        for alias, blob_id in sorted(self.aliases().items()):
-            slot = self._slots.get(blob_id)
-            seen.setdefault(blob_id, ModelCap(alias, blob_id[:SHORT_ID_BYTES], bool(slot and slot.loaded)))
-        return tuple(seen.values())
+        """Every alias of every model blob (two aliases of one blob: two entries)."""
+        return tuple(ModelCap(alias, blob_id[:SHORT_ID_BYTES], bool(self._slots.get(blob_id) and
+                                                                    self._slots[blob_id].loaded))
+                     for alias, blob_id in sorted(self.aliases().items()))
+
+    def need_mib(self, slot):
+        """Memory the slot's model needs loaded (MiB; gguf_info.need_mib), cached."""
+        if slot.need_mib is None:
+            slot.need_mib = gguf_info.need_mib(slot.path, slot.settings.n_ctx, slot.size)
+        return slot.need_mib
 
     def slots(self):
         return list(self._slots.values())
@@ -94,9 +99,9 @@ class ModelRegistry:
         if blob_id is None:
             raise WireError(Code.UNKNOWN_MODEL, f"model {name!r} is not on this tower; it has: "
                                                 f"{', '.join(sorted(aliases)) or 'none'}")
-        return self._slot(blob_id)
+        return self.slot(blob_id)
 
-    def _slot(self, blob_id):
+    def slot(self, blob_id):
         with self._lock:
             slot = self._slots.get(blob_id)
             if slot is None:
@@ -121,7 +126,7 @@ class ModelRegistry:
             return slot.backend
 
     def _make_room(self, slot):
-        need = slot.size // MIB + LOAD_OVERHEAD_MIB
+        need = self.need_mib(slot)
         free = hardware.probe().memory_free_mib
         idle = sorted((s for s in self._slots.values() if s.loaded and not s.busy and s is not slot),
                       key=lambda s: s.last_used)

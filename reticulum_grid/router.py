@@ -1,35 +1,127 @@
-"""Routing v1: which tower runs a request for a model.
+"""Routing: which tower runs a request. The whole score is here.
 
-Candidates are live towers whose caps list the model (by alias or blob id
-prefix). They are ranked by, in order:
+Candidates are live towers whose caps list the model. Each gets a sort key,
+compared left to right (lower is better):
 
-1. the model is loaded (not only on disk),
-2. most free memory (MiB): VRAM, or RAM on a CPU-only tower,
-3. fewest hops.
-
-``--tower`` overrides routing entirely (see Grid.route).
+1. ``backed_off``: the tower failed recently (exponential backoff, see Health);
+   it is tried only when nothing else is left.
+2. ``training``: a tower running a training job serves inference only when
+   no other tower can.
+3. ``tier``: 0 the model is loaded, 1 it is on the tower's disk, 2 it must be
+   synced there first (only towers holding nothing are tier 2 candidates,
+   and only when no tower holds the model at all).
+4. ``no_room``: for a model not loaded yet, free memory (VRAM, or RAM on a
+   CPU tower) below the model's need (GGUF size + KV cache, gguf_info.need_mib).
+5. ``lacks_adapter``: the requested LoRA adapter would have to be synced first.
+6. ``cost``: an estimate of seconds per generated token for this request,
+   (streams + queue + 1) / tokens_per_s, plus the measured RTT in seconds;
+   a busy fast tower and an idle slow one compare fairly.
+7. ``-headroom``: free memory beyond the model's need (MiB), more is better.
+8. ``hops``: fewer is better.
+9. a random tie-breaker, so equal towers share the load.
 """
 
+import random
+import time
+from dataclasses import dataclass
+
 from links.wire import Code, WireError
+
+#: Backoff after the n-th consecutive failure: min(2**n, MAX_BACKOFF_S) seconds.
+MAX_BACKOFF_S = 120.0
+
+
+@dataclass
+class Health:
+    """What the client measured of one tower."""
+    rtt_s: float = 0.0
+    failures: int = 0
+    backoff_until: float = 0.0
+
+    def backed_off(self, now=None):
+        return (now or time.monotonic()) < self.backoff_until
+
+
+HEALTHY = Health()
+
+
+class HealthBook:
+    """Health per destination hash."""
+
+    def __init__(self):
+        self._health = {}
+
+    def get(self, destination_hash):
+        return self._health.get(destination_hash, HEALTHY)
+
+    def failed(self, destination_hash):
+        h = self._health.setdefault(destination_hash, Health())
+        h.failures += 1
+        h.backoff_until = time.monotonic() + min(2.0 ** h.failures, MAX_BACKOFF_S)
+
+    def succeeded(self, destination_hash):
+        h = self._health.setdefault(destination_hash, Health())
+        h.failures, h.backoff_until = 0, 0.0
+
+    def rtt(self, destination_hash, seconds):
+        h = self._health.setdefault(destination_hash, Health())
+        h.rtt_s = seconds if not h.rtt_s else 0.7 * h.rtt_s + 0.3 * seconds
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A ranked candidate and the reasons for its place."""
+    entry: object
+    key: tuple
+
+    @property
+    def reasons(self):
+        backed_off, training, tier, no_room, lacks_adapter, cost, headroom, hops, _ = self.key
+        return {"tier": ("loaded", "on disk", "sync first")[tier], "backed_off": backed_off, "training": training,
+                "no_room": no_room, "lacks_adapter": lacks_adapter, "cost_s_per_token": cost,
+                "headroom_mib": -headroom, "hops": hops}
 
 
 def candidates(entries, model):
     return [e for e in entries if e.caps.model(model) is not None]
 
 
-def score(entry, model):
-    """Sort key, lower is better."""
-    cap = entry.caps.model(model)
-    return (not cap.loaded, -entry.caps.hardware.memory_free_mib, entry.hops)
+def rank(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+    """Choices, best first. ``need_mib``: the model's memory need (0 if unknown);
+    ``syncable``: the model can be synced to towers that lack it."""
+    return sorted((Choice(e, k) for e, k in _keys(entries, model, adapter, health, need_mib, syncable)),
+                  key=lambda c: c.key)
 
 
-def rank(entries, model):
-    return sorted(candidates(entries, model), key=lambda e: score(e, model))
-
-
-def choose(entries, model):
-    """The best tower for ``model``. Raises WireError(no_tower)."""
-    ranked = rank(entries, model)
-    if not ranked:
+def choose(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+    """The best tower for ``model`` (one pass, no sort). Raises WireError(no_tower)."""
+    best = min(_keys(entries, model, adapter, health, need_mib, syncable), key=lambda pair: pair[1], default=None)
+    if best is None:
         raise WireError(Code.NO_TOWER, f"no tower has model {model!r}")
-    return ranked[0]
+    return best[0]
+
+
+def _keys(entries, model, adapter, health, need_mib, syncable):
+    """(entry, key) for every candidate."""
+    book = health or HealthBook()
+    now = time.monotonic()
+    keyed = []
+    for entry in entries:
+        caps = entry.caps
+        cap = caps.model(model)
+        if cap is None:
+            continue
+        keyed.append((entry, _key(entry, caps, 0 if cap.loaded else 1, adapter, book.get(entry.destination_hash),
+                                  need_mib, now)))
+    if keyed or not syncable:
+        return keyed
+    return [(e, _key(e, e.caps, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
+
+
+def _key(entry, caps, tier, adapter, health, need_mib, now):
+    free = caps.hardware.memory_free_mib
+    load = caps.load
+    cost = (load.streams + load.queue + 1) / max(caps.tokens_per_s, 1.0) + health.rtt_s
+    return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and free < need_mib,
+            bool(adapter) and caps.adapter(adapter) is None, round(cost, 3), need_mib - free, entry.hops,
+            random.random())

@@ -177,6 +177,9 @@ class Tower:
         loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
         blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
                  for i in self.store.list() for a in (i.aliases or [""])]
+        for blob in blobs:
+            if blob["kind"] == "model":
+                blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
         reply = {"caps": capscodec.encode(self.caps(), budget=1 << 20), "blobs": blobs}
         if session.identity is not None:
             reply["you"] = {"identity": session.identity.hash.hex(),
@@ -228,9 +231,12 @@ class Tower:
     @staticmethod
     def _tokenize(backend, request):
         try:
-            return backend.tokenize_prompt(prompt=request.prompt, messages=request.messages)
+            return backend.tokenize_prompt(prompt=request.prompt, messages=request.messages,
+                                           continued=request.continue_tokens)
         except ContextLengthExceeded as e:
             raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
+        except ValueError as e:
+            raise WireError(Code.BAD_REQUEST, str(e)) from None
 
     def _run_stream(self, session, slot, request, tokens, cancel, adapter):
         sender = StreamSender(session.router, request.stream_id)
@@ -242,8 +248,8 @@ class Tower:
                 backend.set_adapter(adapter, request.adapter_scale)
                 tokens = tokens or self._tokenize(backend, request)
                 result = Generation()
-                for piece in backend.generate(tokens, request.sampling, cancel, result):
-                    sender.push(piece)
+                for piece, ids in backend.generate(tokens, request.sampling, cancel, result):
+                    sender.push(piece, ids)
             if result.finish_reason == "cancelled":
                 sender.fail(Code.CANCELLED, "cancelled by the client")
             else:

@@ -21,7 +21,7 @@ import msgpack
 from links.jobevents import JobEvent
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
-from reticulum_grid import gguf_lora, train_request, trainer
+from reticulum_grid import gguf_info, train_request, trainer
 from reticulum_grid.jobs import JobManager
 from reticulum_grid.notify import delivery_hash
 
@@ -89,7 +89,7 @@ class TowerJobs:
 
     def _base_modules(self, slot):
         if slot.blob_id not in self._modules:
-            self._modules[slot.blob_id] = gguf_lora.architecture(slot.path)[2]
+            self._modules[slot.blob_id] = gguf_info.architecture(slot.path)[2]
         return self._modules[slot.blob_id]
 
     def status(self, session, request):

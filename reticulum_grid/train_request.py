@@ -18,7 +18,7 @@ Reply: ``{"job_id": str}`` at once.
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.blobstore import check_alias
 from reticulum_grid.datasets import DatasetError, read_examples
-from reticulum_grid.gguf_lora import LINEAR_TARGETS
+from reticulum_grid.gguf_info import LINEAR_TARGETS
 
 #: Bytes of a dataset checked before a job is accepted; the worker checks the rest.
 QUICK_CHECK_BYTES = 16 << 20

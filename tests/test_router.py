@@ -1,4 +1,4 @@
-"""Routing v1 order: loaded model, then most free memory, then fewest hops."""
+"""The routing score (router.py), as a scenario table; and the tower table."""
 
 import pytest
 
@@ -8,27 +8,73 @@ from links.wire import WireError
 from reticulum_grid import router
 
 
-def entry(name, free_vram=0, free_ram=1000, hops=1, loaded=True, model="m"):
+def entry(name, free_vram=0, free_ram=1000, hops=1, loaded=True, model="m", streams=0, queue=0, jobs=0, tps=100.0,
+          adapters=()):
     hw = c.Hardware("cuda" if free_vram else "cpu", "d", 32000 if free_vram else 0, free_vram, 64000, free_ram)
-    caps = c.Caps(name=name, hardware=hw, models=(c.ModelCap(model, b"abcd", loaded),))
+    models = (c.ModelCap(model, b"abcd", loaded),) if model else ()
+    caps = c.Caps(name=name, hardware=hw, models=models, load=c.Load(streams, jobs, queue), tokens_per_s=tps,
+                  adapters=tuple(c.AdapterCap(a, b"\x01\x02\x03\x04") for a in adapters))
     return TowerEntry(name.encode().ljust(16, b"\0"), caps, hops, 0.0)
 
 
-@pytest.mark.parametrize("entries, expected", [
-    ([entry("a", free_vram=8000), entry("b", free_vram=20000)], "b"),
-    ([entry("a", free_vram=20000, hops=3), entry("b", free_vram=20000, hops=1)], "b"),
-    ([entry("a", free_vram=30000, loaded=False), entry("b", free_vram=2000)], "b"),
-    ([entry("cpu", free_ram=60000), entry("gpu", free_vram=30000)], "cpu"),
-    ([entry("a", model="other"), entry("b")], "b"),
+def backed_off(*names):
+    book = router.HealthBook()
+    for name in names:
+        book.failed(name.encode().ljust(16, b"\0"))
+    return book
+
+
+@pytest.mark.parametrize("case, entries, expected, options", [
+    ("more free memory", [entry("a", free_vram=8000), entry("b", free_vram=20000)], "b", {}),
+    ("fewer hops", [entry("a", free_vram=20000, hops=3), entry("b", free_vram=20000, hops=1)], "b", {}),
+    ("loaded beats on disk", [entry("a", free_vram=30000, loaded=False), entry("b", free_vram=2000)], "b", {}),
+    ("model only on b", [entry("a", model="other"), entry("b")], "b", {}),
+    ("a is training", [entry("a", free_vram=30000, jobs=1), entry("b", free_vram=1000)], "b", {}),
+    ("training only if nothing else", [entry("a", jobs=1), entry("b", model="other")], "a", {}),
+    ("busy tower loses to idle one", [entry("a", streams=1, queue=2), entry("b")], "b", {}),
+    ("fast busy vs slow idle", [entry("a", streams=1, tps=400.0), entry("b", tps=100.0)], "a", {}),
+    ("failed tower backed off", [entry("a", free_vram=30000), entry("b")], "b", {"failed": ["a"]}),
+    ("backed off still used last", [entry("a")], "a", {"failed": ["a"]}),
+    ("does not fit", [entry("a", free_ram=1000, loaded=False), entry("b", free_ram=9000, loaded=False)], "b",
+     {"need_mib": 4000}),
+    ("has the adapter", [entry("a", free_vram=30000), entry("b", adapters=("sql",))], "b", {"adapter": "sql"}),
+    ("sync target when nobody has it", [entry("a", model=None, free_ram=100), entry("b", model=None, free_ram=900)],
+     "b", {"syncable": True}),
 ])
-def test_choose(entries, expected):
-    assert router.choose(entries, "m").name == expected
+def test_scenarios(case, entries, expected, options):
+    options = dict(options)
+    if "failed" in options:  # built now: a backoff lasts seconds
+        options["health"] = backed_off(*options.pop("failed"))
+    assert router.choose(entries, "m", **options).name == expected, case
+    assert router.rank(entries, "m", **options)[0].entry.name == expected
 
 
 def test_no_candidate():
     with pytest.raises(WireError) as e:
         router.choose([entry("a", model="other")], "m")
     assert e.value.code == "no_tower"
+
+
+def test_reasons_explain_the_order():
+    ranked = router.rank([entry("a", jobs=1), entry("b", loaded=False)], "m")
+    assert [c.entry.name for c in ranked] == ["b", "a"]
+    assert ranked[0].reasons["tier"] == "on disk" and ranked[1].reasons["training"] is True
+
+
+def test_equal_towers_share_the_load():
+    firsts = {router.choose([entry("a"), entry("b")], "m").name for _ in range(50)}
+    assert firsts == {"a", "b"}
+
+
+def test_backoff_grows_and_resets():
+    book = router.HealthBook()
+    key = b"x" * 16
+    book.failed(key)
+    first = book.get(key).backoff_until
+    book.failed(key)
+    assert book.get(key).backoff_until > first and book.get(key).backed_off()
+    book.succeeded(key)
+    assert not book.get(key).backed_off()
 
 
 def test_table_expiry_and_lookup():

@@ -16,6 +16,7 @@ from links.stream import (
     StreamError,
     StreamReceiver,
     StreamSender,
+    TextDecoder,
     TokenChunk,
 )
 from links.wire import WireError
@@ -24,7 +25,19 @@ TEXT = "Emoji 😀🚀 and CJK 日本語のテキスト, accents é à ü — do
 
 
 def events(receiver):
-    return list(receiver.events(idle_timeout=2))
+    """The receiver's events with the data decoded as the client does."""
+    decoder, out = TextDecoder(), []
+    for event in receiver.events(idle_timeout=2):
+        if event[0] == "data":
+            text = decoder.feed(event[1])
+            if text:
+                out.append(("text", text))
+        else:
+            tail = decoder.finish()
+            if tail:
+                out.append(("text", tail))
+            out.append(event)
+    return out
 
 
 def test_every_split_point_decodes_intact():
@@ -67,7 +80,7 @@ def test_idle_timeout():
         list(r.events(idle_timeout=0.2))
 
 
-@pytest.mark.parametrize("message", [TokenChunk(3, 4, b"abc"), StreamEnd(3, "stop", {"a": 1}),
+@pytest.mark.parametrize("message", [TokenChunk(3, 4, b"abc", [17, 99]), StreamEnd(3, "stop", {"a": 1}),
                                      StreamError(3, "busy", "later"), StreamCancel(3)])
 def test_messages_round_trip(message):
     copy = type(message)()
@@ -75,7 +88,8 @@ def test_messages_round_trip(message):
     assert copy.__dict__ == message.__dict__
 
 
-@pytest.mark.parametrize("cls, raw", [(TokenChunk, b"\xc1"), (TokenChunk, b"\x93\x01\x02\xa1x"),
+@pytest.mark.parametrize("cls, raw", [(TokenChunk, b"\xc1"), (TokenChunk, b"\x94\x01\x02\xa1x\x90"),
+                                      (TokenChunk, b"\x94\x01\x02\xc4\x01x\x91\xff"),
                                       (StreamEnd, b"\x93\x01\xa1x\x05"), (StreamCancel, b"\x91\xff"),
                                       (StreamError, b"\x92\x01\x02")])
 def test_malformed_messages_rejected(cls, raw):
@@ -136,8 +150,8 @@ def test_sender_coalesces_while_window_full_and_splits_at_mdu():
     router = RouterDouble()
     router.channel.ready = False
     sender = StreamSender(router, 9)
-    for ch in "abcdefghij" * 4:
-        sender.push(ch.encode())
+    for i, ch in enumerate("abcdefghij" * 4):
+        sender.push(ch.encode(), [i])
     time.sleep(0.1)
     assert router.sent == [], "nothing may be sent while the window is full"
     router.channel.ready = True
@@ -145,8 +159,9 @@ def test_sender_coalesces_while_window_full_and_splits_at_mdu():
     assert router.done.wait(2)
     chunks = [m for m in router.sent if isinstance(m, TokenChunk)]
     assert b"".join(m.data for m in chunks) == b"abcdefghij" * 4
+    assert [i for m in chunks for i in m.ids] == list(range(40)), "every token id travels with its bytes"
     assert [m.seq for m in chunks] == list(range(len(chunks)))
-    assert len(chunks) == 3 and all(len(m.data) <= 16 for m in chunks)
+    assert all(len(m.data) + 5 * len(m.ids) <= 16 for m in chunks) and len(chunks) == 20
     assert isinstance(router.sent[-1], StreamEnd)
 
 
