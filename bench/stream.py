@@ -1,8 +1,8 @@
 """Streaming overhead of the grid: local llama-cpp-python vs the same model
 through a tower on loopback RNS.
 
-Same GGUF, prompt and parameters (temperature 0, fixed max_tokens) on both
-sides; runs are interleaved and the median of each is reported. Figures, as
+Same GGUF, prompt, parameters (temperature 0, fixed max_tokens) and llama.cpp
+threads (1, what a test tower gets) on both sides; runs are interleaved and the median of each is reported. Figures, as
 the caller sees them:
 
 - TTFT: request sent -> first text received (ms). The grid's link is warm.
@@ -67,7 +67,7 @@ def main():
         try:
             grid = Grid(home=home, connect=[tower.address])
             grid.route(DEFAULT_ALIAS, timeout=120)
-            llm = Llama(model_path=model, n_ctx=4096, verbose=False)
+            llm = Llama(model_path=model, n_ctx=4096, n_threads=1, n_threads_batch=1, verbose=False)
             local_run(llm, 8), grid_run(grid, 8)  # warm caches and the link
             local, remote = [], []
             for _ in range(args.runs):

@@ -38,6 +38,11 @@ Besides the races, two more 0.9.4 defects are mended here:
   not the two-address header, 318 bytes and up) raises there and ends the job
   loop thread for good, so the node stops forwarding announces and timing out
   receipts.  Fix: an exception in one round of jobs is logged and the loop goes on.
+- ``TCPClientInterface.process_outgoing`` writes a frame with ``sendall`` and
+  no lock. Several threads sending on one Link (streams, chunk transfers,
+  delivery proofs) interleave their bytes once the socket buffer fills; the
+  mangled frames fail their checks and are dropped, and every stream on that
+  Link stalls behind the retransmission.  Fix: one write at a time per interface.
 - ``Channel._update_packet_timeouts`` iterates the send ring
 without the Channel's lock while the receive thread removes delivered
 envelopes; "deque mutated during iteration" then escapes from
@@ -80,6 +85,7 @@ def apply():
         _fix_unlocked_ring_iteration()
         _fix_spawned_ingress_control()
         _fix_fatal_transport_jobs()
+        _fix_interleaved_tcp_writes()
         _applied = True
         return True
 
@@ -221,3 +227,18 @@ def _fix_fatal_transport_jobs():
             RNS.log(f"A round of Transport jobs failed and was skipped: {e}", RNS.LOG_ERROR)
 
     RNS.Transport.jobs = staticmethod(jobs)
+
+
+def _fix_interleaved_tcp_writes():
+    from RNS.Interfaces.TCPInterface import TCPClientInterface
+    original = TCPClientInterface.process_outgoing
+
+    def process_outgoing(self, data):
+        lock = self.__dict__.get("_rngrid_write_lock")
+        if lock is None:
+            with _guard_links:
+                lock = self.__dict__.setdefault("_rngrid_write_lock", threading.Lock())
+        with lock:
+            return original(self, data)
+
+    TCPClientInterface.process_outgoing = process_outgoing

@@ -146,9 +146,10 @@ class Grid:
             entries = [self.find_tower(tower, timeout)]
         else:
             entries = self._discover_for(model, timeout, settle_s)
-        self.refresh(entries)
-        live = [self.table.get(e.destination_hash) or e for e in entries]
         syncable = bool(tower) or self._local_blob(model) is not None
+        pool = router.candidates(entries, model) or (entries if syncable else [])
+        self.refresh([e for e in pool if not self.health.get(e.destination_hash).backed_off()])
+        live = [self.table.get(e.destination_hash) or e for e in pool]
         ranked = router.rank(live, model, adapter, self.health, self.needs.get(model, 0), syncable=syncable)
         if not ranked:
             raise WireError(Code.NO_TOWER, f"no tower has model {model!r}")

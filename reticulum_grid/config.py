@@ -28,7 +28,8 @@ A tower config (every key optional except as noted)::
     path = "/path/to/model.gguf"        # required per model
     n_ctx = 4096                        # context window, tokens
     n_gpu_layers = -1                   # -1: all layers on the GPU when there is one
-    threads = 0                         # llama.cpp threads; 0 = its default
+    threads = 0                         # llama.cpp threads; 0 = its default. Towers sharing
+                                        # a machine: split the cores between them
     [allow]
     "<identity hash hex>" = ["infer"]   # roles: infer, train, sync, admin (admin = all)
 
@@ -123,15 +124,15 @@ def load_network(path):
     return _network(_read(path).get("network", {}) if path.exists() else {})
 
 
-def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, **sections):
-    """Write a new tower config. ``models``: {alias: gguf path}; ``sections``: extra
-    tables, e.g. announce={"floor_s": 1}."""
+def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, **sections):
+    """Write a new tower config. ``models``: {alias: gguf path}; ``threads``: llama.cpp
+    threads per model (0: its default); ``sections``: extra tables, e.g. announce={"floor_s": 1}."""
     doc = tomlkit.document()
     doc["name"] = name
     doc["network"] = {"listen": listen, "connect": list(connect)}
     for key, table in sections.items():
         doc[key] = table
-    doc["models"] = {alias: {"path": str(p)} for alias, p in models.items()}
+    doc["models"] = {alias: {"path": str(p), **({"threads": threads} if threads else {})} for alias, p in models.items()}
     doc["allow"] = dict(allow or {})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     _write(Path(path), doc)

@@ -109,6 +109,9 @@ class TowerConnection:
             raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
         done.wait(timeout + 1.0)
         if "data" not in box:
+            # A tower answers at once; silence means this Link is dead (e.g. the
+            # tower restarted behind a transport node). The next request builds a new one.
+            link.teardown()
             raise WireError(Code.TIMEOUT, f"{self.name} did not answer {path} within {timeout:.0f} s")
         return wire.parse_response(box["data"])
 

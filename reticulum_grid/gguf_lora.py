@@ -12,6 +12,7 @@ import numpy as np
 
 from reticulum_grid.gguf_info import LoraError, architecture, name_map
 
+
 def peft_to_gguf(tensors, alpha, base_path, out_path):
     """Write ``tensors`` (PEFT state dict: name -> numpy array) as a GGUF LoRA for
     the base model at ``base_path``. Raises LoraError for a tensor it cannot map

@@ -144,6 +144,7 @@ class InferenceStream:
             conn.close_stream(stream_id)
             raise
         self._current = (conn, stream_id)
+        self.grid.health.started(entry.destination_hash)
         return receiver, entry
 
     def _note_refusal(self, entry, error, errors):

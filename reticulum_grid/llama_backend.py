@@ -55,12 +55,16 @@ class AdapterError(ValueError):
 
 class LlamaBackend:
     """A loaded GGUF model. ``n_ctx`` in tokens; ``n_gpu_layers=-1`` offloads all
-    layers when llama.cpp was built with a GPU backend."""
+    layers when llama.cpp was built with a GPU backend; ``n_threads`` (None:
+    llama-cpp-python's defaults) is used for prompt processing too, because
+    llama.cpp's spinning thread barriers thrash when several contexts on one
+    machine ask for more threads than it has cores (prompt processing then
+    takes seconds instead of milliseconds)."""
 
     def __init__(self, path, n_ctx=4096, n_threads=None, n_gpu_layers=-1):
         self.path = str(path)
         with _quiet_stderr():
-            self.llm = Llama(model_path=self.path, n_ctx=n_ctx, n_threads=n_threads,
+            self.llm = Llama(model_path=self.path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                              n_gpu_layers=n_gpu_layers, verbose=False)
         self.n_ctx = self.llm.n_ctx()
         self._formatter = self._chat_formatter()

@@ -106,12 +106,14 @@ class TowerProcess(LocalProcess):
     ``models``: {alias: gguf path}; ``allow``: {identity hex: [roles]};
     ``sections``: extra config tables (e.g. announce={"floor_s": 1})."""
 
-    def __init__(self, root, name, models, allow=None, connect=(), listen=True, **sections):
+    def __init__(self, root, name, models, allow=None, connect=(), listen=True, threads=1, **sections):
         super().__init__(Path(root) / name, name, free_port() if listen else None)
         self.config_path = self.dir / "tower.toml"
         sections.setdefault("announce", {"floor_s": 1, "heartbeat_s": 600})
+        # Several towers share this machine: one llama.cpp thread each keeps them
+        # from fighting over the cores (see LlamaBackend).
         config.write_tower(self.config_path, name, models, listen=self.address if listen else "",
-                           connect=connect, allow=allow, **sections)
+                           connect=connect, allow=allow, threads=threads, **sections)
 
     def argv(self):
         return [sys.executable, "-m", "reticulum_grid", "-v", "tower", "--config", str(self.config_path)]

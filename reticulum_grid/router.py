@@ -14,8 +14,10 @@ compared left to right (lower is better):
    CPU tower) below the model's need (GGUF size + KV cache, gguf_info.need_mib).
 5. ``lacks_adapter``: the requested LoRA adapter would have to be synced first.
 6. ``cost``: an estimate of seconds per generated token for this request,
-   (streams + queue + 1) / tokens_per_s, plus the measured RTT in seconds;
-   a busy fast tower and an idle slow one compare fairly.
+   (streams + queue + pending + 1) / tokens_per_s, plus the measured RTT in
+   seconds, where ``pending`` counts the streams this client started there
+   since it last read the tower's load; a busy fast tower and an idle slow one
+   compare fairly, and simultaneous requests do not all pick the same tower.
 7. ``-headroom``: free memory beyond the model's need (MiB), more is better.
 8. ``hops``: fewer is better.
 9. a random tie-breaker, so equal towers share the load.
@@ -37,6 +39,7 @@ class Health:
     rtt_s: float = 0.0
     failures: int = 0
     backoff_until: float = 0.0
+    pending: int = 0
 
     def backed_off(self, now=None):
         return (now or time.monotonic()) < self.backoff_until
@@ -64,8 +67,13 @@ class HealthBook:
         h.failures, h.backoff_until = 0, 0.0
 
     def rtt(self, destination_hash, seconds):
+        """A fresh load reading came back after ``seconds``."""
         h = self._health.setdefault(destination_hash, Health())
         h.rtt_s = seconds if not h.rtt_s else 0.7 * h.rtt_s + 0.3 * seconds
+        h.pending = 0  # the tower's own load figures now include our streams
+
+    def started(self, destination_hash):
+        self._health.setdefault(destination_hash, Health()).pending += 1
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,7 @@ def _keys(entries, model, adapter, health, need_mib, syncable):
 def _key(entry, caps, tier, adapter, health, need_mib, now):
     free = caps.hardware.memory_free_mib
     load = caps.load
-    cost = (load.streams + load.queue + 1) / max(caps.tokens_per_s, 1.0) + health.rtt_s
+    cost = (load.streams + load.queue + health.pending + 1) / max(caps.tokens_per_s, 1.0) + health.rtt_s
     return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and free < need_mib,
             bool(adapter) and caps.adapter(adapter) is None, round(cost, 3), need_mib - free, entry.hops,
             random.random())

@@ -211,11 +211,11 @@ class Tower:
             tokens = self._tokenize(slot.backend, request)
         if request.stream_id in session.streams:
             raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
-        ahead = slot.queue.admit()
+        ticket = slot.queue.admit()
         cancel = session.streams[request.stream_id] = threading.Event()
-        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel, adapter),
+        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel, adapter, ticket),
                          name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
-        return {"stream_id": request.stream_id, "queued": ahead}
+        return {"stream_id": request.stream_id, "queued": ticket.ahead}
 
     def _adapter_path(self, name):
         if not name:
@@ -238,11 +238,11 @@ class Tower:
         except ValueError as e:
             raise WireError(Code.BAD_REQUEST, str(e)) from None
 
-    def _run_stream(self, session, slot, request, tokens, cancel, adapter):
+    def _run_stream(self, session, slot, request, tokens, cancel, adapter, ticket):
         sender = StreamSender(session.router, request.stream_id)
         started = time.perf_counter()
         try:
-            with slot.queue.turn(cancel):
+            with slot.queue.turn(ticket, cancel):
                 queued_s = time.perf_counter() - started
                 backend = self.registry.backend(slot)
                 backend.set_adapter(adapter, request.adapter_scale)

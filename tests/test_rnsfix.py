@@ -165,3 +165,36 @@ def test_spawned_interfaces_follow_their_servers_ingress_control():
     assert spawned.should_ingress_limit() is False
     server.ingress_control = True
     assert spawned.should_ingress_limit() is True
+
+
+class SlowSocketDouble:
+    """Test double for a TCP socket under backpressure: sendall writes a few
+    bytes at a time and lets other threads run in between, as a full kernel
+    send buffer does."""
+
+    def __init__(self):
+        self.wire = bytearray()
+
+    def sendall(self, data):
+        for i in range(0, len(data), 7):
+            self.wire += data[i:i + 7]
+            time.sleep(0)
+
+
+def test_concurrent_writes_on_one_tcp_interface_stay_whole_frames():
+    from RNS.Interfaces.TCPInterface import HDLC, TCPClientInterface
+
+    rnsfix.apply()
+    interface = object.__new__(TCPClientInterface)  # no connection: only the write path is exercised
+    interface.online, interface.detached, interface.kiss_framing = True, False, False
+    interface.writing, interface.txb, interface.parent_interface = False, 0, None
+    interface.socket = SlowSocketDouble()
+    frames = [bytes([k]) * 300 for k in range(1, 9)]
+    threads = [threading.Thread(target=lambda f=f: [interface.process_outgoing(f) for _ in range(20)])
+               for f in frames]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    received = [bytes(part) for part in bytes(interface.socket.wire).split(bytes([HDLC.FLAG])) if part]
+    assert len(received) == 160 and set(received) == set(frames), "frames were interleaved on the wire"
