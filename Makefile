@@ -27,6 +27,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/stream.py
 	$(BIN)/python bench/sync.py
+	$(BIN)/python bench/route.py
 	$(BIN)/python bench/train.py
 
 clean:
