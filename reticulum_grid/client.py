@@ -301,17 +301,25 @@ class Grid:
 
     def sync_to(self, entry, name, kind="model", progress=None):
         """Put blob ``name`` (a model or adapter) on tower ``entry``: from the towers
-        that hold it (tower to tower), else from this client's store. Returns the
-        tower's refreshed table entry."""
+        that hold it (tower to tower), else, or when that fails, from this client's
+        store. Returns the tower's refreshed table entry."""
         has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: caps.adapter(name))
         sources = [e for e in self.table.live() if has(e.caps) and e.destination_hash != entry.destination_hash]
+        local = self._local_blob(name) is not None
+        pulled = False
         if sources:
-            self.tower_pull(entry, name, sources, alias=name, kind=kind, progress=progress)
-        elif self._local_blob(name):
-            self.push(name, entry, alias=name, progress=progress)
-        else:
+            try:
+                self.tower_pull(entry, name, sources, alias=name, kind=kind, progress=progress)
+                pulled = True
+            except WireError as e:
+                if not local:
+                    raise
+                log.info("tower-to-tower sync of %s failed (%s); sending it from this client", name, e)
+        elif not local:
             code = Code.UNKNOWN_MODEL if kind == "model" else Code.UNKNOWN_ADAPTER
             raise WireError(code, f"neither a tower heard nor this client holds {kind} {name!r}")
+        if not pulled:
+            self.push(name, entry, alias=name, progress=progress)
         caps = decode_full(self.connection(entry).request("caps/full", {})["caps"])
         return self.table.refresh_caps(entry.destination_hash, caps) or entry
 

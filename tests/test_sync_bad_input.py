@@ -109,3 +109,15 @@ def test_nothing_written_outside_the_store(tower):
 def test_tower_still_serves(hub, tower, conn, small):
     m = mf.build(small)
     assert b"".join(d for _, d in conn.fetch(m.blob_id, m, [0, 1, 2, 3])) == small.read_bytes()
+
+
+def test_blob_larger_than_the_free_disk_is_refused(conn, tower):
+    import shutil
+    free = shutil.disk_usage(tower.dir).free
+    chunk = mf.MAX_CHUNK_SIZE
+    count = free // chunk + 8
+    fake = mf.Manifest(chunk, count * chunk, tuple((bytes([i % 256]) * 32, chunk) for i in range(count)))
+    error = code_of(lambda: conn.request("blobs/push", {"blob_id": fake.blob_id, "manifest": fake.pack(),
+                                                        "kind": "dataset", "xfer_id": 5}))
+    assert error.code == Code.INSUFFICIENT_STORAGE and "MiB free" in error.message
+    assert not (tower.dir / "blobs" / "partial" / fake.blob_id.hex()).exists()

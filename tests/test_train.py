@@ -179,3 +179,48 @@ def test_killed_tower_resumes_from_the_last_checkpoint(hub, tower, finished_job)
     print(f"resumed from step {started[-1]['resumed_from']}; losses before the kill {lost}, redone {redone}")
     assert redone and all(abs(redone[k] - lost[k]) < 1e-3 for k in redone)
 
+
+
+def test_notification_waits_on_the_propagation_node_for_an_offline_client(hub, tower, tmp_path, finished_job):
+    from reticulum_grid.identity import load_or_create
+    from reticulum_grid.notify import delivery_hash
+    home = tmp_path / "offline-laptop"
+    address = delivery_hash(load_or_create(home / "identity")).hex()  # never announced: no path to it
+    entry, job_id = hub.grid.train({**JOB, "output_alias": "for-later", "notify": address}, data_path=DATA,
+                                   tower=tower.name)
+    hub.grid.cancel_job(job_id, tower=tower.name)
+    assert next(e for e in hub.grid.watch(job_id, tower=tower.name) if e["type"] == "end")["state"] == "cancelled"
+    result = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "inbox", "--from",
+                             tower.name, "--wait", "60", "--count", "1", "--json", "--connect", tower.address],
+                            capture_output=True, text=True, timeout=120)
+    notes = [json.loads(line) for line in result.stdout.splitlines()]
+    assert notes and job_id in notes[0]["title"] and "cancelled" in notes[0]["title"], result.stderr[-2000:]
+
+
+def test_adapter_is_synced_to_a_tower_that_lacks_it(hub, tower, finished_job, tmp_path):
+    other = hub.start_tower("adapter-less", roles=("infer", "sync"))
+    hub.wait_tower(other.name)
+    hub.grid.pull("secret-lora", from_tower=tower.name)  # into this client's store
+    pieces = list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "messages": QUESTION, "max_tokens": 24,
+                                                    "temperature": 0.0, "adapter": "secret-lora"}, tower=other.name))
+    assert pieces[-1].tower == other.name and "PERIWINKLE" in "".join(pieces[:-1])
+
+
+def test_an_adapter_that_never_trained_is_not_published(tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from reticulum_grid import trainer
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.q_proj(x)
+
+    untrained = get_peft_model(Tiny(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    with pytest.raises(RuntimeError, match="empty"):
+        trainer.write_outputs(tmp_path, untrained, {"alpha": 4.0, "base_path": "unused"})
+    assert not list(tmp_path.iterdir()), "nothing may be written for an empty adapter"
