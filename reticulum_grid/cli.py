@@ -281,6 +281,21 @@ def allow(ctx, identity_hash, roles, config_path):
 
 
 @main.command()
+@click.argument("identity_hash")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config to edit (default HOME/tower/tower.toml).")
+@click.pass_context
+def revoke(ctx, identity_hash, config_path):
+    """Remove IDENTITY_HASH from a tower's allow-list (takes effect at once)."""
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    try:
+        removed = cfg.revoke(path, identity_hash)
+    except (cfg.ConfigError, OSError) as e:
+        _fail(str(e))
+    out.print(f"{identity_hash} {'removed from' if removed else 'was not on'} {path}")
+
+
+@main.command()
 @click.option("--prompt", default="Explain in two sentences what a mesh network is.", show_default=True)
 @click.option("--max-tokens", default=200, show_default=True, type=click.IntRange(1))
 def demo(prompt, max_tokens):

@@ -138,12 +138,6 @@ def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=N
     _write(Path(path), doc)
 
 
-def write_client(path, connect=(), rns_config=""):
-    doc = tomlkit.document()
-    doc["network"] = {"connect": list(connect), "rns_config": rns_config}
-    _write(Path(path), doc)
-
-
 def allow(path, identity_hash_hex, roles):
     """Grant ``roles`` to an identity in a tower config, keeping its comments.
 

@@ -39,11 +39,6 @@ class SyncReport:
     lying_sources: list = field(default_factory=list)
     seconds: float = 0.0
 
-    @property
-    def bytes_per_s(self):
-        fetched = sum(self.fetched.values())
-        return self.size * fetched / max(self.chunks, 1) / self.seconds if self.seconds else 0.0
-
     def to_map(self):
         return {"blob_id": self.blob_id.hex(), "size": self.size, "chunks": self.chunks, "reused": self.reused,
                 "fetched": dict(self.fetched), "failed_sources": dict(self.failed_sources),

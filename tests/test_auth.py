@@ -63,3 +63,14 @@ def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
         assert e.value.code == Code.NOT_ALLOWED and "not identified" in e.value.message
     finally:
         link.teardown()
+
+
+def test_revoke_takes_effect_without_restart(tower, tmp_path):
+    client_id = rngrid("id", home=tmp_path).stdout.strip()
+    rngrid("allow", client_id, "--role", "infer", "--config", str(tower.config_path), home=tmp_path)
+    assert rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "3", "hi",
+                  home=tmp_path).returncode == 0
+    revoked = rngrid("revoke", client_id, "--config", str(tower.config_path), home=tmp_path)
+    assert revoked.returncode == 0 and "removed" in revoked.stdout
+    result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "hi", home=tmp_path)
+    assert result.returncode == 1 and "not_allowed" in result.stderr
