@@ -78,13 +78,23 @@ class TowerTable:
             return sorted(self._entries.values(), key=lambda e: -e.heard_at)
 
     def find(self, name_or_hash):
-        """The live entry whose name, full hash or hash prefix (>= 8 hex) matches."""
+        """The live entry whose full hash, hash prefix (>= 8 hex) or name matches
+        one tower only. Names are not authenticated: two towers announcing the
+        same name match neither (use the hash)."""
         key = name_or_hash.lower()
-        for entry in self.live():
-            if entry.name == name_or_hash or entry.hash_hex == key:
+        live = self.live()
+        for entry in live:
+            if entry.hash_hex == key:
                 return entry
-        prefixed = [e for e in self.live() if len(key) >= 8 and e.hash_hex.startswith(key)]
-        return prefixed[0] if len(prefixed) == 1 else None
+        prefixed = [e for e in live if len(key) >= 8 and e.hash_hex.startswith(key)]
+        if len(prefixed) == 1:
+            return prefixed[0]
+        named = [e for e in live if e.name == name_or_hash]
+        return named[0] if len(named) == 1 else None
+
+    def named(self, name):
+        """Live entries announcing ``name``."""
+        return [e for e in self.live() if e.name == name]
 
     def wait_for(self, predicate, timeout):
         """Block until ``predicate(live_entries)`` is truthy or ``timeout`` seconds pass.

@@ -54,20 +54,22 @@ def discover(grid, tmp, name, connect):
                          allow={grid.identity_hash: ["infer"]}, connect=connect)
     spawned = time.time()
     tower.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        entry = grid.table.find(name)
-        if entry is not None and entry.caps.model(f"{name}-model"):
-            routable = time.time()
-            break
-        time.sleep(0.005)
-    else:
-        raise RuntimeError(f"{name} never became routable")
-    deadline = time.monotonic() + 10
-    while not ANNOUNCED.search(tower.log()) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the tower logs its announce just after sending it
-    announced = datetime.strptime(ANNOUNCED.search(tower.log()).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    tower.stop()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            entry = grid.table.find(name)
+            if entry is not None and entry.caps.model(f"{name}-model"):
+                routable = time.time()
+                break
+            time.sleep(0.005)
+        else:
+            raise RuntimeError(f"{name} never became routable")
+        deadline = time.monotonic() + 10
+        while not ANNOUNCED.search(tower.log()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the tower logs its announce just after sending it
+        announced = datetime.strptime(ANNOUNCED.search(tower.log()).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    finally:
+        tower.stop()
     return routable - announced, routable - spawned
 
 

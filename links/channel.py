@@ -12,7 +12,7 @@ import time
 
 import msgpack
 import RNS
-from RNS.Channel import ChannelException
+from RNS.Channel import CEType, ChannelException
 
 from links.wire import Code, WireError
 
@@ -63,10 +63,22 @@ def uint(value, what, hi=MAX_ID):
     return value
 
 
-def short_str(value, what, limit=4096):
-    if not isinstance(value, str) or len(value) > limit:
-        raise ProtocolError(f"{what} is not a string of at most {limit} characters")
-    return value
+#: Longest free text (error messages, reasons) a message carries; senders cut
+#: theirs to this and receivers cut anything longer, never reject it: a message
+#: a receiver rejects has already used its Channel sequence number, and every
+#: later message on that Link would wait behind the gap.
+TEXT_MAX = 1024
+
+
+def short_str(value, what, limit=TEXT_MAX):
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what} is not a string")
+    return value[:limit]
+
+
+def clip(text, limit=TEXT_MAX):
+    """``text`` cut to ``limit`` characters (marking the cut)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class ChannelRouter:
@@ -129,13 +141,26 @@ class ChannelRouter:
         return False
 
     def send(self, message):
-        """Send one message, waiting for the window. Returns False if the Link failed."""
+        """Send one message, waiting for the window. A message larger than the
+        Link's Channel MDU is first shrunk by its ``fit(limit)`` (if it has one)
+        and otherwise not sent: rns 0.9.4 would use up a sequence number on it
+        and stall the Channel. Returns False if nothing was sent."""
+        if len(message.pack()) > self.channel.mdu:
+            fit = getattr(message, "fit", None)
+            message = fit(self.channel.mdu) if fit else message
+            if len(message.pack()) > self.channel.mdu:
+                log.error("%s of %d bytes does not fit this link (MDU %d); not sent",
+                          type(message).__name__, len(message.pack()), self.channel.mdu)
+                return False
         while self.wait_window():
             try:
                 self.channel.send(message)
                 return True
-            except ChannelException:
-                pass  # another sender took the window between check and send
+            except ChannelException as e:
+                if e.type != CEType.ME_LINK_NOT_READY:
+                    log.error("channel refused %s: %s", type(message).__name__, e)
+                    return False
+                # another sender took the window between check and send
         return False
 
     def payload_limit(self, overhead):

@@ -30,6 +30,7 @@ import RNS
 from links.channel import (
     MAX_ID,
     ProtocolError,
+    clip,
     get_alive,
     short_str,
     uint,
@@ -87,7 +88,10 @@ class ChunkError(RNS.MessageBase):
     MSGTYPE = 0x0203
 
     def __init__(self, xfer_id=0, index=-1, code="", message=""):
-        self.xfer_id, self.index, self.code, self.message = xfer_id, index, code, message
+        self.xfer_id, self.index, self.code, self.message = xfer_id, index, code, clip(message)
+
+    def fit(self, limit):
+        return ChunkError(self.xfer_id, self.index, self.code, clip(self.message, max(16, limit - 48)))
 
     def pack(self):
         return msgpack.packb([self.xfer_id, self.index, self.code, self.message], use_bin_type=True)
@@ -133,7 +137,12 @@ class TransferEnd(RNS.MessageBase):
     MSGTYPE = 0x0206
 
     def __init__(self, xfer_id=0, ok=False, code="", message="", report=None):
-        self.xfer_id, self.ok, self.code, self.message, self.report = xfer_id, ok, code, message, report or {}
+        self.xfer_id, self.ok, self.code, self.message = xfer_id, ok, code, clip(message)
+        self.report = report or {}
+
+    def fit(self, limit):
+        """Without the report (the client can ask caps/full), then with a shorter message."""
+        return TransferEnd(self.xfer_id, self.ok, self.code, clip(self.message, max(16, limit - 48)), {})
 
     def pack(self):
         return msgpack.packb([self.xfer_id, self.ok, self.code, self.message, self.report], use_bin_type=True)
@@ -147,28 +156,50 @@ class TransferEnd(RNS.MessageBase):
 
 
 class ChunkServer:
-    """Serves ChunkRequests that arrive on one Link.
+    """Serves ChunkRequests that arrive on one Link, at most MAX_ACTIVE at once.
 
     ``read_chunk(blob_id, index) -> bytes`` and ``authorize(blob_id)`` raise
     WireError; each refusal goes back as a ChunkError and the Link stays up."""
+
+    MAX_ACTIVE = 4
 
     def __init__(self, router, read_chunk, authorize):
         self.router = router
         self.read_chunk = read_chunk
         self.authorize = authorize
+        self._active = set()
         self._cancelled = set()
+        self._lock = threading.Lock()
         router.on(ChunkRequest, self._request)
-        router.on(ChunkCancel, lambda m: self._cancelled.add(m.xfer_id))
+        router.on(ChunkCancel, self._cancel)
+
+    def _cancel(self, message):
+        with self._lock:
+            if message.xfer_id in self._active:  # only running transfers: the set stays small
+                self._cancelled.add(message.xfer_id)
 
     def _request(self, request):
+        try:
+            self.authorize(request.blob_id)  # before any thread: refusals cost nothing
+            with self._lock:
+                if len(self._active) >= self.MAX_ACTIVE:
+                    raise WireError(Code.BUSY, f"{self.MAX_ACTIVE} chunk requests already running on this link")
+                self._active.add(request.xfer_id)
+        except WireError as e:
+            threading.Thread(target=self.router.send, args=(ChunkError(request.xfer_id, -1, e.code, e.message),),
+                             daemon=True).start()
+            return
         threading.Thread(target=self._serve, args=(request,), name="rngrid-chunks", daemon=True).start()
 
     def _serve(self, request):
         try:
-            self.authorize(request.blob_id)
-        except WireError as e:
-            self.router.send(ChunkError(request.xfer_id, -1, e.code, e.message))
-            return
+            self._send_chunks(request)
+        finally:
+            with self._lock:
+                self._active.discard(request.xfer_id)
+                self._cancelled.discard(request.xfer_id)
+
+    def _send_chunks(self, request):
         limit = self.router.payload_limit(DATA_OVERHEAD)
         for index in request.indices:
             if request.xfer_id in self._cancelled:
@@ -182,7 +213,6 @@ class ChunkServer:
             for offset in range(0, len(data), limit):
                 if not self.router.send(ChunkData(request.xfer_id, index, offset, data[offset:offset + limit])):
                     return
-        self._cancelled.discard(request.xfer_id)
 
 
 class ChunkFetcher:

@@ -9,7 +9,7 @@ peft_blob, error). A tower sends them to every Link watching the job.
 import msgpack
 import RNS
 
-from links.channel import ProtocolError, uint, unpack_array
+from links.channel import ProtocolError, clip, uint, unpack_array
 
 
 class JobEvent(RNS.MessageBase):
@@ -20,6 +20,16 @@ class JobEvent(RNS.MessageBase):
 
     def pack(self):
         return msgpack.packb([self.watch_id, self.event], use_bin_type=True)
+
+    def fit(self, limit):
+        """The same event with its free text cut until it fits ``limit`` bytes."""
+        event = dict(self.event)
+        for field in ("error", "adapter_alias"):
+            if isinstance(event.get(field), str):
+                event[field] = clip(event[field], 64)
+        if len(JobEvent(self.watch_id, event).pack()) > limit:
+            event = {k: v for k, v in event.items() if k in ("type", "state", "step", "total_steps", "final_loss")}
+        return JobEvent(self.watch_id, event)
 
     def unpack(self, raw):
         watch_id, event = unpack_array(raw, 2)

@@ -31,6 +31,7 @@ import RNS
 from links.channel import (
     MAX_ID,
     ProtocolError,
+    clip,
     get_alive,
     short_str,
     uint,
@@ -90,7 +91,10 @@ class StreamError(RNS.MessageBase):
     MSGTYPE = 0x0103
 
     def __init__(self, stream_id=0, code="", message=""):
-        self.stream_id, self.code, self.message = stream_id, code, message
+        self.stream_id, self.code, self.message = stream_id, code, clip(message)
+
+    def fit(self, limit):
+        return StreamError(self.stream_id, self.code, clip(self.message, max(16, limit - 40)))
 
     def pack(self):
         return msgpack.packb([self.stream_id, self.code, self.message], use_bin_type=True)

@@ -33,16 +33,21 @@ from links.wire import Code, WireError
 #: model: a GGUF model; adapter: a GGUF LoRA llama.cpp loads; peft: the same
 #: adapter as PEFT safetensors; dataset: training data (JSONL); file: anything else.
 KINDS = ("model", "adapter", "peft", "dataset", "file")
-ALIAS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,63}$")
+#: Aliases travel in caps, whose decoder takes at most 32 bytes (announce/caps.py).
+ALIAS_MAX = 32
+ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,%d}" % (ALIAS_MAX - 1))
+HEX_RE = re.compile(r"[0-9a-fA-F]{8,64}")
 #: Room kept free on the store's disk beyond a blob's size (bytes).
 DISK_MARGIN = 256 << 20
 
 
 def check_alias(alias):
-    """Raise WireError(bad_request) unless ``alias`` is a safe name (no path parts)."""
-    if not isinstance(alias, str) or not ALIAS_RE.match(alias) or ".." in alias:
-        raise WireError(Code.BAD_REQUEST, f"alias {alias!r} must be 1-64 of A-Z a-z 0-9 . _ : + - "
-                                          "(no path separators, no '..')")
+    """Raise WireError(bad_request) unless ``alias`` is a safe name: no path
+    parts, and never something that reads as a blob id (8+ hex digits)."""
+    if (not isinstance(alias, str) or not ALIAS_RE.fullmatch(alias) or ".." in alias
+            or HEX_RE.fullmatch(alias)):
+        raise WireError(Code.BAD_REQUEST, f"alias {alias!r} must be 1-{ALIAS_MAX} of A-Z a-z 0-9 . _ : + - "
+                                          "(no path separators, no '..', not only hex digits)")
     return alias
 
 
@@ -130,10 +135,10 @@ class BlobStore:
             elif not (self._object_dir(blob_id) / "data").exists():
                 self._index["external"][blob_id.hex()] = {"path": str(path), "size": stat.st_size,
                                                           "mtime_ns": stat.st_mtime_ns}
-            self._index["kinds"][blob_id.hex()] = kind
-            if alias:
-                self._index["aliases"][alias] = blob_id.hex()
+            self._index["kinds"][blob_id.hex()] = kind  # a local add may re-kind a blob on purpose
             self._save_index()
+        if alias:
+            self.set_alias(alias, blob_id, kind)
         return self.info(blob_id)
 
     def _cached_external(self, path, stat):
@@ -152,13 +157,37 @@ class BlobStore:
         os.replace(tmp, target)
         self._index["external"].pop(blob_id.hex(), None)
 
+    def check_alias_kind(self, alias, kind):
+        """Raise WireError(bad_request) if ``alias`` already names a blob of another kind."""
+        check_alias(alias)
+        current = self._index["aliases"].get(alias)
+        if current is not None and self._index["kinds"].get(current, "file") != kind:
+            raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {self._index['kinds'].get(current, 'file')} "
+                                              "here; choose another alias")
+
     def set_alias(self, alias, blob_id, kind=None):
+        """Point ``alias`` at ``blob_id``. An alias may move to another blob of
+        the same kind (a new version) but never to another kind, and a blob
+        keeps the kind it was first stored as. Raises WireError(bad_request)."""
         check_alias(alias)
         with self._lock:
+            kinds = self._index["kinds"]
+            kind = kinds.get(blob_id.hex()) or kind or "file"
+            if kind not in KINDS:
+                raise WireError(Code.BAD_REQUEST, f"kind must be one of {', '.join(KINDS)}")
+            current = self._index["aliases"].get(alias)
+            if current is not None and kinds.get(current, "file") != kind:
+                raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {kinds.get(current, 'file')} here; "
+                                                  "choose another alias")
             self._index["aliases"][alias] = blob_id.hex()
-            if kind:
-                self._index["kinds"][blob_id.hex()] = kind
+            kinds[blob_id.hex()] = kind
             self._save_index()
+
+    def set_kind_if_new(self, blob_id, kind):
+        with self._lock:
+            if kind in KINDS and blob_id.hex() not in self._index["kinds"]:
+                self._index["kinds"][blob_id.hex()] = kind
+                self._save_index()
 
     # -- lookup -----------------------------------------------------------
     def resolve(self, name):
@@ -246,6 +275,7 @@ class BlobStore:
             partial = self._receiving.get(blob_id)
             if partial is None or partial.closed:
                 partial = self._receiving[blob_id] = Partial(self, blob_id, manifest_bytes, manifest)
+            partial.users += 1  # concurrent transfers of one blob share it; see Partial.release
             return partial
 
     def _object_dir(self, blob_id):
@@ -279,7 +309,9 @@ class Partial:
         self.blob_id = blob_id
         self.manifest = manifest
         self._manifest_bytes = manifest_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._data_fd = self._have_fd = None
+        self.users = 0
         self.dir = store.root / "partial" / blob_id.hex()
         self.complete = store.has(blob_id)
         if self.complete:
@@ -320,8 +352,12 @@ class Partial:
         digest, length = self.manifest.chunks[index]
         if len(data) != length or blake3.blake3(data).digest() != digest:
             raise WireError(Code.BAD_CHUNK, f"chunk {index} does not match its manifest hash")
-        os.pwrite(self._data_fd, data, self.manifest.chunk_offset(index))
         with self._lock:
+            if self.complete or self.have[index]:
+                return  # another transfer of this blob got there first
+            if self._data_fd is None:
+                raise WireError(Code.INCOMPLETE, "this transfer was closed")
+            os.pwrite(self._data_fd, data, self.manifest.chunk_offset(index))
             self.have[index] = 1
             os.pwrite(self._have_fd, b"\x01", index)
 
@@ -329,27 +365,27 @@ class Partial:
         """Verify the whole file and publish it under objects/ (atomic rename).
 
         Chunks that no longer verify are marked missing again and WireError(bad_chunk)
-        is raised. Returns BlobInfo."""
-        if not self.complete:
-            if self.missing():
-                raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
-            os.fsync(self._data_fd)
-            bad = self._verify_all()
-            if bad:
-                for index in bad:
-                    self.have[index] = 0
-                    os.pwrite(self._have_fd, b"\x00", index)
-                raise WireError(Code.BAD_CHUNK, f"chunks {bad[:8]} failed the final check")
-            self.close()
-            self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.complete = True
+        is raised. Several transfers of one blob may call this; one publishes.
+        ``kind`` applies only to a blob new to this store. Returns BlobInfo."""
+        with self._lock:
+            if not self.complete:
+                if self.missing():
+                    raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
+                os.fsync(self._data_fd)
+                bad = self._verify_all()
+                if bad:
+                    for index in bad:
+                        self.have[index] = 0
+                        os.pwrite(self._have_fd, b"\x00", index)
+                    raise WireError(Code.BAD_CHUNK, f"chunks {bad[:8]} failed the final check")
+                self._close_files()
+                self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.complete = True
         if alias:
             self.store.set_alias(alias, self.blob_id, kind)
         elif kind:
-            with self.store._lock:
-                self.store._index["kinds"][self.blob_id.hex()] = kind
-                self.store._save_index()
+            self.store.set_kind_if_new(self.blob_id, kind)
         return self.store.info(self.blob_id)
 
     def _verify_all(self):
@@ -364,7 +400,14 @@ class Partial:
     def closed(self):
         return self.complete or getattr(self, "_data_fd", None) is None
 
-    def close(self):
+    def release(self):
+        """A transfer is done with this Partial; the last one closes its files."""
+        with self._lock:
+            self.users -= 1
+            if self.users <= 0:
+                self._close_files()
+
+    def _close_files(self):
         for name in ("_data_fd", "_have_fd"):
             fd = getattr(self, name, None)
             if fd is not None:

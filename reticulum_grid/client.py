@@ -29,10 +29,10 @@ from links.chunks import TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
-from reticulum_grid.blobstore import BlobStore
+from reticulum_grid.blobstore import KINDS, BlobStore
 from reticulum_grid.connection import TowerConnection, wait_until
 from reticulum_grid.inference import InferenceStream, Usage  # noqa: F401 (Usage is part of the client API)
-from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest
+from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest, matching_blob_id
 
 log = logging.getLogger("rngrid.client")
 
@@ -131,6 +131,10 @@ class Grid:
             RNS.Transport.request_path(bytes.fromhex(key))
         entry = self.wait_for(lambda _: self.table.find(name_or_hash), timeout)
         if not entry:
+            same = self.table.named(name_or_hash)
+            if len(same) > 1:
+                raise WireError(Code.NO_TOWER, f"{len(same)} towers are called {name_or_hash!r}: "
+                                               f"{', '.join(e.hash_hex for e in same)}; name one by its hash")
             raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard within {timeout:.0f} s")
         return entry
 
@@ -267,9 +271,11 @@ class Grid:
             raise WireError(Code.UNKNOWN_BLOB, f"no tower heard holds {name!r}")
         connections = [self.connection(e) for e in entries]
         reply = first_manifest(connections, name)
+        blob_id = matching_blob_id(name, reply)
         alias = alias or (None if _is_hex(name) else name) or (reply.get("aliases") or [None])[0]
-        return fetch_blob(self.store, reply["blob_id"], reply["manifest"], [LinkSource(c) for c in connections],
-                          alias=alias, kind=reply.get("kind"), progress=progress)
+        kind = reply.get("kind") if reply.get("kind") in KINDS else "file"
+        return fetch_blob(self.store, blob_id, reply.get("manifest"), [LinkSource(c) for c in connections],
+                          alias=alias, kind=kind, progress=progress)
 
     def push(self, name, to_tower, alias=None, progress=None):
         """Send blob ``name`` from this client's store to a tower (needs the

@@ -67,8 +67,7 @@ class TowerConnection:
         self.fetcher = None
         self.receivers = {}
         self.transfers = {}
-        self.offered = set()
-        self._chunk_server = None
+        self.offered = {}
         self._lock = threading.Lock()
 
     def ensure_link(self, timeout=15.0):
@@ -87,7 +86,9 @@ class TowerConnection:
             self.router.on(TransferProgress, self._transfer_message)
             self.router.on(TransferEnd, self._transfer_message)
             self.router.on(JobEvent, lambda m: self._queue_for(m.watch_id, m.event))
-            self._chunk_server = None
+            # Registered now so a tower's chunk request is always understood (and
+            # refused unless offered): an unknown message type would break the Channel.
+            ChunkServer(self.router, self._read_offered, self._authorize_offered)
             return link
 
     def request(self, path, payload, timeout=30.0):
@@ -140,15 +141,17 @@ class TowerConnection:
 
     def offer(self, blob_id, read_chunk):
         """Let the tower fetch ``blob_id`` from us over this Link (a push). Only
-        offered blobs are served."""
+        offered blobs are served, through ``read_chunk(blob_id, index)``."""
         self.ensure_link()
-        self.offered.add(blob_id)
-        if self._chunk_server is None:
-            self._chunk_server = ChunkServer(self.router, read_chunk, self._authorize_offered)
+        self.offered[blob_id] = read_chunk
 
     def _authorize_offered(self, blob_id):
         if blob_id not in self.offered:
             raise WireError(Code.NOT_ALLOWED, "that blob was not offered on this link")
+
+    def _read_offered(self, blob_id, index):
+        self._authorize_offered(blob_id)
+        return self.offered[blob_id](blob_id, index)
 
     def watch_transfer(self, xfer_id):
         """A queue that receives this transfer's TransferProgress and TransferEnd

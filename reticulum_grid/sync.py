@@ -11,12 +11,14 @@ again (the store's have-map).
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from links.wire import Code, WireError
+from reticulum_grid.blobstore import parse_blob_id
 
 log = logging.getLogger("rngrid.sync")
 
@@ -89,6 +91,16 @@ def first_manifest(connections, name, timeout=20.0):
     raise WireError(Code.UNKNOWN_BLOB, f"no source gave the manifest of {name!r}: {named}")
 
 
+def matching_blob_id(name, reply):
+    """The blob id of a ``blobs/manifest`` reply for ``name``; when ``name`` is a
+    blob id (prefix), the reply must be for that blob. Raises WireError."""
+    blob_id = parse_blob_id(reply.get("blob_id"))
+    key = name.lower()
+    if re.fullmatch(r"[0-9a-f]{8,64}", key) and not blob_id.hex().startswith(key):
+        raise WireError(Code.BAD_MANIFEST, f"asked for blob {name}, the source answered with {blob_id.hex()[:16]}")
+    return blob_id
+
+
 def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, progress=None):
     """Complete ``blob_id`` in ``store`` from ``sources``.
 
@@ -98,6 +110,14 @@ def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, p
     verified stays for the next try)."""
     started = time.monotonic()
     partial = store.receive(blob_id, manifest_bytes)
+    try:
+        return _fetch(partial, sources, alias, kind, progress, started)
+    finally:
+        partial.release()
+
+
+def _fetch(partial, sources, alias, kind, progress, started):
+    blob_id = partial.blob_id
     chunks = len(partial.manifest.chunks)
     report = SyncReport(blob_id, partial.manifest.total_size, chunks, reused=chunks - len(partial.missing()))
     live = list(sources)
@@ -117,7 +137,6 @@ def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, p
             if e.code != Code.BAD_CHUNK:
                 raise
             log.warning("final check of %s: %s", blob_id.hex()[:16], e.message)
-    partial.close()
     reasons = "; ".join(f"{name}: {why}" for name, why in report.failed_sources.items()) or "no sources"
     raise WireError(Code.INCOMPLETE, f"{len(partial.missing())} of {chunks} chunks still missing ({reasons})")
 

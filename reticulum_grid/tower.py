@@ -175,8 +175,11 @@ class Tower:
 
     def _caps_full(self, session, request):
         loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
+        known = session.identity is not None and self.allow.roles_of(session.identity.hash)
+        # Models and adapters are in the public caps anyway; datasets and files
+        # are listed only to identities on the allow-list.
         blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
-                 for i in self.store.list() for a in (i.aliases or [""])]
+                 for i in self.store.list() if known or i.kind in ("model", "adapter") for a in (i.aliases or [""])]
         for blob in blobs:
             if blob["kind"] == "model":
                 blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
@@ -206,14 +209,13 @@ class Tower:
         request = inference_request.parse(request)
         slot = self.registry.find(request.model)
         adapter = self._adapter_path(request.adapter)
-        tokens = None
-        if slot.loaded:  # otherwise the worker tokenizes once the model is loaded
-            tokens = self._tokenize(slot.backend, request)
         if request.stream_id in session.streams:
             raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
         ticket = slot.queue.admit()
         cancel = session.streams[request.stream_id] = threading.Event()
-        threading.Thread(target=self._run_stream, args=(session, slot, request, tokens, cancel, adapter, ticket),
+        # Tokenizing (a prompt may be 512K characters) happens on the stream's own
+        # thread, after admission: this handler must return at once.
+        threading.Thread(target=self._run_stream, args=(session, slot, request, cancel, adapter, ticket),
                          name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
         return {"stream_id": request.stream_id, "queued": ticket.ahead}
 
@@ -238,7 +240,7 @@ class Tower:
         except ValueError as e:
             raise WireError(Code.BAD_REQUEST, str(e)) from None
 
-    def _run_stream(self, session, slot, request, tokens, cancel, adapter, ticket):
+    def _run_stream(self, session, slot, request, cancel, adapter, ticket):
         sender = StreamSender(session.router, request.stream_id)
         started = time.perf_counter()
         try:
@@ -246,7 +248,7 @@ class Tower:
                 queued_s = time.perf_counter() - started
                 backend = self.registry.backend(slot)
                 backend.set_adapter(adapter, request.adapter_scale)
-                tokens = tokens or self._tokenize(backend, request)
+                tokens = self._tokenize(backend, request)
                 result = Generation()
                 for piece, ids in backend.generate(tokens, request.sampling, cancel, result):
                     sender.push(piece, ids)

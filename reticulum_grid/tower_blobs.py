@@ -19,10 +19,10 @@ import time
 
 from links.chunks import TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
-from links.wire import Code, Field, WireError, in_range, validate
-from reticulum_grid.blobstore import KINDS, check_alias, parse_blob_id
+from links.wire import Code, Field, WireError, in_range, max_len, validate
+from reticulum_grid.blobstore import KINDS, parse_blob_id
 from reticulum_grid.connection import TowerConnection
-from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest
+from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest, matching_blob_id
 
 log = logging.getLogger("rngrid.tower")
 
@@ -34,7 +34,7 @@ _kind = Field(str, default="model", check=lambda v: None if v in KINDS else f"ki
 _xfer = Field(int, required=True, check=in_range(0, MAX_STREAM_ID))
 PUSH = {"blob_id": Field((bytes, str), required=True), "manifest": Field(bytes, required=True),
         "alias": Field(str), "kind": _kind, "xfer_id": _xfer}
-PULL = {"name": Field(str, required=True), "sources": Field(list, required=True),
+PULL = {"name": Field(str, required=True, check=max_len(128)), "sources": Field(list, required=True),
         "alias": Field(str), "kind": _kind, "xfer_id": _xfer}
 
 
@@ -60,7 +60,7 @@ class TowerBlobs:
         self.peers = {}
 
     def manifest(self, session, request):
-        name = validate(request, {"name": Field(str, required=True)})["name"]
+        name = validate(request, {"name": Field(str, required=True, check=max_len(128))})["name"]
         blob_id = self.store.resolve(name)
         info = self.store.info(blob_id)
         if info is None:
@@ -68,18 +68,29 @@ class TowerBlobs:
         return {"blob_id": blob_id, "manifest": self.store.manifest_bytes(blob_id), "size": info.size,
                 "kind": info.kind, "aliases": info.aliases}
 
+    def _alias(self, alias, kind):
+        """A checked alias that a remote transfer may set: not one of the config's
+        models, not one that names another kind of blob."""
+        if alias is None:
+            return None
+        if alias in {m.alias for m in self.tower.config.models}:
+            raise WireError(Code.NOT_ALLOWED, f"alias {alias!r} is set by this tower's config")
+        self.store.check_alias_kind(alias, kind)
+        return alias
+
     def push(self, session, request):
         r = validate(request, PUSH)
-        blob_id, alias = parse_blob_id(r["blob_id"]), r["alias"] and check_alias(r["alias"])
-        partial = self.store.receive(blob_id, r["manifest"])
-        missing = len(partial.missing())
+        blob_id, alias = parse_blob_id(r["blob_id"]), self._alias(r["alias"], r["kind"])
+        partial = self.store.receive(blob_id, r["manifest"])  # checks the manifest and the free disk
+        have, missing = partial.complete, len(partial.missing())
+        partial.release()
         self._start(session, r["xfer_id"], lambda progress: fetch_blob(
             self.store, blob_id, r["manifest"], [SessionSource(session)], alias, r["kind"], progress))
-        return {"have": partial.complete, "missing": missing}
+        return {"have": have, "missing": missing}
 
     def pull(self, session, request):
         r = validate(request, PULL)
-        alias = r["alias"] and check_alias(r["alias"])
+        alias = self._alias(r["alias"], r["kind"])
         sources = r["sources"]
         if not 0 < len(sources) <= MAX_SOURCES or any(not isinstance(h, bytes) or len(h) != 16 for h in sources):
             raise WireError(Code.BAD_REQUEST, f"sources must list 1..{MAX_SOURCES} destination hashes (16 bytes)")
@@ -89,8 +100,9 @@ class TowerBlobs:
     def _pull(self, name, sources, alias, kind, progress):
         connections = [self._peer(h) for h in sources if h != self.tower.destination.hash]
         reply = first_manifest(connections, name)
-        return fetch_blob(self.store, parse_blob_id(reply.get("blob_id")), reply.get("manifest"),
-                          [LinkSource(c) for c in connections], alias, kind, progress)
+        blob_id = matching_blob_id(name, reply)
+        return fetch_blob(self.store, blob_id, reply.get("manifest"), [LinkSource(c) for c in connections], alias,
+                          kind, progress)
 
     def _peer(self, destination_hash):
         conn = self.peers.get(destination_hash)

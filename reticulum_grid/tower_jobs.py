@@ -29,6 +29,7 @@ log = logging.getLogger("rngrid.tower")
 
 JOB_ID = Field(str, required=True, check=max_len(64))
 TRAIN_MODULES = ("torch", "transformers", "peft", "safetensors")
+MAX_QUEUED_PER_OWNER = 16
 
 
 class WatchSender:
@@ -43,10 +44,13 @@ class WatchSender:
     def __call__(self, event):
         self.queue.put(event)
 
+    def stop(self):
+        self.queue.put(None)
+
     def _run(self):
         while True:
             event = self.queue.get()
-            if not self.router.send(JobEvent(self.watch_id, event)) or event.get("type") == "end":
+            if event is None or not self.router.send(JobEvent(self.watch_id, event)) or event.get("type") == "end":
                 return
 
 
@@ -84,6 +88,10 @@ class TowerJobs:
         identity = session.identity
         notify = spec.pop("notify") or delivery_hash(identity)
         spec.update(base_path=slot.path, dataset_path=str(dataset.path))
+        waiting = [j for j in self.manager.list(identity.hash.hex()) if j["state"] == "queued"]
+        if len(waiting) >= MAX_QUEUED_PER_OWNER:
+            raise WireError(Code.BUSY, f"you have {len(waiting)} jobs queued on this tower already",
+                            retry_after=60.0)
         job_id = self.manager.submit(spec, identity.hash.hex(), identity.get_public_key(), notify.hex())
         return {"job_id": job_id}
 
@@ -103,7 +111,9 @@ class TowerJobs:
         r = validate(request, {"job_id": JOB_ID, "watch_id": Field(int, required=True,
                                                                     check=in_range(0, MAX_STREAM_ID))})
         job = self._owned(session, r["job_id"])
-        session.on_close(self.manager.watch(r["job_id"], WatchSender(session.router, r["watch_id"])))
+        sender = WatchSender(session.router, r["watch_id"])
+        unwatch = self.manager.watch(r["job_id"], sender)
+        session.on_close(lambda: (unwatch(), sender.stop()))
         return {"job": job}
 
     def cancel(self, session, request):
@@ -125,7 +135,8 @@ class TowerJobs:
         store = self.tower.store
         alias = spec["output_alias"]
         gguf = store.add_file(job_dir / trainer.ADAPTER_GGUF, alias=alias, kind="adapter", copy=True)
-        peft = store.add_file(job_dir / trainer.ADAPTER, alias=f"{alias}.peft", kind="peft", copy=True)
+        peft = store.add_file(job_dir / trainer.ADAPTER, alias=alias + train_request.PEFT_SUFFIX, kind="peft",
+                              copy=True)
         return gguf.hex, peft.hex
 
     def _notify(self, job):

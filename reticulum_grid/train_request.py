@@ -20,6 +20,7 @@ from reticulum_grid.blobstore import check_alias
 from reticulum_grid.datasets import DatasetError, read_examples
 from reticulum_grid.gguf_info import LINEAR_TARGETS
 
+PEFT_SUFFIX = ".peft"
 #: Bytes of a dataset checked before a job is accepted; the worker checks the rest.
 QUICK_CHECK_BYTES = 16 << 20
 
@@ -50,6 +51,7 @@ def parse(request, base_modules, dataset_path):
     Raises WireError(bad_request)."""
     r = validate(request, SCHEMA)
     check_alias(r["output_alias"])
+    check_alias(r["output_alias"] + PEFT_SUFFIX)  # the PEFT copy is published as "<alias>.peft"
     if r["modules_to_save"]:
         raise WireError(Code.BAD_REQUEST, "modules_to_save cannot be carried by a GGUF LoRA; "
                                           "train LoRA on linear layers only")

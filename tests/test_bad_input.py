@@ -49,11 +49,19 @@ def request(**fields):
     (request(messages=[{"role": "user", "content": 5}], prompt=None), Code.BAD_REQUEST, "content must be a string"),
     (request(colour="blue"), Code.BAD_REQUEST, "unknown field"),
     (request(model="no-such-model"), Code.UNKNOWN_MODEL, DEFAULT_ALIAS),
-    (request(prompt="word " * 6000), Code.CONTEXT_LENGTH_EXCEEDED, "context window is 4096 tokens"),
 ])
 def test_bad_request_answered_with_code(hub, conn, data, code, words):
     error = raw_request(conn, data)
     assert error.code == code and words in error.message, error
+    assert_still_serving(hub, conn)
+
+
+def test_prompt_beyond_the_context_window(hub, conn):
+    # Tokenizing happens after admission, so the refusal ends the stream.
+    with pytest.raises(WireError) as e:
+        list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "word " * 6000},
+                              tower=conn.name))
+    assert e.value.code == Code.CONTEXT_LENGTH_EXCEEDED and "context window is 4096 tokens" in e.value.message
     assert_still_serving(hub, conn)
 
 

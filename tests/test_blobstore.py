@@ -59,7 +59,7 @@ def test_receive_resume_and_publish(tmp_path, blob_file):
     partial = dest.receive(info.blob_id, manifest)
     partial.write(0, source.read_chunk(info.blob_id, 0))
     partial.write(2, source.read_chunk(info.blob_id, 2))
-    partial.close()
+    partial.release()
     assert not dest.has(info.blob_id) and not (dest.root / "objects" / info.hex / "data").exists()
 
     resumed = BlobStore(tmp_path / "dst").receive(info.blob_id, manifest)

@@ -87,3 +87,11 @@ def test_table_expiry_and_lookup():
     assert table.live()
     now[0] += 2
     assert not table.live() and table.find("alpha") is None
+
+
+def test_a_name_two_towers_announce_matches_neither():
+    table = TowerTable()
+    table.update(b"\x01" * 16, c.Caps(name="tower"), 1)
+    table.update(b"\x02" * 16, c.Caps(name="tower"), 1)
+    assert table.find("tower") is None and len(table.named("tower")) == 2
+    assert table.find("02" * 16).destination_hash == b"\x02" * 16

@@ -201,3 +201,31 @@ def test_router_tears_down_a_link_whose_interface_vanished():
     router = ChannelRouter(link)
     assert router.wait_window() is False
     assert link.status == RNS.Link.CLOSED
+
+
+def test_messages_too_big_for_the_link_are_shrunk_or_not_sent():
+    from links.channel import ChannelRouter
+    from links.chunks import TransferEnd
+
+    class SmallChannelDouble(ChannelDouble):
+        """Test double for the Channel of a 500-byte-MTU radio link."""
+
+        def __init__(self):
+            super().__init__()
+            self.mdu, self.sent = 425, []
+
+        def add_message_handler(self, handler):
+            pass
+
+        def send(self, message):
+            self.sent.append(message)
+
+    link = LinkDouble()
+    channel = SmallChannelDouble()
+    link.get_channel = lambda: channel
+    router = ChannelRouter(link)
+    report = {"fetched": {f"tower-{i}": i for i in range(60)}}
+    assert router.send(TransferEnd(7, False, "incomplete", "why " * 500, report))
+    assert len(channel.sent[0].pack()) <= 425 and channel.sent[0].code == "incomplete"
+    assert not router.send(TokenChunk(1, 0, b"x" * 1000, [])), "what cannot shrink is not sent"
+    assert len(channel.sent) == 1

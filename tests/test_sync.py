@@ -2,6 +2,7 @@
 sources, several sources, push, and syncing a model before running it."""
 
 import os
+import time
 
 import blake3
 import pytest
@@ -184,3 +185,21 @@ def test_cli_models_pull_and_push(hub, sources, big, tmp_path):
     allow(sources[1].config_path, laptop_id, ["sync"])
     pushed = rngrid("push", "notes", "--to", "src-b", "--connect", sources[1].address, home=home)
     assert pushed.returncode == 0 and "notes is on src-b" in pushed.stderr, pushed.stderr
+
+
+def test_a_remote_push_cannot_replace_or_hide_a_configured_model(hub, sources):
+    from links import manifest as mf
+    tower = hub.start_tower("guarded", roles=("infer", "sync"))
+    conn = hub.grid.connection(hub.wait_tower(tower.name))
+    m = mf.build(default_model_path())
+    with pytest.raises(WireError) as e:  # taking the configured alias
+        conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(), "alias": DEFAULT_ALIAS,
+                                    "kind": "model", "xfer_id": 1})
+    assert e.value.code == Code.NOT_ALLOWED
+    # Re-offering the model's own manifest as a dataset must not re-kind it.
+    conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(), "kind": "dataset", "xfer_id": 2})
+    time.sleep(1)
+    blobs = conn.request("caps/full", {})["blobs"]
+    assert [(b["alias"], b["kind"]) for b in blobs] == [(DEFAULT_ALIAS, "model")]
+    assert list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hi", "max_tokens": 3},
+                                 tower=tower.name))[-1].completion_tokens > 0

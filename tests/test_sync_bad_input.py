@@ -121,3 +121,65 @@ def test_blob_larger_than_the_free_disk_is_refused(conn, tower):
                                                         "kind": "dataset", "xfer_id": 5}))
     assert error.code == Code.INSUFFICIENT_STORAGE and "MiB free" in error.message
     assert not (tower.dir / "blobs" / "partial" / fake.blob_id.hex()).exists()
+
+
+def test_remote_push_cannot_take_or_rekind_a_model(hub, conn, tower, tmp_path):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(os.urandom(7000))
+    m = mf.build(junk)
+    error = code_of(lambda: conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(),
+                                                        "alias": "small", "kind": "model", "xfer_id": 11}))
+    assert error.code == Code.BAD_REQUEST and "names a dataset" in error.message
+
+
+def test_aliases_that_would_break_caps_or_shadow_ids_are_refused(conn, small):
+    m = mf.build(small)
+    for alias in ("x" * 33, "model\n", m.blob_id.hex(), "deadbeef"):
+        error = code_of(lambda: conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(),
+                                                            "alias": alias, "kind": "dataset", "xfer_id": 12}))
+        assert error.code == Code.BAD_REQUEST and "alias" in error.message, alias
+
+
+def test_long_names_are_refused_and_the_link_keeps_working(hub, conn):
+    error = code_of(lambda: conn.request("blobs/pull", {"name": "n" * 30000, "sources": [b"\x01" * 16],
+                                                        "xfer_id": 13}))
+    assert error.code == Code.BAD_REQUEST
+    from links.stream import StreamError
+    assert len(StreamError(1, "x", "y" * 30000).message) <= 1024, "free text is cut before it is sent"
+    assert b"".join(d for _, d in conn.fetch(*_small_fetch(conn)))
+
+
+def _small_fetch(conn):
+    reply = conn.request("blobs/manifest", {"name": "small"})
+    m = mf.unpack(reply["manifest"], expected_id=reply["blob_id"])
+    return reply["blob_id"], m, [0]
+
+
+def test_concurrent_pushes_of_one_blob_all_succeed(hub, tower, conn, tmp_path):
+    import threading
+
+    from reticulum_grid.client import _await_transfer
+    blob = tmp_path / "shared.bin"
+    blob.write_bytes(os.urandom(6 * 2**20))
+    info = hub.grid.store.add_file(blob, alias="shared", kind="dataset")
+    conn.offer(info.blob_id, hub.grid.store.read_chunk)
+    manifest = hub.grid.store.manifest_bytes(info.blob_id)
+    results = []
+
+    def push(xfer_id):
+        events = conn.watch_transfer(xfer_id)
+        try:
+            conn.request("blobs/push", {"blob_id": info.blob_id, "manifest": manifest, "kind": "dataset",
+                                        "xfer_id": xfer_id})
+            results.append(_await_transfer(conn, events, None))
+        except WireError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=push, args=(100 + k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 3 and not [r for r in results if isinstance(r, WireError)], results
+    stored = tower.dir / "blobs" / "objects" / info.hex / "data"
+    assert stored.read_bytes() == blob.read_bytes()

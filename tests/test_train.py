@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from announce.caps import decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
+from reticulum_grid.connection import TowerConnection
 from reticulum_grid.default_model import DEFAULT_ALIAS
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
@@ -147,6 +149,18 @@ def test_cancel(hub, tower, finished_job):
                                    tower=tower.name)
     events = hub.grid.watch(job_id, tower=tower.name)
     next(e for e in events if e["type"] == "progress")
+    # Watchers that leave (their Link closes) must not leave threads behind.
+    import psutil
+    threads = psutil.Process(tower.proc.pid).num_threads()
+    for _ in range(8):  # each a Link of its own that watches and goes away
+        conn = TowerConnection(hub.grid.identity, hub.wait_tower(tower.name).destination_hash, tower.name)
+        next(conn.watch_job(job_id))
+        conn.close()
+    time.sleep(2.0)
+    # rns 0.9.4 keeps each closed Link's watchdog thread until its next wake-up
+    # (up to its 360 s keepalive): one per Link is RNS's; a watcher's sender
+    # thread left behind would make it two.
+    assert psutil.Process(tower.proc.pid).num_threads() <= threads + 8 + 2
     assert hub.grid.cancel_job(job_id, tower=tower.name)["id"] == job_id
     end = next(e for e in events if e["type"] == "end")
     assert end["state"] == "cancelled"
