@@ -609,7 +609,9 @@ def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
             entry = grid.find_tower(from_tower)
         except WireError as e:
             _fail(f"{e.code}: {e.message}")
-        box.sync_from(RNS.Identity.recall(entry.destination_hash))
+        if not box.sync_from(RNS.Identity.recall(entry.destination_hash)):
+            err.print(f"[yellow]could not collect from {entry.name}: it runs no propagation node "
+                      "or did not answer; still listening[/yellow]")
     deadline, received = time.monotonic() + wait, 0
     while (left := deadline - time.monotonic()) > 0 and received != count:
         try:

@@ -8,8 +8,9 @@ called right after ``handle_outbound()`` (~3 ms instead of up to 4 s).
 
 A message to a recipient with no path goes to the tower's own propagation
 node when it runs one (the recipient collects it later with
-``rngrid inbox --from TOWER``); otherwise it waits and is sent again when the
-recipient announces itself.
+``rngrid inbox --from TOWER``); otherwise it waits in memory (lost if the
+tower restarts) and is sent when the recipient announces itself, as
+``rngrid inbox`` does.
 """
 
 import logging
@@ -24,6 +25,7 @@ import RNS
 log = logging.getLogger("rngrid.notify")
 
 PATH_WAIT_S = 8.0
+MAX_WAITING = 64  # notifications kept in memory per offline recipient; the oldest go first
 
 
 def _router(identity, storage):
@@ -60,8 +62,9 @@ class Notifier:
         self.on_delivered = on_delivered
         self._pending = {}
         self._lock = threading.Lock()
-        RNS.Transport.register_announce_handler(self)
+        # RNS registers a handler only if it already has its aspect_filter.
         self.aspect_filter = "lxmf.delivery"
+        RNS.Transport.register_announce_handler(self)
         self.router.announce(self.source.hash)
 
     def send(self, key, destination_hash, title, content, fields=None, public_key=None):
@@ -76,8 +79,7 @@ class Notifier:
             if self.propagation and identity is not None:
                 self._store_for_pickup(key, identity, title, content, fields)
             else:
-                with self._lock:
-                    self._pending[destination_hash] = (key, title, content, fields, public_key)
+                self._wait(destination_hash, (key, title, content, fields, public_key))
                 log.info("no path to %s; notification waits for its announce", destination_hash.hex())
             return
         destination = RNS.Destination(identity, RNS.Destination.OUT, RNS.Destination.SINGLE, "lxmf", "delivery")
@@ -88,6 +90,7 @@ class Notifier:
         message.register_failed_callback(lambda m: self._failed(key, identity, title, content, fields))
         self.router.handle_outbound(message)
         self.router.process_outbound()
+        log.info("notification to %s sent directly", destination_hash.hex())
 
     def _identity(self, destination_hash, public_key):
         if public_key:
@@ -126,15 +129,21 @@ class Notifier:
         if self.propagation:
             self._store_for_pickup(key, identity, title, content, fields)
         else:
-            with self._lock:
-                self._pending[delivery_hash(identity)] = (key, title, content, fields, identity.get_public_key())
+            self._wait(delivery_hash(identity), (key, title, content, fields, identity.get_public_key()))
+
+    def _wait(self, destination_hash, message):
+        with self._lock:
+            queue = self._pending.setdefault(destination_hash, [])
+            queue.append(message)
+            del queue[:-MAX_WAITING]
 
     # RNS announce handler: a recipient came back; send what waits for it.
     def received_announce(self, destination_hash, announced_identity, app_data):
         with self._lock:
-            waiting = self._pending.pop(destination_hash, None)
+            waiting = self._pending.pop(destination_hash, [])
         if waiting:
-            key, title, content, fields, public_key = waiting
+            log.info("%s announced itself; sending %d waiting notification(s)", destination_hash.hex(), len(waiting))
+        for key, title, content, fields, public_key in waiting:
             self.send(key, destination_hash, title, content, fields, public_key)
 
 

@@ -238,3 +238,25 @@ def test_an_adapter_that_never_trained_is_not_published(tmp_path):
     with pytest.raises(RuntimeError, match="empty"):
         trainer.write_outputs(tmp_path, untrained, {"alpha": 4.0, "base_path": "unused"})
     assert not list(tmp_path.iterdir()), "nothing may be written for an empty adapter"
+
+
+def test_notification_waits_for_the_recipient_announce_without_a_propagation_node(hub, tmp_path, finished_job):
+    from reticulum_grid.identity import load_or_create
+    from reticulum_grid.notify import delivery_hash
+    plain = hub.start_tower("no-propagation", roles=("infer", "sync", "train"))
+    hub.wait_tower(plain.name)
+    home = tmp_path / "late-laptop"
+    address = delivery_hash(load_or_create(home / "identity")).hex()
+    entry, job_id = hub.grid.train({**JOB, "output_alias": "late", "notify": address}, data_path=DATA,
+                                   tower=plain.name)
+    hub.grid.cancel_job(job_id, tower=plain.name)
+    assert next(e for e in hub.grid.watch(job_id, tower=plain.name) if e["type"] == "end")["state"] == "cancelled"
+    deadline = time.monotonic() + 60
+    while "waits for its announce" not in plain.log() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "waits for its announce" in plain.log()
+    result = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "inbox", "--wait", "60",
+                             "--count", "1", "--json", "--connect", plain.address],
+                            capture_output=True, text=True, timeout=120)
+    notes = [json.loads(line) for line in result.stdout.splitlines()]
+    assert notes and job_id in notes[0]["title"] and "cancelled" in notes[0]["title"], plain.log()[-2000:]
