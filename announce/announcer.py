@@ -11,6 +11,11 @@ announces, and heartbeats are many minutes apart. It announces its own
 ``rngrid.client`` destination once; each tower that hears it schedules an
 announce (subject to the floor), so the client hears every tower within about
 ``floor_s`` plus the path's latency.
+
+A client that heard towers before also sends each of them a path request
+(``remembered_towers``): a tower answers those at once, on the interface the
+request came from, with its current caps as app_data (the destination's
+default app_data), so a returning client does not wait for the floor.
 """
 
 import logging
@@ -46,6 +51,19 @@ def app_data_limit(ratchets=False):
 def tower_destination_hash(identity):
     """The destination hash a tower with ``identity`` serves on (16 bytes)."""
     return RNS.Destination.hash(identity, APP_NAME, TOWER_ASPECT)
+
+
+def remembered_towers(max_age_s=7 * 86400, limit=16):
+    """Tower destination hashes (16 bytes) this RNS instance heard announced
+    within ``max_age_s`` seconds, most recent first, at most ``limit``. RNS keeps
+    the identities of announced destinations in its storage across restarts."""
+    now, heard = time.time(), []
+    for destination_hash, entry in list(RNS.Identity.known_destinations.items()):
+        identity = RNS.Identity.recall(destination_hash)
+        if (now - entry[0] <= max_age_s and identity is not None
+                and tower_destination_hash(identity) == destination_hash):
+            heard.append((entry[0], destination_hash))
+    return [h for _, h in sorted(heard, reverse=True)[:limit]]
 
 
 class TowerListener:
@@ -166,6 +184,14 @@ class Announcer:
         if self._pending is not None and self._last_at is not None:
             return max(0.01, self._last_at + self.floor_s - now)
         return self.check_s
+
+    def app_data(self):
+        """The current caps, encoded (bytes); None if they cannot be built."""
+        try:
+            return capscodec.encode(self.caps_fn())
+        except Exception as e:
+            log.error("caps for a path response failed: %s", e)
+            return None
 
     def _announce(self, reason):
         try:

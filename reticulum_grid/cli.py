@@ -58,7 +58,7 @@ def main(ctx, home, verbose):
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Tower config (default HOME/tower/tower.toml; created if missing).")
-@click.option("--name", default=None, help="Tower name for a new config.")
+@click.option("--name", default=None, help="Tower name for a new config (default: this machine's host name).")
 @click.option("--listen", default="127.0.0.1:4242", show_default=True, help="TCP listen address for a new config.")
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
 @click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
@@ -72,7 +72,7 @@ def tower(ctx, config_path, name, listen, connect, models):
     logging.getLogger("rngrid").setLevel(min(logging.getLogger().level, logging.INFO))
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     if not path.exists():
-        _new_tower_config(path, name or "tower", listen, connect, models)
+        _new_tower_config(path, name or _host_name(), listen, connect, models)
         err.print(f"wrote new tower config {path}")
     try:
         tower = Tower(cfg.load_tower(path))
@@ -84,6 +84,9 @@ def tower(ctx, config_path, name, listen, connect, models):
         signal.signal(sig, lambda *_: stop.set())
     err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.registry.aliases()) or 'no models'} "
               f"at {tower.destination.hash.hex()}", markup=True)
+    if tower.config.network.listen.startswith("127."):
+        err.print(f"listening on {tower.config.network.listen} only: other machines reach this tower once "
+                  f"[network] listen in {path} is 0.0.0.0:4242 (or this machine's tailnet/LAN address)", markup=False)
     while not stop.wait(1.0):
         pass
     tower.stop()
@@ -112,6 +115,12 @@ def transport(ctx, config_dir, listen, connect, bitrate):
     while not stop.wait(1.0):
         pass
     rnsnet.stop()
+
+
+def _host_name():
+    import socket
+    name = socket.gethostname().split(".")[0] or "tower"
+    return name.encode()[:cfg.NAME_MAX_BYTES].decode(errors="ignore")
 
 
 def _new_tower_config(path, name, listen, connect, models):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import RNS
 
-from announce.announcer import Pinger, TowerListener
+from announce.announcer import Pinger, TowerListener, remembered_towers
 from announce.caps import CapsError, decode_full
 from announce.table import TowerTable
 from links.channel import get_alive
@@ -80,6 +80,8 @@ class Grid:
         self._last_ping = 0.0
         self._lock = threading.Lock()
         self._ping()
+        for destination_hash in remembered_towers():
+            RNS.Transport.request_path(destination_hash)
 
     @property
     def identity_hash(self):

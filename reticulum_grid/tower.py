@@ -121,6 +121,8 @@ class Tower:
                                                       allow=RNS.Destination.ALLOW_ALL)
         self.announcer = Announcer(self.destination, self.caps, heartbeat_s=self.config.heartbeat_s,
                                    floor_s=self.config.floor_s)
+        # Path responses (RNS answers path requests for us) carry the live caps.
+        self.destination.set_default_app_data(self.announcer.app_data)
         RNS.Transport.register_announce_handler(PingListener(self.announcer))
         self.jobs.start(Notifier(self.identity, self.config.directory / "lxmf", self.config.name,
                                  propagation_node=self.config.propagation_node, on_delivered=self.jobs.notified))

@@ -59,3 +59,19 @@ def test_towers_cli_table(two_towers, tmp_path):
     assert two_towers[1].name in result.stdout and DEFAULT_ALIAS in result.stdout
     entry_hash = [line for line in result.stdout.splitlines() if two_towers[1].name in line]
     assert entry_hash, result.stdout
+
+
+def test_a_returning_client_hears_a_tower_at_once_through_path_requests(hub, tmp_path):
+    # The floor keeps this tower from answering discovery pings for 10 minutes:
+    # only a path request (answered with live caps) can find it.
+    home = tmp_path / "laptop"
+    client = load_or_create(home / "identity").hash.hex()
+    tower = hub.start_tower("quiet", allow={client: ["infer"]}, announce={"floor_s": 600, "heartbeat_s": 600})
+    destination = tower_destination_hash(load_or_create(tower.dir / "identity")).hex()
+    first = rngrid("infer", "-m", DEFAULT_ALIAS, "--tower", destination, "--max-tokens", "2", "--json",
+                   "--connect", tower.address, "Hi", home=home)
+    assert first.returncode == 0 and '"usage"' in first.stdout, first.stderr
+    again = rngrid("towers", "--json", "--wait", "10", "--connect", tower.address, home=home)
+    assert again.returncode == 0, again.stderr
+    rows = [r for r in json.loads(again.stdout) if r["destination"] == destination]
+    assert rows and rows[0]["models"][0]["alias"] == DEFAULT_ALIAS
