@@ -241,6 +241,9 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
              "tokens_per_s": c.entry.caps.tokens_per_s,
              "rtt_ms": round(grid.health.get(c.entry.destination_hash).rtt_s * 1000, 1)}
             for i, c in enumerate(ranked)]
+    if adapter and all(r["lacks_adapter"] for r in rows) and grid.local_blob(adapter) is None:
+        err.print(f"no tower heard has adapter {adapter!r} and this client has none to send: "
+                  "a request with it would fail", style="yellow")
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -568,10 +571,11 @@ def _watch(grid, job_id, tower, as_json):
     bar = None if as_json else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err)
     try:
+        events = grid.watch(job_id, tower)  # finds the job's tower first: no bar for an unknown job
         if bar:
             bar.start()
             task = bar.add_task(f"job {job_id}", total=None, info="")
-        for event in grid.watch(job_id, tower):
+        for event in events:
             if as_json:
                 print(json.dumps(event), flush=True)
             elif event["type"] == "progress":

@@ -152,7 +152,7 @@ class Grid:
             entries = [self.find_tower(tower, timeout)]
         else:
             entries = self._discover_for(model, timeout, settle_s)
-        syncable = bool(tower) or self._local_blob(model) is not None
+        syncable = bool(tower) or self.local_blob(model) is not None
         pool = router.candidates(entries, model) or (entries if syncable else [])
         self.refresh([e for e in pool if not self.health.get(e.destination_hash).backed_off()])
         live = [self.table.get(e.destination_hash) or e for e in pool]
@@ -164,7 +164,7 @@ class Grid:
     def _discover_for(self, model, timeout, settle_s):
         if router.candidates(self.table.live(), model):
             return self.table.live()
-        local = self._local_blob(model)
+        local = self.local_blob(model)
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
         if not self.wait_for(ready, timeout):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
@@ -197,7 +197,8 @@ class Grid:
             if entry.destination_hash not in answered:
                 self.health.failed(entry.destination_hash)
 
-    def _local_blob(self, name):
+    def local_blob(self, name):
+        """The blob id (bytes) ``name`` resolves to in this client's store, or None."""
         try:
             return self.store.resolve(name)
         except WireError:
@@ -313,7 +314,7 @@ class Grid:
         store. Returns the tower's refreshed table entry."""
         has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: caps.adapter(name))
         sources = [e for e in self.table.live() if has(e.caps) and e.destination_hash != entry.destination_hash]
-        local = self._local_blob(name) is not None
+        local = self.local_blob(name) is not None
         pulled = False
         if sources:
             try:

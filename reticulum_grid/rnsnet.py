@@ -79,9 +79,16 @@ def stop():
     RNS.Reticulum.exit_handler()
 
 
+#: RNS errors that are routine for a grid: a Link whose client just left sends a
+#: keepalive or teardown; the Link times out by itself.
+ROUTINE = ("No interfaces could process the outbound packet",)
+
+
 def _log(line):
     # RNS hands us formatted lines; its level is only in the text.
-    if "[Critical]" in line or "[Error]" in line:
+    if any(text in line for text in ROUTINE):
+        rns_log.debug(line)
+    elif "[Critical]" in line or "[Error]" in line:
         rns_log.error(line)
     elif "[Warning]" in line:
         rns_log.warning(line)
