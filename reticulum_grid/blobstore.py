@@ -160,10 +160,14 @@ class BlobStore:
     def check_alias_kind(self, alias, kind):
         """Raise WireError(bad_request) if ``alias`` already names a blob of another kind."""
         check_alias(alias)
+        with self._lock:
+            self._refuse_kind_change(alias, kind)
+
+    def _refuse_kind_change(self, alias, kind):
         current = self._index["aliases"].get(alias)
-        if current is not None and self._index["kinds"].get(current, "file") != kind:
-            raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {self._index['kinds'].get(current, 'file')} "
-                                              "here; choose another alias")
+        named = self._index["kinds"].get(current, "file")
+        if current is not None and named != kind:
+            raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {named} here; choose another alias")
 
     def set_alias(self, alias, blob_id, kind=None):
         """Point ``alias`` at ``blob_id``. An alias may move to another blob of
@@ -175,10 +179,7 @@ class BlobStore:
             kind = kinds.get(blob_id.hex()) or kind or "file"
             if kind not in KINDS:
                 raise WireError(Code.BAD_REQUEST, f"kind must be one of {', '.join(KINDS)}")
-            current = self._index["aliases"].get(alias)
-            if current is not None and kinds.get(current, "file") != kind:
-                raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {kinds.get(current, 'file')} here; "
-                                                  "choose another alias")
+            self._refuse_kind_change(alias, kind)
             self._index["aliases"][alias] = blob_id.hex()
             kinds[blob_id.hex()] = kind
             self._save_index()
@@ -398,7 +399,7 @@ class Partial:
 
     @property
     def closed(self):
-        return self.complete or getattr(self, "_data_fd", None) is None
+        return self.complete or self._data_fd is None
 
     def release(self):
         """A transfer is done with this Partial; the last one closes its files."""

@@ -90,7 +90,7 @@ class Notifier:
         message.register_failed_callback(lambda m: self._failed(key, identity, title, content, fields))
         self.router.handle_outbound(message)
         self.router.process_outbound()
-        log.info("notification to %s sent directly", destination_hash.hex())
+        log.info("notification to %s handed to LXMF for direct delivery", destination_hash.hex())
 
     def _identity(self, destination_hash, public_key):
         if public_key:
