@@ -41,11 +41,16 @@ HEX_RE = re.compile(r"[0-9a-fA-F]{8,64}")
 DISK_MARGIN = 256 << 20
 
 
+def is_blob_id_prefix(name):
+    """True when ``name`` reads as a blob id or a prefix of one (8-64 hex digits)."""
+    return isinstance(name, str) and HEX_RE.fullmatch(name) is not None
+
+
 def check_alias(alias):
     """Raise WireError(bad_request) unless ``alias`` is a safe name: no path
     parts, and never something that reads as a blob id (8+ hex digits)."""
     if (not isinstance(alias, str) or not ALIAS_RE.fullmatch(alias) or ".." in alias
-            or HEX_RE.fullmatch(alias)):
+            or is_blob_id_prefix(alias)):
         raise WireError(Code.BAD_REQUEST, f"alias {alias!r} must be 1-{ALIAS_MAX} of A-Z a-z 0-9 . _ : + - "
                                           "(no path separators, no '..', not only hex digits)")
     return alias
@@ -197,8 +202,8 @@ class BlobStore:
         with self._lock:
             if name in self._index["aliases"]:
                 return bytes.fromhex(self._index["aliases"][name])
-            key = name.lower() if isinstance(name, str) else ""
-            if re.fullmatch(r"[0-9a-f]{8,64}", key):
+            if is_blob_id_prefix(name):
+                key = name.lower()
                 matches = [h for h in self._known_hex() if h.startswith(key)]
                 if len(matches) == 1:
                     return bytes.fromhex(matches[0])

@@ -29,7 +29,7 @@ from links.chunks import TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, WireError
 from reticulum_grid import config, identity, rnsnet, router
-from reticulum_grid.blobstore import KINDS, BlobStore
+from reticulum_grid.blobstore import KINDS, BlobStore, is_blob_id_prefix
 from reticulum_grid.connection import TowerConnection, wait_until
 from reticulum_grid.inference import InferenceStream, Usage  # noqa: F401 (Usage is part of the client API)
 from reticulum_grid.sync import LinkSource, fetch_blob, first_manifest, matching_blob_id
@@ -275,7 +275,7 @@ class Grid:
         connections = [self.connection(e) for e in entries]
         reply = first_manifest(connections, name)
         blob_id = matching_blob_id(name, reply)
-        alias = alias or (None if _is_hex(name) else name) or (reply.get("aliases") or [None])[0]
+        alias = alias or (None if is_blob_id_prefix(name) else name) or (reply.get("aliases") or [None])[0]
         kind = reply.get("kind") if reply.get("kind") in KINDS else "file"
         return fetch_blob(self.store, blob_id, reply.get("manifest"), [LinkSource(c) for c in connections],
                           alias=alias, kind=kind, progress=progress)
@@ -386,10 +386,6 @@ class Grid:
 
     def cancel_job(self, job_id, tower=None):
         return self.connection(self.job_tower(job_id, tower)).request("jobs/cancel", {"job_id": job_id})["job"]
-
-
-def _is_hex(text):
-    return len(text) >= 8 and all(c in "0123456789abcdef" for c in text.lower())
 
 
 def _await_transfer(conn, events, progress):

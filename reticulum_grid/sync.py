@@ -11,14 +11,13 @@ again (the store's have-map).
 
 import logging
 import queue
-import re
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from links.wire import Code, WireError
-from reticulum_grid.blobstore import parse_blob_id
+from reticulum_grid.blobstore import is_blob_id_prefix, parse_blob_id
 
 log = logging.getLogger("rngrid.sync")
 
@@ -95,8 +94,7 @@ def matching_blob_id(name, reply):
     """The blob id of a ``blobs/manifest`` reply for ``name``; when ``name`` is a
     blob id (prefix), the reply must be for that blob. Raises WireError."""
     blob_id = parse_blob_id(reply.get("blob_id"))
-    key = name.lower()
-    if re.fullmatch(r"[0-9a-f]{8,64}", key) and not blob_id.hex().startswith(key):
+    if is_blob_id_prefix(name) and not blob_id.hex().startswith(name.lower()):
         raise WireError(Code.BAD_MANIFEST, f"asked for blob {name}, the source answered with {blob_id.hex()[:16]}")
     return blob_id
 
