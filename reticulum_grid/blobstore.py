@@ -46,6 +46,20 @@ def is_blob_id_prefix(name):
     return isinstance(name, str) and HEX_RE.fullmatch(name) is not None
 
 
+#: Kinds whose files llama.cpp opens: they must start with the GGUF magic
+#: (b"GGUF", ggml's docs/gguf.md), or a stray text file would be served as a model.
+GGUF_KINDS = ("model", "adapter")
+
+
+def check_content(path, kind):
+    """Raise WireError(bad_request) when ``kind`` needs a GGUF file and ``path`` is not one."""
+    if kind in GGUF_KINDS:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise WireError(Code.BAD_REQUEST, f"a {kind} blob must be a GGUF file and this one is not; "
+                                                  "use kind 'file' (or 'dataset') for other files")
+
+
 def check_alias(alias):
     """Raise WireError(bad_request) unless ``alias`` is a safe name: no path
     parts, and never something that reads as a blob id (8+ hex digits)."""
@@ -118,7 +132,7 @@ class BlobStore:
             return None
 
     # -- adding -----------------------------------------------------------
-    def add_file(self, path, alias=None, kind="model", copy=False):
+    def add_file(self, path, alias=None, kind="file", copy=False):
         """Register a file as a blob. ``copy`` puts a copy in the store; otherwise
         the file is referenced in place (re-hashed only when its size or mtime
         changes). Returns BlobInfo."""
@@ -129,6 +143,7 @@ class BlobStore:
         path = Path(path).expanduser().resolve()
         if not path.is_file():
             raise WireError(Code.BAD_REQUEST, f"{path} is not a file")
+        check_content(path, kind)
         stat = path.stat()
         blob_hex = self._cached_external(path, stat)
         manifest = self.manifest(bytes.fromhex(blob_hex)) if blob_hex else mf.build(path)
@@ -188,6 +203,29 @@ class BlobStore:
             self._index["aliases"][alias] = blob_id.hex()
             kinds[blob_id.hex()] = kind
             self._save_index()
+
+    def remove(self, name):
+        """Forget ``name``: an alias loses its name, and a blob left without
+        aliases (or named by its id) is deleted (a file referenced in place is
+        only forgotten, never deleted). Returns the blob ids deleted. Raises
+        WireError(unknown_blob)."""
+        blob_id = self.resolve(name)
+        h = blob_id.hex()
+        with self._lock:
+            aliases = self._index["aliases"]
+            if name in aliases:
+                del aliases[name]
+            else:
+                for alias in [a for a, b in aliases.items() if b == h]:
+                    del aliases[alias]
+            gone = h not in aliases.values()
+            if gone:
+                self._index["kinds"].pop(h, None)
+                self._index["external"].pop(h, None)
+                self._manifests.pop(blob_id, None)
+                shutil.rmtree(self._object_dir(blob_id), ignore_errors=True)
+            self._save_index()
+        return [blob_id] if gone else []
 
     def set_kind_if_new(self, blob_id, kind):
         with self._lock:
@@ -385,6 +423,11 @@ class Partial:
                         os.pwrite(self._have_fd, b"\x00", index)
                     raise WireError(Code.BAD_CHUNK, f"chunks {bad[:8]} failed the final check")
                 self._close_files()
+                try:
+                    check_content(self.dir / "data", kind)
+                except WireError:
+                    shutil.rmtree(self.dir, ignore_errors=True)  # verified, but not what it claims to be
+                    raise
                 self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.complete = True

@@ -410,16 +410,34 @@ def _mib(size):
 @models.command("add")
 @click.argument("path", type=click.Path(dir_okay=False, exists=True))
 @click.option("--alias", required=True, help="Name to use for it (e.g. coder-32b).")
-@click.option("--kind", type=click.Choice(["model", "adapter", "dataset", "file"]), default="model", show_default=True)
+@click.option("--kind", type=click.Choice(["model", "adapter", "dataset", "file"]), default=None,
+              help="Default: from the file (GGUF model or adapter, .jsonl dataset, else file).")
 @click.option("--copy", is_flag=True, help="Copy the file into the store instead of referencing it in place.")
 @click.pass_context
 def models_add(ctx, path, alias, kind, copy):
     """Add a file to the store as a blob named by its BLAKE3 manifest hash."""
+    from reticulum_grid.gguf_info import file_kind
     try:
+        kind = kind or file_kind(path)
         info = ctx.obj["store"].add_file(path, alias=alias, kind=kind, copy=copy)
     except WireError as e:
         _fail(f"{e.code}: {e.message}")
-    out.print(f"{alias} -> {info.hex} ({_mib(info.size)}, {kind})")
+    except ValueError as e:  # a file with the GGUF magic that the gguf library cannot read
+        _fail(f"{path}: {e}")
+    out.print(f"{alias} -> {info.hex} ({_mib(info.size)}, {info.kind})")
+
+
+@models.command("rm")
+@click.argument("name")
+@click.pass_context
+def models_rm(ctx, name):
+    """Forget an alias (or a blob id); a blob left without aliases is deleted
+    (a file referenced in place is only forgotten)."""
+    try:
+        gone = ctx.obj["store"].remove(name)
+    except WireError as e:
+        _fail(f"{e.code}: {e.message}")
+    out.print(f"removed {name}" + (f"; deleted blob {gone[0].hex()}" if gone else "; the blob keeps its other aliases"))
 
 
 @main.command()

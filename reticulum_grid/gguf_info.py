@@ -19,6 +19,17 @@ class LoraError(ValueError):
     pass
 
 
+def file_kind(path):
+    """The blob kind a file most likely is: "adapter" for a GGUF whose
+    general.type is "adapter" (llama.cpp's LoRA files), "model" for other GGUF
+    files, "dataset" for .jsonl, else "file"."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return "dataset" if str(path).endswith(".jsonl") else "file"
+    field = gguf.GGUFReader(path).fields.get("general.type")
+    return "adapter" if field is not None and bytes(field.parts[-1]) == b"adapter" else "model"
+
+
 def architecture(path):
     """(architecture name, block count, set of HF module leaf names) of a GGUF model."""
     reader = gguf.GGUFReader(path)

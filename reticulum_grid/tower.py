@@ -184,7 +184,10 @@ class Tower:
                  for i in self.store.list() if known or i.kind in ("model", "adapter") for a in (i.aliases or [""])]
         for blob in blobs:
             if blob["kind"] == "model":
-                blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
+                try:
+                    blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
+                except Exception as e:  # one unreadable GGUF must not hide the rest
+                    log.warning("model %s: cannot estimate its memory: %s", blob["alias"] or blob["blob_id"].hex(), e)
         reply = {"caps": capscodec.encode(self.caps(), budget=1 << 20), "blobs": blobs}
         if session.identity is not None:
             reply["you"] = {"identity": session.identity.hash.hex(),

@@ -117,3 +117,35 @@ def test_unknown_names(tmp_path):
         with pytest.raises(WireError) as e:
             store.resolve(name)
         assert e.value.code == "unknown_blob"
+
+
+def test_models_and_adapters_must_be_gguf(tmp_path, blob_file, model_path):
+    from reticulum_grid.gguf_info import file_kind
+    store = BlobStore(tmp_path / "store")
+    with pytest.raises(WireError, match="GGUF") as e:
+        store.add_file(blob_file, alias="notes", kind="model")
+    assert e.value.code == "bad_request" and store.list() == []
+    assert file_kind(blob_file) == "file" and file_kind(model_path) == "model"
+    # A peer that pushes a text file as a "model": verified, then refused, and nothing kept.
+    source = BlobStore(tmp_path / "src")
+    info = source.add_file(blob_file, alias="notes")
+    partial = store.receive(info.blob_id, source.manifest_bytes(info.blob_id))
+    for index in range(4):
+        partial.write(index, source.read_chunk(info.blob_id, index))
+    with pytest.raises(WireError, match="GGUF"):
+        partial.finish(alias="notes", kind="model")
+    partial.release()
+    assert not store.has(info.blob_id) and not partial.dir.exists() and store.list() == []
+
+
+def test_remove_an_alias_then_the_blob(tmp_path, blob_file):
+    store = BlobStore(tmp_path / "store")
+    info = store.add_file(blob_file, alias="one", kind="dataset", copy=True)
+    store.set_alias("two", info.blob_id)
+    assert store.remove("one") == [] and store.has(info.blob_id)
+    assert store.remove("two") == [info.blob_id] and not store.has(info.blob_id)
+    with pytest.raises(WireError):
+        store.resolve("two")
+    kept = store.add_file(blob_file, alias="in-place", kind="dataset")
+    assert store.remove(kept.hex) == [kept.blob_id] and blob_file.exists(), "files in place are only forgotten"
+    assert store.list() == []

@@ -186,6 +186,18 @@ def test_cli_models_pull_and_push(hub, sources, big, tmp_path):
     pushed = rngrid("push", "notes", "--to", "src-b", "--connect", sources[1].address, home=home)
     assert pushed.returncode == 0 and "notes is on src-b" in pushed.stderr, pushed.stderr
 
+    as_model = rngrid("models", "add", str(note), "--alias", "mistake", "--kind", "model", home=home)
+    assert as_model.returncode == 1 and "must be a GGUF file" in as_model.stderr
+    other = tmp_path / "other.txt"
+    other.write_text("not a model\n")
+    guessed = rngrid("models", "add", str(other), "--alias", "text", home=home)
+    assert guessed.returncode == 0 and guessed.stdout.rstrip().endswith("file)"), guessed.stdout
+    assert rngrid("models", "rm", "text", home=home).returncode == 0
+    removed = rngrid("models", "rm", "notes", home=home)
+    assert removed.returncode == 0 and "deleted blob" in removed.stdout, removed.stdout
+    listed = json.loads(rngrid("models", "--json", "--wait", "0", home=home).stdout)
+    assert [r["aliases"] for r in listed] == [["big"]] and note.exists()
+
 
 def test_a_remote_push_cannot_replace_or_hide_a_configured_model(hub, sources):
     from links import manifest as mf
