@@ -74,6 +74,12 @@ def tower(ctx, config_path, name, listen, connect, models):
     if not path.exists():
         _new_tower_config(path, name or _host_name(), listen, connect, models)
         err.print(f"wrote new tower config {path}")
+    else:
+        given = [f"--{p}" for p in ("name", "listen", "connect", "model")
+                 if ctx.get_parameter_source(p if p != "model" else "models") == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            err.print(f"{path} exists, so {', '.join(given)} only shape a new config and are ignored; "
+                      "edit the file instead", style="yellow")
     try:
         tower = Tower(cfg.load_tower(path))
         tower.start()
@@ -84,9 +90,11 @@ def tower(ctx, config_path, name, listen, connect, models):
         signal.signal(sig, lambda *_: stop.set())
     err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.registry.aliases()) or 'no models'} "
               f"at {tower.destination.hash.hex()}", markup=True)
-    if tower.config.network.listen.startswith("127."):
-        err.print(f"listening on {tower.config.network.listen} only: other machines reach this tower once "
-                  f"[network] listen in {path} is 0.0.0.0:4242 (or this machine's tailnet/LAN address)", markup=False)
+    listen = tower.config.network.listen
+    if listen.startswith("127."):
+        port = listen.rsplit(":", 1)[1]
+        err.print(f"listening on {listen} only: other machines reach this tower once [network] listen in {path} "
+                  f"is 0.0.0.0:{port} (or this machine's tailnet/LAN address)", markup=False)
     while not stop.wait(1.0):
         pass
     tower.stop()
@@ -183,12 +191,20 @@ def _tower_row(entry):
 @click.option("--seed", default=None, type=click.IntRange(0, 2**32 - 1))
 @click.option("--system", default=None, help="System message (chat models).")
 @click.option("--raw", is_flag=True, help="Send the prompt as-is instead of as a chat message.")
+@click.option("--adapter", default=None, help="LoRA adapter (alias or blob id), e.g. the --output of a train job.")
+@click.option("--adapter-scale", default=1.0, show_default=True, type=click.FloatRange(-10, 10),
+              help="LoRA scale; 0 gives the base model.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
-def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, as_json, prompt):
-    """Run PROMPT on the grid and stream the answer."""
+def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, adapter, adapter_scale,
+          as_json, prompt):
+    """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
     payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    if adapter:
+        payload.update(adapter=adapter, adapter_scale=adapter_scale)
     if raw:
         payload["prompt"] = prompt
     else:
@@ -524,6 +540,8 @@ def train(ctx, connect, rns_config, base, data_path, output_alias, tower, target
         print(json.dumps({"job_id": job_id, "tower": entry.name}), flush=True)
     else:
         err.print(f"job [bold]{job_id}[/bold] on {entry.name}; watch it with: rngrid jobs watch {job_id}", markup=True)
+        if detach:
+            print(job_id, flush=True)  # stdout, for JOB=$(rngrid train ... --detach)
     if not detach:
         _watch(grid, job_id, entry.name, as_json)
 
@@ -610,7 +628,8 @@ def _watch(grid, job_id, tower, as_json):
             bar.stop()
     if end and not as_json:
         err.print(f"job {job_id} {end['state']}"
-                  + (f": adapter {end['adapter_alias']} ({end['adapter_blob']}), final loss {end['final_loss']:.4f}"
+                  + (f": adapter {end['adapter_alias']} ({end['adapter_blob']}), final loss {end['final_loss']:.4f}\n"
+                     f"use it with: rngrid infer -m BASE_MODEL --adapter {end['adapter_alias']} \"...\""
                      if end["state"] == "succeeded" else f": {end.get('error') or ''}"))
     if end and end["state"] != "succeeded":
         sys.exit(1)

@@ -78,6 +78,7 @@ class Grid:
         self._live_at = {}
         self._pinger = Pinger(self.identity)
         self._last_ping = 0.0
+        self._told_offline = False
         self._lock = threading.Lock()
         self._ping()
         for destination_hash in remembered_towers():
@@ -99,7 +100,11 @@ class Grid:
         if force or now - self._last_ping >= PING_INTERVAL_S:
             self._last_ping = now
             # A ping sent before the TCP interfaces connect is lost.
-            wait_until(lambda: all(i.online for i in RNS.Transport.interfaces), 3.0)
+            online = wait_until(lambda: all(i.online for i in RNS.Transport.interfaces), 3.0)
+            if not online and not self._told_offline:
+                self._told_offline = True
+                log.warning("cannot reach %s yet (is a tower or transport node listening there?); "
+                            "RNS keeps retrying every few seconds", ", ".join(rnsnet.offline_peers()) or "a peer")
             self._pinger.ping()
 
     def wait_for(self, predicate, timeout):
@@ -137,7 +142,7 @@ class Grid:
             if len(same) > 1:
                 raise WireError(Code.NO_TOWER, f"{len(same)} towers are called {name_or_hash!r}: "
                                                f"{', '.join(e.hash_hex for e in same)}; name one by its hash")
-            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard within {timeout:.0f} s")
+            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard within {timeout:.0f} s" + _offline_note())
         return entry
 
     def route(self, model, tower=None, timeout=15.0, adapter=None):
@@ -169,7 +174,8 @@ class Grid:
         if not self.wait_for(ready, timeout):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
                               for e in self.table.live()) or "none"
-            raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard within {timeout:.0f} s; heard: {heard}")
+            raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard within {timeout:.0f} s; heard: {heard}"
+                                           + _offline_note())
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
         return self.table.live()
 
@@ -386,6 +392,11 @@ class Grid:
 
     def cancel_job(self, job_id, tower=None):
         return self.connection(self.job_tower(job_id, tower)).request("jobs/cancel", {"job_id": job_id})["job"]
+
+
+def _offline_note():
+    offline = rnsnet.offline_peers()
+    return f"; cannot reach {', '.join(offline)}" if offline else ""
 
 
 def _await_transfer(conn, events, progress):

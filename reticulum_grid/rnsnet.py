@@ -47,6 +47,25 @@ def config_text(listen="", connect=(), transport=False, bitrate=0):
     return "\n".join(lines) + "\n"
 
 
+def check_listen(listen):
+    """Raise OSError when nothing may listen on ``listen`` ("host:port"), e.g. a
+    tower already runs there; RNS itself would only log it and exit."""
+    import socket
+    host, port = parse_hostport(listen)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as RNS's server does
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {listen}: {e.strerror} (is a tower already running there?)") from None
+
+
+def offline_peers():
+    """"host:port" of the TCP client interfaces that are not connected."""
+    return [f"{i.target_ip}:{i.target_port}" for i in RNS.Transport.interfaces
+            if hasattr(i, "target_ip") and not i.online]
+
+
 def write_config(directory, **kwargs):
     """Write ``directory/config`` (see config_text) and return the directory."""
     directory = Path(directory)
@@ -80,8 +99,10 @@ def stop():
 
 
 #: RNS errors that are routine for a grid: a Link whose client just left sends a
-#: keepalive or teardown; the Link times out by itself.
-ROUTINE = ("No interfaces could process the outbound packet",)
+#: keepalive or teardown (the Link times out by itself).
+ROUTINE = ("No interfaces could process the outbound packet",
+           # A peer that is not up yet: RNS retries; clients report it themselves.
+           "could not be established", "Leaving unconnected and retrying")
 
 
 def _log(line):

@@ -99,6 +99,8 @@ class Tower:
     def start(self):
         self.identity = identity.load_or_create(self.config.directory / "identity")
         net = self.config.network
+        if net.listen and not net.rns_config:
+            rnsnet.check_listen(net.listen)
         configdir = net.rns_config or rnsnet.write_config(
             self.config.directory / "rns", listen=net.listen, connect=net.connect,
             transport=net.transport, bitrate=net.bitrate)
@@ -174,6 +176,17 @@ class Tower:
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
         )
+
+    def remote_alias(self, alias, kind):
+        """``alias`` if a client may point it at a blob of ``kind`` here: not one
+        of the config's models, not one naming another kind of blob. None stays
+        None. Raises WireError (not_allowed, bad_request)."""
+        if alias is None:
+            return None
+        if alias in {m.alias for m in self.config.models}:
+            raise WireError(Code.NOT_ALLOWED, f"alias {alias!r} is set by this tower's config")
+        self.store.check_alias_kind(alias, kind)
+        return alias
 
     def _caps_full(self, session, request):
         loaded = {s.blob_id for s in self.registry.slots() if s.loaded}

@@ -68,19 +68,9 @@ class TowerBlobs:
         return {"blob_id": blob_id, "manifest": self.store.manifest_bytes(blob_id), "size": info.size,
                 "kind": info.kind, "aliases": info.aliases}
 
-    def _alias(self, alias, kind):
-        """A checked alias that a remote transfer may set: not one of the config's
-        models, not one that names another kind of blob."""
-        if alias is None:
-            return None
-        if alias in {m.alias for m in self.tower.config.models}:
-            raise WireError(Code.NOT_ALLOWED, f"alias {alias!r} is set by this tower's config")
-        self.store.check_alias_kind(alias, kind)
-        return alias
-
     def push(self, session, request):
         r = validate(request, PUSH)
-        blob_id, alias = parse_blob_id(r["blob_id"]), self._alias(r["alias"], r["kind"])
+        blob_id, alias = parse_blob_id(r["blob_id"]), self.tower.remote_alias(r["alias"], r["kind"])
         partial = self.store.receive(blob_id, r["manifest"])  # checks the manifest and the free disk
         have, missing = partial.complete, len(partial.missing())
         partial.release()
@@ -90,7 +80,7 @@ class TowerBlobs:
 
     def pull(self, session, request):
         r = validate(request, PULL)
-        alias = self._alias(r["alias"], r["kind"])
+        alias = self.tower.remote_alias(r["alias"], r["kind"])
         sources = r["sources"]
         if not 0 < len(sources) <= MAX_SOURCES or any(not isinstance(h, bytes) or len(h) != 16 for h in sources):
             raise WireError(Code.BAD_REQUEST, f"sources must list 1..{MAX_SOURCES} destination hashes (16 bytes)")

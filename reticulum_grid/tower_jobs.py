@@ -85,6 +85,9 @@ class TowerJobs:
         if dataset is None:
             raise WireError(Code.UNKNOWN_BLOB, f"dataset {request['dataset']!r} is not complete on this tower")
         spec = train_request.parse(request, self._base_modules(slot), dataset.path)
+        # The outputs are published under these aliases: refuse a clash now, not after training.
+        self.tower.remote_alias(spec["output_alias"], "adapter")
+        self.tower.remote_alias(spec["output_alias"] + train_request.PEFT_SUFFIX, "peft")
         identity = session.identity
         notify = spec.pop("notify") or delivery_hash(identity)
         spec.update(base_path=slot.path, dataset_path=str(dataset.path))

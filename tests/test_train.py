@@ -119,6 +119,7 @@ def test_adapters_are_blobs_that_can_be_pulled(hub, tower, finished_job, tmp_pat
     ({"epochs": 1}, "epochs or max_steps"),
     ({"rank": 0}, "rank"),
     ({"output_alias": "../x"}, "alias"),
+    ({"output_alias": DEFAULT_ALIAS}, "set by this tower's config"),  # refused before training, not after
     ({"base": "no-such-model"}, "no-such-model"),
     ({"notify": "xyz"}, "LXMF address"),
 ])
