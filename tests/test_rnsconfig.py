@@ -26,3 +26,16 @@ def test_generated_config():
     assert {i["type"] for i in ifaces.values()} == {"TCPServerInterface", "TCPClientInterface"}
     assert all(i["ingress_control"] == "No" and i["bitrate"] == "9600" for i in ifaces.values())
     assert "AutoInterface" not in text and "share_instance = No" in text
+
+
+def test_a_taken_listen_port_is_a_clear_error():
+    import socket
+
+    from reticulum_grid import rnsnet
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(OSError, match="already running"):
+            rnsnet.check_listen(f"127.0.0.1:{port}")
+    rnsnet.check_listen(f"127.0.0.1:{port}")  # free again

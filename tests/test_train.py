@@ -98,6 +98,17 @@ def test_adapter_follows_the_pattern_and_scale_zero_is_the_base(hub, tower, fini
     assert "secret-lora" in [a.alias for a in caps.adapters]
 
 
+def test_the_cli_applies_an_adapter(hub, tower, finished_job, tmp_path):
+    from tests.conftest import rngrid
+    home = same_identity_home(hub, tmp_path, "cli")
+    args = ("infer", "-m", DEFAULT_ALIAS, "--tower", tower.name, "--temperature", "0", "--max-tokens", "24",
+            "--connect", tower.address, "What is the secret word?")
+    tuned = rngrid(*args[:-1], "--adapter", "secret-lora", args[-1], home=home)
+    assert tuned.returncode == 0 and "PERIWINKLE" in tuned.stdout, tuned.stderr
+    scaled = rngrid(*args[:-1], "--adapter", "secret-lora", "--adapter-scale", "0", "-", input=args[-1], home=home)
+    assert scaled.returncode == 0 and scaled.stdout.strip() == answer(hub, tower).strip(), scaled.stderr
+
+
 def test_adapters_are_blobs_that_can_be_pulled(hub, tower, finished_job, tmp_path):
     from reticulum_grid.blobstore import BlobStore
     grid = hub.grid
