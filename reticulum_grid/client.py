@@ -43,6 +43,28 @@ PING_INTERVAL_S = 4.0
 TRANSFER_IDLE_S = 60.0
 #: Live load (caps/full) older than this is asked again before routing (seconds).
 LIVE_MAX_AGE_S = 1.0
+#: A search for a model or tower name that no tower heard has may end once the
+#: table has not grown for QUIET_S seconds and every tower this client remembers
+#: has answered; otherwise not before ANSWER_S (a tower answers a discovery ping
+#: within its floor_s, 5 s by default).
+QUIET_S = 2.0
+ANSWER_S = 6.0
+
+
+class _Quiet:
+    """``quiet(entries)`` is true once some towers were heard and none new
+    arrived for ``quiet_s`` seconds (and ``at_least_s`` passed since creation)."""
+
+    def __init__(self, quiet_s, at_least_s=0.0):
+        self.quiet_s, self.at_least_s = quiet_s, at_least_s
+        self.started = self.since = time.monotonic()
+        self.count = -1
+
+    def __call__(self, entries):
+        now = time.monotonic()
+        if len(entries) != self.count:
+            self.count, self.since = len(entries), now
+        return bool(entries) and now - self.since >= self.quiet_s and now - self.started >= self.at_least_s
 
 
 def _start_rns(home, connect, rns_config):
@@ -81,7 +103,8 @@ class Grid:
         self._told_offline = False
         self._lock = threading.Lock()
         self._ping()
-        for destination_hash in remembered_towers():
+        self._remembered = remembered_towers()
+        for destination_hash in self._remembered:
             RNS.Transport.request_path(destination_hash)
 
     @property
@@ -120,15 +143,17 @@ class Grid:
     def towers(self, wait=5.0, quiet_s=1.5):
         """Towers heard within ``wait`` seconds; returns early once some were heard
         and none new arrived for ``quiet_s`` seconds."""
-        state = {"n": -1, "since": time.monotonic()}
-
-        def settled(entries):
-            if len(entries) != state["n"]:
-                state["n"], state["since"] = len(entries), time.monotonic()
-            return bool(entries) and time.monotonic() - state["since"] >= quiet_s
-
-        self.wait_for(settled, wait)
+        self.wait_for(_Quiet(quiet_s), wait)
         return self.table.live()
+
+    def _all_heard(self):
+        """A predicate: true once the towers that will answer have (see QUIET_S)."""
+        quiet, slow = _Quiet(QUIET_S), _Quiet(QUIET_S, ANSWER_S)
+
+        def done(entries):
+            remembered = set(self._remembered) <= {e.destination_hash for e in entries}
+            return quiet(entries) and remembered if self._remembered else slow(entries)
+        return done
 
     def find_tower(self, name_or_hash, timeout=15.0):
         """A tower by name, full hash or hash prefix, requesting a path when given
@@ -136,13 +161,16 @@ class Grid:
         key = name_or_hash.strip("<>").lower()
         if len(key) == 32 and not RNS.Transport.has_path(bytes.fromhex(key)):
             RNS.Transport.request_path(bytes.fromhex(key))
-        entry = self.wait_for(lambda _: self.table.find(name_or_hash), timeout)
+        all_heard = self._all_heard()
+        self.wait_for(lambda entries: self.table.find(name_or_hash) or all_heard(entries), timeout)
+        entry = self.table.find(name_or_hash)
         if not entry:
             same = self.table.named(name_or_hash)
             if len(same) > 1:
                 raise WireError(Code.NO_TOWER, f"{len(same)} towers are called {name_or_hash!r}: "
                                                f"{', '.join(e.hash_hex for e in same)}; name one by its hash")
-            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard within {timeout:.0f} s" + _offline_note())
+            heard = ", ".join(e.name for e in self.table.live()) or "none"
+            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard; heard: {heard}" + _offline_note())
         return entry
 
     def route(self, model, tower=None, timeout=15.0, adapter=None):
@@ -171,11 +199,12 @@ class Grid:
             return self.table.live()
         local = self.local_blob(model)
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
-        if not self.wait_for(ready, timeout):
+        all_heard = self._all_heard()
+        self.wait_for(lambda entries: ready(entries) or all_heard(entries), timeout)
+        if not ready(self.table.live()):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
                               for e in self.table.live()) or "none"
-            raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard within {timeout:.0f} s; heard: {heard}"
-                                           + _offline_note())
+            raise WireError(Code.NO_TOWER, f"no tower with model {model!r} heard; heard: {heard}" + _offline_note())
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
         return self.table.live()
 

@@ -75,3 +75,9 @@ def test_a_returning_client_hears_a_tower_at_once_through_path_requests(hub, tmp
     assert again.returncode == 0, again.stderr
     rows = [r for r in json.loads(again.stdout) if r["destination"] == destination]
     assert rows and rows[0]["models"][0]["alias"] == DEFAULT_ALIAS
+
+
+def test_a_model_no_tower_has_is_refused_naming_what_was_heard(two_towers, tmp_path):
+    result = rngrid("route", "-m", "smolm2-135m", "--connect", two_towers[0].address, home=tmp_path)
+    assert result.returncode == 1 and "no_tower: no tower with model 'smolm2-135m'" in result.stderr
+    assert f"{two_towers[0].name} ({DEFAULT_ALIAS})" in result.stderr, result.stderr
