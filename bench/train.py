@@ -35,7 +35,7 @@ SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "
 def local_seconds_per_step(steps):
     import torch
     tokenizer, model = trainer.load_base(default_model_path(), "cpu")
-    batches = trainer.tokenize(read_examples(DATA), tokenizer, SPEC["seq_len"])
+    batches, _ = trainer.tokenize(read_examples(DATA), tokenizer, SPEC["seq_len"])
     model = trainer.add_lora(model, SPEC)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=SPEC["learning_rate"])
     model.train()

@@ -614,6 +614,9 @@ def _watch(grid, job_id, tower, as_json):
         for event in events:
             if as_json:
                 print(json.dumps(event), flush=True)
+            elif event["type"] == "started" and event.get("truncated"):
+                err.print(f"{event['truncated']} of {event.get('examples')} examples are longer than --seq-len "
+                          f"{event.get('seq_len')} tokens and are cut: what comes after is not learned", style="yellow")
             elif event["type"] == "progress":
                 bar.update(task, completed=event["step"], total=event["total_steps"],
                            info=f"loss {event['loss']:.4f}  lr {event['lr']:.2e}  {event['tokens_per_s']:.0f} tok/s")

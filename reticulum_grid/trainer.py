@@ -59,14 +59,15 @@ def run(job_dir, spec, events):
 
     device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     tokenizer, model = load_base(spec["base_path"], device)
-    batches = tokenize(read_examples(spec["dataset_path"]), tokenizer, spec["seq_len"])
+    batches, cut = tokenize(read_examples(spec["dataset_path"]), tokenizer, spec["seq_len"])
     model = add_lora(model, spec)
     steps_per_epoch = math.ceil(len(batches) / spec["batch_size"])
     total = spec.get("max_steps") or steps_per_epoch * (spec.get("epochs") or 1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["learning_rate"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
     first = step = resume(job_dir, model, optimizer, scheduler)
-    events.emit("started", total_steps=total, resumed_from=step, device=device)
+    events.emit("started", total_steps=total, resumed_from=step, device=device, examples=len(batches),
+                truncated=cut, seq_len=spec["seq_len"])
     model.train()
     loss_value, started, tokens = None, time.monotonic(), 0
     while step < total:
@@ -107,15 +108,16 @@ def load_base(path, device):
 
 
 def tokenize(examples, tokenizer, seq_len):
-    """Token id lists, one per example, cut to ``seq_len``."""
-    out = []
+    """(token id lists, one per example, cut to ``seq_len``; how many were cut)."""
+    out, cut = [], 0
     for example in examples:
         if "messages" in example:
             ids = tokenizer.apply_chat_template(example["messages"], tokenize=True, return_dict=False)
         else:
             ids = tokenizer(example["text"])["input_ids"] + [tokenizer.eos_token_id]
+        cut += len(ids) > seq_len
         out.append(list(ids)[:seq_len])
-    return out
+    return out, cut
 
 
 def add_lora(model, spec):

@@ -272,3 +272,17 @@ def test_notification_waits_for_the_recipient_announce_without_a_propagation_nod
                             capture_output=True, text=True, timeout=120)
     notes = [json.loads(line) for line in result.stdout.splitlines()]
     assert notes and job_id in notes[0]["title"] and "cancelled" in notes[0]["title"], plain.log()[-2000:]
+
+
+def test_examples_longer_than_seq_len_are_counted(model_path):
+    from transformers import AutoTokenizer
+
+    from reticulum_grid import trainer
+    from reticulum_grid.datasets import read_examples
+    tokenizer = AutoTokenizer.from_pretrained(Path(model_path).parent, gguf_file=Path(model_path).name)
+    examples = list(read_examples(DATA))
+    full, cut = trainer.tokenize(examples, tokenizer, 4096)
+    assert cut == 0 and len(full) == len(examples)
+    short, cut = trainer.tokenize(examples, tokenizer, 16)
+    assert cut == sum(len(ids) > 16 for ids in full) >= 3, [len(ids) for ids in full]
+    assert [ids[:16] for ids in full] == short
