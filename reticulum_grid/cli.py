@@ -592,7 +592,7 @@ def jobs_cancel(ctx, job_id, tower):
         job = _grid(ctx, *ctx.obj["client"]).cancel_job(job_id, tower)
     except WireError as e:
         _fail(f"{e.code}: {e.message}")
-    err.print(f"job {job_id}: {job['state']}")
+    err.print(f"job {job_id}: {job['state']}" + ("" if job["state"] == "cancelled" else ", cancel requested"))
 
 
 def _watch(grid, job_id, tower, as_json):
@@ -620,7 +620,10 @@ def _watch(grid, job_id, tower, as_json):
             elif event["type"] == "progress":
                 bar.update(task, completed=event["step"], total=event["total_steps"],
                            info=f"loss {event['loss']:.4f}  lr {event['lr']:.2e}  {event['tokens_per_s']:.0f} tok/s")
-            end = event if event["type"] == "end" else end
+            if event["type"] == "end":
+                end = event
+                if bar and event.get("total_steps"):
+                    bar.update(task, completed=event.get("step") or 0, total=event["total_steps"])
     except WireError as e:
         _fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:

@@ -375,7 +375,8 @@ class Grid:
             return self.find_tower(tower)
         entries = [e for e, full in self.caps_full(self.towers(wait=5.0)) if "train" in full.get("you", {}).get("roles", ())]
         if not entries:
-            raise WireError(Code.NO_TOWER, "no tower heard grants this identity the train role")
+            raise WireError(Code.NO_TOWER, "no tower heard grants this identity the train role; a tower's admin "
+                                           f"can run: rngrid allow {self.identity_hash} --role train")
         return min(entries, key=lambda e: (e.caps.load.jobs > 0, base is not None and e.caps.model(base) is None,
                                            -e.caps.hardware.memory_free_mib))
 
