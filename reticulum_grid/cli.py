@@ -5,13 +5,14 @@ import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from links.wire import WireError
+from links.wire import Code, WireError
 from reticulum_grid import config as cfg
 from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
 
@@ -194,11 +195,13 @@ def _tower_row(entry):
 @click.option("--adapter", default=None, help="LoRA adapter (alias or blob id), e.g. the --output of a train job.")
 @click.option("--adapter-scale", default=1.0, show_default=True, type=click.FloatRange(-10, 10),
               help="LoRA scale; 0 gives the base model.")
+@click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to keep retrying while every tower is busy (as each tower's retry hint says).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
 def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, adapter, adapter_scale,
-          as_json, prompt):
+          busy_wait, as_json, prompt):
     """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -211,10 +214,20 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
         payload["messages"] = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}]
     grid = _grid(ctx, connect, rns_config)
+    deadline = time.monotonic() + busy_wait
     try:
-        with _progress(as_json, f"syncing {model}") as progress:
-            stream = grid.execute("ai/inference", payload, tower=tower, progress=progress)
-        _stream(stream, as_json)
+        while True:
+            try:
+                with _progress(as_json, f"syncing {model}") as progress:
+                    stream = grid.execute("ai/inference", payload, tower=tower, progress=progress)
+                _stream(stream, as_json)
+                return
+            except WireError as e:  # busy comes before any output, so a retry repeats nothing
+                pause = max(1.0, e.retry_after or 0.0)
+                if e.code != Code.BUSY or time.monotonic() + pause > deadline:
+                    raise
+                err.print(f"{e.message}; trying again in {pause:.0f} s")
+                time.sleep(pause)
     except WireError as e:
         _fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:
@@ -651,7 +664,6 @@ def _watch(grid, job_id, tower, as_json):
 def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
     """Receive LXMF messages (job notifications) for this identity."""
     import queue
-    import time
 
     import RNS
 

@@ -113,6 +113,30 @@ def test_cancel_frees_the_tower(hub, tower):
     assert usage.completion_tokens > 0
 
 
+def test_the_cli_retries_while_the_tower_is_busy(hub, tower, tmp_path):
+    import shutil
+    home = tmp_path / "cli"
+    home.mkdir()
+    shutil.copy(hub.grid.home / "identity", home / "identity")
+    args = ["infer", "-m", DEFAULT_ALIAS, "--tower", tower.name, "--max-tokens", "4", "--connect", tower.address]
+    stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": LONG_PROMPT,
+                                               "max_tokens": 3000, "temperature": 0.0}, tower=tower.name)
+    iterator = iter(stream)
+    next(iterator)
+    try:
+        refused = rngrid(*args, "--busy-wait", "0", "hi", home=home)
+        assert refused.returncode == 1 and "busy" in refused.stderr, refused.stderr
+        waiting = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), *args, "hi"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Blocks until the CLI reports the busy tower (or exits).
+        told = next((line for line in waiting.stderr if "trying again" in line), "")
+        assert told, "the CLI did not wait for the busy tower"
+    finally:
+        stream.cancel()
+    out, rest = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and "tokens from" in rest, told + rest
+
+
 def test_breaking_out_of_the_loop_cancels(hub, tower):
     for i, piece in enumerate(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": LONG_PROMPT,
                                                                 "max_tokens": 3000, "temperature": 0.0},
