@@ -63,22 +63,25 @@ def uint(value, what, hi=MAX_ID):
     return value
 
 
-#: Longest free text (error messages, reasons) a message carries; senders cut
-#: theirs to this and receivers cut anything longer, never reject it: a message
-#: a receiver rejects has already used its Channel sequence number, and every
-#: later message on that Link would wait behind the gap.
+#: Longest free text (error messages, reasons) a message carries, in UTF-8
+#: bytes; senders cut theirs to this and receivers cut anything longer, never
+#: reject it: a message a receiver rejects has already used its Channel
+#: sequence number, and every later message on that Link would wait behind the gap.
 TEXT_MAX = 1024
 
 
 def short_str(value, what, limit=TEXT_MAX):
     if not isinstance(value, str):
         raise ProtocolError(f"{what} is not a string")
-    return value[:limit]
+    return clip(value, limit)
 
 
 def clip(text, limit=TEXT_MAX):
-    """``text`` cut to ``limit`` characters (marking the cut)."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    """``text`` cut to at most ``limit`` UTF-8 bytes (marking the cut with "...")."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    return data[:max(0, limit - 3)].decode("utf-8", errors="ignore") + "..."
 
 
 class ChannelRouter:

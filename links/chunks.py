@@ -180,8 +180,10 @@ class ChunkServer:
 
     def _request(self, request):
         try:
-            self.authorize(request.blob_id)  # before any thread: refusals cost nothing
+            self.authorize(request.blob_id)  # before any serving thread: a refusal reads nothing
             with self._lock:
+                if request.xfer_id in self._active:
+                    raise WireError(Code.BAD_REQUEST, f"transfer {request.xfer_id} is already running on this link")
                 if len(self._active) >= self.MAX_ACTIVE:
                     raise WireError(Code.BUSY, f"{self.MAX_ACTIVE} chunk requests already running on this link")
                 self._active.add(request.xfer_id)

@@ -139,7 +139,7 @@ class BlobStore:
         if kind not in KINDS:
             raise WireError(Code.BAD_REQUEST, f"kind must be one of {', '.join(KINDS)}")
         if alias is not None:
-            check_alias(alias)
+            self.check_alias_kind(alias, kind)  # before any work: a clash keeps nothing
         path = Path(path).expanduser().resolve()
         if not path.is_file():
             raise WireError(Code.BAD_REQUEST, f"{path} is not a file")
@@ -415,6 +415,8 @@ class Partial:
             if not self.complete:
                 if self.missing():
                     raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
+                if self._data_fd is None:
+                    raise WireError(Code.INCOMPLETE, "this transfer was closed")
                 os.fsync(self._data_fd)
                 bad = self._verify_all()
                 if bad:
@@ -427,6 +429,7 @@ class Partial:
                     check_content(self.dir / "data", kind)
                 except WireError:
                     shutil.rmtree(self.dir, ignore_errors=True)  # verified, but not what it claims to be
+                    self.have = bytearray(len(self.have))
                     raise
                 self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
                 shutil.rmtree(self.dir, ignore_errors=True)
@@ -450,10 +453,15 @@ class Partial:
         return self.complete or self._data_fd is None
 
     def release(self):
-        """A transfer is done with this Partial; the last one closes its files."""
-        with self._lock:
+        """A transfer is done with this Partial; the last one closes its files
+        (after the store stops handing it out, so none is given a closed one)."""
+        with self.store._lock:
             self.users -= 1
-            if self.users <= 0:
+            last = self.users <= 0
+            if last and self.store._receiving.get(self.blob_id) is self:
+                del self.store._receiving[self.blob_id]
+        if last:
+            with self._lock:
                 self._close_files()
 
     def _close_files(self):

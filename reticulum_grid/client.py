@@ -43,10 +43,9 @@ PING_INTERVAL_S = 4.0
 TRANSFER_IDLE_S = 60.0
 #: Live load (caps/full) older than this is asked again before routing (seconds).
 LIVE_MAX_AGE_S = 1.0
-#: A search for a model or tower name that no tower heard has may end once the
-#: table has not grown for QUIET_S seconds and every tower this client remembers
-#: has answered; otherwise not before ANSWER_S (a tower answers a discovery ping
-#: within its floor_s, 5 s by default).
+#: A search for a model or tower name that no tower heard has ends once the
+#: table has not grown for QUIET_S seconds, and not before ANSWER_S: a tower
+#: answers a discovery ping within its floor_s (5 s by default).
 QUIET_S = 2.0
 ANSWER_S = 6.0
 
@@ -103,8 +102,7 @@ class Grid:
         self._told_offline = False
         self._lock = threading.Lock()
         self._ping()
-        self._remembered = remembered_towers()
-        for destination_hash in self._remembered:
+        for destination_hash in remembered_towers():
             RNS.Transport.request_path(destination_hash)
 
     @property
@@ -146,22 +144,13 @@ class Grid:
         self.wait_for(_Quiet(quiet_s), wait)
         return self.table.live()
 
-    def _all_heard(self):
-        """A predicate: true once the towers that will answer have (see QUIET_S)."""
-        quiet, slow = _Quiet(QUIET_S), _Quiet(QUIET_S, ANSWER_S)
-
-        def done(entries):
-            remembered = set(self._remembered) <= {e.destination_hash for e in entries}
-            return quiet(entries) and remembered if self._remembered else slow(entries)
-        return done
-
     def find_tower(self, name_or_hash, timeout=15.0):
         """A tower by name, full hash or hash prefix, requesting a path when given
         a full hash we have no path to. Raises WireError(no_tower)."""
         key = name_or_hash.strip("<>").lower()
         if len(key) == 32 and not RNS.Transport.has_path(bytes.fromhex(key)):
             RNS.Transport.request_path(bytes.fromhex(key))
-        all_heard = self._all_heard()
+        all_heard = _Quiet(QUIET_S, ANSWER_S)
         self.wait_for(lambda entries: self.table.find(name_or_hash) or all_heard(entries), timeout)
         entry = self.table.find(name_or_hash)
         if not entry:
@@ -199,7 +188,7 @@ class Grid:
             return self.table.live()
         local = self.local_blob(model)
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
-        all_heard = self._all_heard()
+        all_heard = _Quiet(QUIET_S, ANSWER_S)
         self.wait_for(lambda entries: ready(entries) or all_heard(entries), timeout)
         if not ready(self.table.live()):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"

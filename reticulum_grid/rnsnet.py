@@ -98,8 +98,9 @@ def stop():
     RNS.Reticulum.exit_handler()
 
 
-#: RNS errors that are routine for a grid: a Link whose client just left sends a
-#: keepalive or teardown (the Link times out by itself).
+#: RNS errors that are routine for a grid, logged as info (a tower shows them,
+#: a client does not): a Link whose client just left sends a keepalive or
+#: teardown (the Link times out by itself).
 ROUTINE = ("No interfaces could process the outbound packet",
            # A peer that is not up yet: RNS retries; clients report it themselves.
            "could not be established", "Leaving unconnected and retrying")
@@ -108,7 +109,7 @@ ROUTINE = ("No interfaces could process the outbound packet",
 def _log(line):
     # RNS hands us formatted lines; its level is only in the text.
     if any(text in line for text in ROUTINE):
-        rns_log.debug(line)
+        rns_log.info(line)
     elif "[Critical]" in line or "[Error]" in line:
         rns_log.error(line)
     elif "[Warning]" in line:

@@ -26,6 +26,10 @@ log = logging.getLogger("rngrid.sync")
 BATCH = 8
 #: Extra rounds allowed when the final whole-file check finds bad chunks again.
 MAX_ROUNDS = 3
+#: A source that answers "busy" (its link already serves ChunkServer.MAX_ACTIVE
+#: requests) is asked again after BUSY_PAUSE_S, at most BUSY_TRIES times.
+BUSY_PAUSE_S = 0.5
+BUSY_TRIES = 60
 
 
 @dataclass
@@ -154,6 +158,7 @@ def _round(partial, missing, sources, report, progress):
             with lock:
                 report.failed_sources[source.name] = f"{e.code}: {e.message}"
             return
+        busy_tries = BUSY_TRIES
         while True:
             with lock:
                 if not todo:
@@ -174,6 +179,11 @@ def _round(partial, missing, sources, report, progress):
             except WireError as e:
                 with lock:
                     todo.extendleft(reversed(pending))
+                if e.code == Code.BUSY and busy_tries > 0:
+                    busy_tries -= 1
+                    time.sleep(BUSY_PAUSE_S)
+                    continue
+                with lock:
                     report.failed_sources[source.name] = f"{e.code}: {e.message}"
                     if e.code == Code.BAD_CHUNK:
                         report.lying_sources.append(source.name)

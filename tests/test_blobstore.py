@@ -149,3 +149,55 @@ def test_remove_an_alias_then_the_blob(tmp_path, blob_file):
     kept = store.add_file(blob_file, alias="in-place", kind="dataset")
     assert store.remove(kept.hex) == [kept.blob_id] and blob_file.exists(), "files in place are only forgotten"
     assert store.list() == []
+
+
+def test_a_shared_partial_survives_a_refused_finish(tmp_path, blob_file):
+    source = BlobStore(tmp_path / "src")
+    info = source.add_file(blob_file, alias="notes")
+    manifest = source.manifest_bytes(info.blob_id)
+    store = BlobStore(tmp_path / "dst")
+    first, second = store.receive(info.blob_id, manifest), store.receive(info.blob_id, manifest)
+    assert first is second
+    for index in range(4):
+        first.write(index, source.read_chunk(info.blob_id, index))
+    with pytest.raises(WireError, match="GGUF"):
+        first.finish(kind="model")  # a peer lied about the kind
+    with pytest.raises(WireError) as e:
+        second.finish(kind="file")
+    assert e.value.code == "incomplete"
+    first.release()
+    second.release()
+    again = store.receive(info.blob_id, manifest)  # a fresh transfer starts over and succeeds
+    for index in range(4):
+        again.write(index, source.read_chunk(info.blob_id, index))
+    assert again.finish(alias="notes", kind="file").kind == "file"
+    again.release()
+
+
+def test_a_busy_source_is_asked_again(tmp_path, blob_file, monkeypatch):
+    from reticulum_grid import sync
+    monkeypatch.setattr(sync, "BUSY_PAUSE_S", 0.01)
+    source = BlobStore(tmp_path / "src")
+    info = source.add_file(blob_file, alias="big")
+
+    class BusyOnceSourceDouble:
+        """Test double for a sync source whose link first answers "busy"."""
+
+        name = "busy-once"
+
+        def __init__(self):
+            self.busy = 2
+
+        def connect(self):
+            pass
+
+        def fetch(self, blob_id, manifest, indices):
+            if self.busy:
+                self.busy -= 1
+                raise WireError("busy", "4 chunk requests already running on this link")
+            for index in indices:
+                yield index, source.read_chunk(blob_id, index)
+
+    store = BlobStore(tmp_path / "dst")
+    got, report = sync.fetch_blob(store, info.blob_id, source.manifest_bytes(info.blob_id), [BusyOnceSourceDouble()])
+    assert store.has(info.blob_id) and report.fetched == {"busy-once": 4} and not report.failed_sources

@@ -229,3 +229,28 @@ def test_messages_too_big_for_the_link_are_shrunk_or_not_sent():
     assert len(channel.sent[0].pack()) <= 425 and channel.sent[0].code == "incomplete"
     assert not router.send(TokenChunk(1, 0, b"x" * 1000, [])), "what cannot shrink is not sent"
     assert len(channel.sent) == 1
+    # Text is cut by its UTF-8 size, not its length in characters.
+    assert router.send(StreamError(3, "internal", "é" * 2000))
+    assert len(channel.sent[1].pack()) <= 425 and channel.sent[1].message.startswith("éé")
+
+
+def test_a_chunk_request_id_runs_once_per_link():
+    from links.chunks import ChunkError, ChunkRequest, ChunkServer
+
+    class HandlerRouterDouble(RouterDouble):
+        """Test double for ChannelRouter that also records message handlers."""
+
+        def on(self, cls, handler):
+            pass
+
+    router = HandlerRouterDouble()
+    release = threading.Event()
+    server = ChunkServer(router, lambda blob_id, index: release.wait(5) and b"data", lambda blob_id: None)
+    for _ in range(3):
+        server._request(ChunkRequest(7, b"\x01" * 32, [0]))
+    deadline = time.monotonic() + 5
+    while len([m for m in router.sent if isinstance(m, ChunkError)]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refusals = [m for m in router.sent if isinstance(m, ChunkError)]
+    release.set()
+    assert len(refusals) == 2 and all(m.code == "bad_request" and m.xfer_id == 7 for m in refusals)
