@@ -148,10 +148,12 @@ class Grid:
         """A tower by name, full hash or hash prefix, requesting a path when given
         a full hash we have no path to. Raises WireError(no_tower)."""
         key = name_or_hash.strip("<>").lower()
-        if len(key) == 32 and not RNS.Transport.has_path(bytes.fromhex(key)):
+        full_hash = len(key) == 32
+        if full_hash and not RNS.Transport.has_path(bytes.fromhex(key)):
             RNS.Transport.request_path(bytes.fromhex(key))
-        all_heard = _Quiet(QUIET_S, ANSWER_S)
-        self.wait_for(lambda entries: self.table.find(name_or_hash) or all_heard(entries), timeout)
+        # A full hash may be a tower far away: only a name or prefix search ends early.
+        quiet = (lambda entries: False) if full_hash else _Quiet(QUIET_S, ANSWER_S)
+        self.wait_for(lambda entries: self.table.find(name_or_hash) or quiet(entries), timeout)
         entry = self.table.find(name_or_hash)
         if not entry:
             same = self.table.named(name_or_hash)
@@ -188,8 +190,8 @@ class Grid:
             return self.table.live()
         local = self.local_blob(model)
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
-        all_heard = _Quiet(QUIET_S, ANSWER_S)
-        self.wait_for(lambda entries: ready(entries) or all_heard(entries), timeout)
+        quiet = _Quiet(QUIET_S, ANSWER_S)
+        self.wait_for(lambda entries: ready(entries) or quiet(entries), timeout)
         if not ready(self.table.live()):
             heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
                               for e in self.table.live()) or "none"
