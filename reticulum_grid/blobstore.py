@@ -51,13 +51,17 @@ def is_blob_id_prefix(name):
 GGUF_KINDS = ("model", "adapter")
 
 
+def is_gguf(path):
+    """True when the file at ``path`` starts with the GGUF magic."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
 def check_content(path, kind):
     """Raise WireError(bad_request) when ``kind`` needs a GGUF file and ``path`` is not one."""
-    if kind in GGUF_KINDS:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise WireError(Code.BAD_REQUEST, f"a {kind} blob must be a GGUF file and this one is not; "
-                                                  "use kind 'file' (or 'dataset') for other files")
+    if kind in GGUF_KINDS and not is_gguf(path):
+        raise WireError(Code.BAD_REQUEST, f"a {kind} blob must be a GGUF file and this one is not; "
+                                          "use kind 'file' (or 'dataset') for other files")
 
 
 def check_alias(alias):

@@ -7,6 +7,8 @@ The KV-cache size follows llama.cpp's default (f16 K and V for every layer):
 
 import gguf
 
+from reticulum_grid.blobstore import is_gguf
+
 #: LoRA targets llama.cpp applies and we can convert: the linear projections.
 #: (Embeddings and modules_to_save would need full tensors in the adapter.)
 LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -23,9 +25,8 @@ def file_kind(path):
     """The blob kind a file most likely is: "adapter" for a GGUF whose
     general.type is "adapter" (llama.cpp's LoRA files), "model" for other GGUF
     files, "dataset" for .jsonl, else "file"."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            return "dataset" if str(path).endswith(".jsonl") else "file"
+    if not is_gguf(path):
+        return "dataset" if str(path).endswith(".jsonl") else "file"
     field = gguf.GGUFReader(path).fields.get("general.type")
     return "adapter" if field is not None and bytes(field.parts[-1]) == b"adapter" else "model"
 
