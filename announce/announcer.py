@@ -30,6 +30,9 @@ APP_NAME = "rngrid"
 TOWER_ASPECT = "tower"
 CLIENT_ASPECT = "client"
 PING_APP_DATA = b"rngrid-discover/1"
+#: Announces a tower on a radio-class interface sends per hour at most: RNS
+#: transport nodes on radio throttle destinations that announce more often.
+RADIO_ANNOUNCES_PER_H = 5
 
 log = logging.getLogger("rngrid.announce")
 
@@ -121,12 +124,17 @@ class Announcer:
 
     ``caps_fn()`` returns the current Caps. Times are seconds."""
 
-    def __init__(self, destination, caps_fn, heartbeat_s=900.0, floor_s=5.0, check_s=2.0):
+    def __init__(self, destination, caps_fn, heartbeat_s=900.0, floor_s=5.0, check_s=2.0, budget=None,
+                 budget_window_s=3600.0):
         self.destination = destination
         self.caps_fn = caps_fn
         self.heartbeat_s = heartbeat_s
         self.floor_s = floor_s
         self.check_s = check_s
+        # At most ``budget`` announces in any ``budget_window_s`` (None: no budget):
+        # on radio, transport nodes throttle destinations that announce more.
+        self.budget, self.budget_window_s = budget, budget_window_s
+        self._recent = []
         self.count = 0
         self.last_reason = None
         self._last_at = None
@@ -165,9 +173,18 @@ class Announcer:
                 self._pending = None
             self._announce(reason)
 
+    def _budget_free_at(self, now):
+        """When the budget next allows an announce (``now`` if it does)."""
+        self._recent = [t for t in self._recent if now - t < self.budget_window_s]
+        if self.budget is None or len(self._recent) < self.budget:
+            return now
+        return self._recent[0] + self.budget_window_s
+
     def _due(self, now):
         since = None if self._last_at is None else now - self._last_at
         if since is not None and since < self.floor_s:
+            return None
+        if self._budget_free_at(now) > now:
             return None
         if self._pending is not None:
             return self._pending
@@ -182,7 +199,7 @@ class Announcer:
 
     def _sleep_for(self, now):
         if self._pending is not None and self._last_at is not None:
-            return max(0.01, self._last_at + self.floor_s - now)
+            return max(0.01, self._last_at + self.floor_s - now, self._budget_free_at(now) - now)
         return self.check_s
 
     def app_data(self):
@@ -202,6 +219,7 @@ class Announcer:
             return
         with self._wake:
             self._last_at = time.monotonic()
+            self._recent.append(self._last_at)
             self._last_caps = caps
             self.count += 1
             self.last_reason = reason

@@ -6,12 +6,14 @@ Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
      "n": "tower-a",              # tower name, UTF-8, <= 32 bytes
      "hb": 900,                   # heartbeat interval, seconds (entries expire after ~2.5x)
      "hw": [backend, device,      # "cuda" | "metal" | "cpu" | ...; device name <= 40 bytes
-            vram_total, vram_free,  # MiB (0 when the backend has no dedicated VRAM)
-            ram_total, ram_free],   # MiB
+            vram_total, vram_free,  # MiB, summed over the GPUs (0 when the backend has no VRAM)
+            ram_total, ram_free,    # MiB
+            gpus],                  # GPUs llama.cpp uses (0 on a CPU tower); each one in caps/full
      "m": [[alias, short_id, loaded], ...],   # models: alias, first 4 bytes of blob id, 0/1
      "a": [[alias, short_id], ...],           # LoRA adapters
      "l": [streams, jobs, queue],             # running inference streams, training jobs, queue depth
      "t": 425,                    # tokens/s estimate x10 (int)
+     "sh": 8192,                  # MiB lent to split models (optional; absent: unknown)
      "more": True}                # present when models/adapters were left out: ask caps/full
 
 The announce limit it must fit is measured against the pinned RNS by
@@ -32,6 +34,7 @@ DEVICE_MAX_BYTES = 40
 ALIAS_MAX_BYTES = 32
 SHORT_ID_BYTES = 4
 MAX_MIB = 1 << 24  # 16 TiB: anything above is not a real machine
+MAX_GPUS = 64
 MAX_COUNT = 100_000
 MAX_TOKENS_PER_S = 1_000_000
 #: Hard cap on what decode() will even look at (bytes). caps/full uses decode_full().
@@ -75,6 +78,7 @@ class Hardware:
     vram_free_mib: int = 0
     ram_total_mib: int = 0
     ram_free_mib: int = 0
+    gpus: int = 0  # GPUs behind the VRAM figures (their sum); 0 on a CPU tower
 
     @property
     def memory_free_mib(self):
@@ -102,6 +106,7 @@ class Caps:
     load: Load = field(default_factory=Load)
     tokens_per_s: float = 0.0
     heartbeat_s: int = 900
+    lend_mib: int | None = None  # memory lent to split models (MiB); None: not announced
     more: bool = False
     version: int = SCHEMA_VERSION
 
@@ -150,12 +155,14 @@ def _pack_map(caps, models, adapters, more):
         "n": caps.name,
         "hb": int(caps.heartbeat_s),
         "hw": [hw.backend, hw.device, int(hw.vram_total_mib), int(hw.vram_free_mib),
-               int(hw.ram_total_mib), int(hw.ram_free_mib)],
+               int(hw.ram_total_mib), int(hw.ram_free_mib), int(hw.gpus)],
         "m": [[m.alias, m.short_id, int(m.loaded)] for m in models],
         "a": [[a.alias, a.short_id] for a in adapters],
         "l": [caps.load.streams, caps.load.jobs, caps.load.queue],
         "t": int(round(caps.tokens_per_s * 10)),
     }
+    if caps.lend_mib is not None:
+        blob["sh"] = int(caps.lend_mib)
     if more:
         blob["more"] = True
     return msgpack.packb(blob, use_bin_type=True)
@@ -218,21 +225,23 @@ def from_map(raw):
         adapters=tuple(_adapter(a) for a in _list(raw.get("a", []), "adapters")),
         load=_load(raw.get("l")),
         tokens_per_s=_int(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
+        lend_mib=None if raw.get("sh") is None else _int(raw.get("sh"), "lent memory", 0, MAX_MIB),
         more=_bool(raw.get("more", False), "more"),
     )
 
 
 def _hardware(value):
-    items = _list(value, "hardware", exact=6)
+    items = _list(value, "hardware", exact=7)
     backend = _text(items[0], "backend", 16, allow_empty=False)
     if backend not in BACKENDS:
         raise CapsError(f"unknown backend {backend!r}")
     vram_total, vram_free, ram_total, ram_free = (
-        _int(v, n, 0, MAX_MIB) for v, n in zip(items[2:], ("vram total", "vram free", "ram total", "ram free"))
+        _int(v, n, 0, MAX_MIB) for v, n in zip(items[2:6], ("vram total", "vram free", "ram total", "ram free"))
     )
     if vram_free > vram_total or ram_free > ram_total:
         raise CapsError("free memory exceeds total")
-    return Hardware(backend, _text(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total, ram_free)
+    return Hardware(backend, _text(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total, ram_free,
+                    _int(items[6], "gpu count", 0, MAX_GPUS))
 
 
 def _model(value):

@@ -8,7 +8,7 @@ import time
 
 import RNS
 
-from reticulum_grid import rnsnet
+from reticulum_grid.node import rnsnet
 
 
 def main():

@@ -3,13 +3,16 @@
 Part 1, one file over loopback TCP between two RNS instances:
 - ours: `Grid.pull` from a tower (64 KiB Channel messages, 1 MiB verified chunks);
 - rncp (RNS's copy tool), default settings and with -C (no compression), run
-  with our rns 0.9.4 race fixes (without them it often fails to start); its
-  process start, path and link set-up are measured with a 1-byte file and
-  subtracted;
+  with our rns 0.9.4 race fixes (without them it often fails to start). Each
+  rncp send is a new process that starts RNS, finds a path and sets up a
+  link before the first byte moves: that start-up is measured, as the median
+  of several sends of a 1-byte file, printed, and subtracted from each big
+  send (the rate without subtracting it is printed too);
 - a plain RNS Resource of the open file (no compression) to a sink.
 Part 2, each source's link shaped to the same bandwidth by a rate-limited TCP
-proxy on 127.0.0.1: pull from two towers at once vs from one.
+proxy on 127.0.0.1: pull from two towers at once vs from one, alternating.
 
+Every figure is the median of ``--runs`` runs, printed with its range.
 Prints MB/s (10^6 bytes/s) for each; last lines ``sync_vs_rncp=<ours / best rncp>``
 and ``two_sources_vs_one=<two / one>``. Goals (issue 3): >= 1.0 and >= 1.8.
 """
@@ -17,6 +20,7 @@ and ``two_sources_vs_one=<two / one>``. Goals (issue 3): >= 1.0 and >= 1.8.
 import argparse
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,11 +30,11 @@ from pathlib import Path
 
 import RNS
 
-from reticulum_grid import identity, rnsnet
-from reticulum_grid.blobstore import BlobStore
+from reticulum_grid.node import identity, rnsnet
+from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
-from reticulum_grid.connection import open_link
-from reticulum_grid.localgrid import TowerProcess, free_port, wait_port
+from reticulum_grid.node.connection import open_link
+from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
 
 HERE = Path(__file__).parent
 MB = 1e6
@@ -75,6 +79,11 @@ class RateLimitedProxy:
             dst.close()
 
 
+def spread(values, fmt=".1f"):
+    return (f"{statistics.median(values):{fmt}} (range {min(values):{fmt}}-{max(values):{fmt}}, "
+            f"n={len(values)})")
+
+
 def timed_pull(grid, store_dir, name, from_tower=None):
     grid.store = BlobStore(store_dir)
     started = time.perf_counter()
@@ -82,7 +91,8 @@ def timed_pull(grid, store_dir, name, from_tower=None):
     return info.size / (time.perf_counter() - started) / MB, report
 
 
-def rncp_rate(tmp, path, flags):
+def rncp_rates(tmp, path, flags, runs):
+    """([MB/s with the start-up subtracted], [MB/s as timed], [start-up s]) over ``runs`` sends each."""
     listener_dir = rnsnet.write_config(tmp / f"rncp-l{flags}", listen=f"127.0.0.1:{(port := free_port())}")
     sender_dir = rnsnet.write_config(tmp / f"rncp-s{flags}", connect=[f"127.0.0.1:{port}"])
     save = tmp / f"rncp-save{flags}"
@@ -99,30 +109,40 @@ def rncp_rate(tmp, path, flags):
                                     capture_output=True, text=True, timeout=600)
             if result.returncode != 0:
                 raise RuntimeError(f"rncp failed: {result.stdout.strip()[-300:]}")
+            for received in save.iterdir():
+                received.unlink()
             return time.perf_counter() - started
 
         tiny = tmp / "tiny"
         tiny.write_bytes(b"x")
-        overhead = min(send(tiny) for _ in range(2))
-        return path.stat().st_size / (send(path) - overhead) / MB
+        start_up = [send(tiny) for _ in range(runs)]
+        overhead = statistics.median(start_up)
+        timed = [send(path) for _ in range(runs)]
+        size = path.stat().st_size / MB
+        return [size / (t - overhead) for t in timed], [size / t for t in timed], start_up
     finally:
         listener.kill()
         listener.wait()
 
 
-def resource_rate(tmp, path, client_address):
-    proc = subprocess.Popen([sys.executable, str(HERE / "resource_sink.py"), str(tmp / "sink"), client_address],
-                            stdout=subprocess.PIPE, text=True)
+def resource_rates(tmp, path, client_address, runs):
+    """MB/s of ``runs`` plain RNS Resources of the file over one link."""
+    # As a module from the repository root: a script's own folder would come first on its path.
+    proc = subprocess.Popen([sys.executable, "-m", "bench.resource_sink", str(tmp / "sink"), client_address],
+                            stdout=subprocess.PIPE, text=True, cwd=HERE.parent)
     try:
         link = open_link(bytes.fromhex(proc.stdout.readline().strip()), "rngridbench", "sink", timeout=30)
-        done = threading.Event()
-        started = time.perf_counter()
-        with open(path, "rb") as f:
-            RNS.Resource(f, link, callback=lambda r: done.set(), auto_compress=False)
-            done.wait(600)
-        rate = path.stat().st_size / (time.perf_counter() - started) / MB
+        rates = []
+        for _ in range(runs):
+            done = threading.Event()
+            started = time.perf_counter()
+            with open(path, "rb") as f:
+                RNS.Resource(f, link, callback=lambda r: done.set(), auto_compress=False)
+                if not done.wait(600):
+                    raise RuntimeError("a Resource did not complete within 600 s")
+            rates.append(path.stat().st_size / (time.perf_counter() - started) / MB)
         link.teardown()
-        return rate
+        return rates
     finally:
         proc.kill()
         proc.wait()
@@ -133,6 +153,7 @@ def main():
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--shaped-mib", type=int, default=32)
     parser.add_argument("--rate-mbps", type=float, default=8.0, help="per-source bandwidth in part 2 (MB/s)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (medians are printed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-sync-") as tmp:
         tmp = Path(tmp)
@@ -155,26 +176,36 @@ def main():
                 f"127.0.0.1:{p.port}" for p in proxies])
             grid = Grid(home=home, rns_config=rns_dir)
             grid.wait_for(lambda entries: len(entries) == 3, 60)
-            ours, _ = timed_pull(grid, tmp / "s1", "big", from_tower="bench-direct")
+            runs = args.runs
+            ours = [timed_pull(grid, tmp / f"s1-{k}", "big", from_tower="bench-direct")[0] for k in range(runs)]
             try:
-                rncp_default = rncp_rate(tmp, big, "")
+                rncp_default, default_timed, default_start = rncp_rates(tmp, big, "", runs)
             except RuntimeError as e:  # rns 0.9.4's rncp gives up on big incompressible files
-                rncp_default, default_error = 0.0, str(e).splitlines()[-1].strip()
-            rncp_plain = rncp_rate(tmp, big, "-C")
-            resource = resource_rate(tmp, big, client_address)
-            print(f"part 1: {args.size_mib} MiB over loopback TCP")
-            print(f"  ours:               {ours:7.1f} MB/s")
-            print(f"  rncp (default):     {rncp_default:7.1f} MB/s" if rncp_default else
-                  f"  rncp (default):      failed: {default_error}")
-            print(f"  rncp -C:            {rncp_plain:7.1f} MB/s")
-            print(f"  plain RNS Resource: {resource:7.1f} MB/s")
-            one, _ = timed_pull(grid, tmp / "s2", "shaped", from_tower="bench-b")
-            two, report = timed_pull(grid, tmp / "s3", "shaped")
-            print(f"part 2: {args.shaped_mib} MiB, each source shaped to {args.rate_mbps:.1f} MB/s")
-            print(f"  one source:  {one:6.2f} MB/s")
-            print(f"  two sources: {two:6.2f} MB/s (chunks per source: {report.fetched})")
-            print(f"sync_vs_rncp={ours / max(rncp_default, rncp_plain):.2f}")
-            print(f"two_sources_vs_one={two / one:.2f}")
+                rncp_default, default_error = [], str(e).splitlines()[-1].strip()
+            rncp_plain, plain_timed, plain_start = rncp_rates(tmp, big, "-C", runs)
+            resource = resource_rates(tmp, big, client_address, runs)
+            print(f"part 1: {args.size_mib} MiB over loopback TCP, MB/s, median of {runs} runs")
+            print(f"  ours:               {spread(ours)}")
+            if rncp_default:
+                print(f"  rncp (default):     {spread(rncp_default)}; as timed {spread(default_timed)}; "
+                      f"start-up {spread(default_start, '.2f')} s")
+            else:
+                print(f"  rncp (default):     failed: {default_error}")
+            print(f"  rncp -C:            {spread(rncp_plain)}; as timed {spread(plain_timed)}; "
+                  f"start-up {spread(plain_start, '.2f')} s")
+            print(f"  plain RNS Resource: {spread(resource)}")
+            one, two = [], []
+            for k in range(runs):
+                one.append(timed_pull(grid, tmp / f"s2-{k}", "shaped", from_tower="bench-b")[0])
+                rate, report = timed_pull(grid, tmp / f"s3-{k}", "shaped")
+                two.append(rate)
+            print(f"part 2: {args.shaped_mib} MiB, each source shaped to {args.rate_mbps:.1f} MB/s, "
+                  f"alternating, median of {runs}")
+            print(f"  one source:  {spread(one, '.2f')} MB/s")
+            print(f"  two sources: {spread(two, '.2f')} MB/s (chunks per source, last run: {report.fetched})")
+            best_rncp = max(statistics.median(rncp_default) if rncp_default else 0.0, statistics.median(rncp_plain))
+            print(f"sync_vs_rncp={statistics.median(ours) / best_rncp:.2f}")
+            print(f"two_sources_vs_one={statistics.median(two) / statistics.median(one):.2f}")
             grid.close()
         finally:
             rnsnet.stop()

@@ -1,29 +1,38 @@
-"""LoRA training overhead of the grid: a plain local peft loop vs the same
-steps as a `genome/train` job on a tower over loopback RNS.
+"""LoRA training overhead of the grid: the training worker run directly as a
+process of its own vs the same steps as a `genome/train` job on a tower over
+loopback RNS.
 
-Same base GGUF (SmolLM2-135M), dataset, LoRA settings, batch and sequence
-length on both sides; the local loop uses the same torch/peft code path a
-job runs, in a fresh process of its own like a job's worker. Seconds per step
-exclude model loading: locally the steps after the first are timed; for the
-job, the gaps between its progress events as the client receives them. The
-local loop runs before and after the job; their mean is the reference.
+Both sides run the same worker code (reticulum_grid/training/trainer.py) on
+the same base GGUF (SmolLM2-135M), dataset, LoRA settings, batch and sequence
+length, and are timed the same way: from the per-step timestamps the worker
+itself records (``elapsed_s`` in its step events), so model loading, RNS and
+the client's event delivery are outside both figures. Seconds per step are
+taken over the steps after WARMUP. Local runs and grid jobs alternate
+(local, grid, local, grid, ...) for ``--pairs`` pairs, so a machine that gets
+slower or faster meanwhile affects both sides alike.
 
-Last line: ``train_step_ratio=<grid s/step / local s/step>``. Goal (issue 4): <= 1.05.
+Printed: each pair's s/step, the median ratio grid/local with its range, and
+the median ratio of neighbouring local runs (local i / local i+1) with its
+range: the noise floor. A train_step_ratio inside the noise floor's range is
+no measurable overhead.
+
+Last line: ``train_step_ratio=<median grid s/step / local s/step>``. Goal (issue 4): <= 1.05.
 """
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from reticulum_grid import identity, rnsnet, trainer
 from reticulum_grid.client import Grid
-from reticulum_grid.datasets import read_examples
-from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.localgrid import TowerProcess
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node import identity, rnsnet
+from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.training import trainer
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "secret.jsonl"
 #: Steps left out of the timing on both sides (allocator and cache warm-up).
@@ -32,68 +41,66 @@ SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "
         "learning_rate": 2e-4, "seq_len": 96, "batch_size": 4, "seed": 3, "checkpoint_every": 10_000}
 
 
-def local_seconds_per_step(steps):
-    import torch
-    tokenizer, model = trainer.load_base(default_model_path(), "cpu")
-    batches, _ = trainer.tokenize(read_examples(DATA), tokenizer, SPEC["seq_len"])
-    model = trainer.add_lora(model, SPEC)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=SPEC["learning_rate"])
-    model.train()
-    per_epoch = -(-len(batches) // SPEC["batch_size"])
-    times = []
-    for step in range(steps):
-        started = time.perf_counter()
-        batch = trainer.make_batch(batches, SPEC, step, per_epoch, tokenizer.pad_token_id, "cpu")
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        loss.item()
-        times.append(time.perf_counter() - started)
-    return sum(times[WARMUP:]) / (steps - WARMUP)
+def seconds_per_step(elapsed):
+    """Mean seconds per step after WARMUP, from the worker's per-step ``elapsed_s`` list."""
+    return (elapsed[-1] - elapsed[WARMUP - 1]) / (len(elapsed) - WARMUP)
 
 
-def grid_seconds_per_step(steps, tmp):
-    home = tmp / "client"
-    client_id = identity.load_or_create(home / "identity").hash.hex()
-    tower = TowerProcess(tmp, "bench-trainer", {DEFAULT_ALIAS: default_model_path()},
-                         allow={client_id: ["train", "sync"]}).start()
-    try:
-        grid = Grid(home=home, connect=[tower.address])
-        entry = grid.find_tower("bench-trainer", timeout=120)
-        _, job_id = grid.train({"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "bench-lora",
-                                "max_steps": steps, **SPEC}, data_path=DATA, tower=entry.name)
-        arrivals = [time.perf_counter() for e in grid.watch(job_id, entry.name) if e["type"] == "progress"]
-        grid.close()
-        return (arrivals[-1] - arrivals[WARMUP - 1]) / (len(arrivals) - WARMUP)
-    finally:
-        rnsnet.stop()
-        tower.stop()
+def local_run(steps, job_dir):
+    """The worker as a plain process (no tower, no RNS): its step timestamps."""
+    job_dir.mkdir(parents=True)
+    spec = {**SPEC, "max_steps": steps, "base_path": str(default_model_path()), "dataset_path": str(DATA),
+            "output_alias": "bench-local"}
+    (job_dir / trainer.SPEC).write_text(json.dumps(spec))
+    out = subprocess.run([sys.executable, "-m", "reticulum_grid.training.trainer", str(job_dir)], check=True,
+                         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [e["elapsed_s"] for e in events if e.get("event") == "step"]
 
 
-def local_in_subprocess(steps):
-    out = subprocess.run([sys.executable, __file__, "--local-only", "--steps", str(steps)], check=True,
-                         capture_output=True, text=True).stdout
-    return float(out.strip().splitlines()[-1])
+def grid_run(grid, entry, steps, k):
+    """The same steps as a job on the tower: the step timestamps its worker recorded."""
+    _, job_id = grid.train({"base": DEFAULT_ALIAS, "dataset": "", "output_alias": f"bench-lora-{k}",
+                            "max_steps": steps, **SPEC}, data_path=DATA, tower=entry.name)
+    return [e["elapsed_s"] for e in grid.watch(job_id, entry.name) if e["type"] == "progress"]
+
+
+def spread(values):
+    return f"median {statistics.median(values):.3f} (range {min(values):.3f}-{max(values):.3f}, n={len(values)})"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--local-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
-    if args.local_only:
-        print(local_seconds_per_step(args.steps))
-        return
-    before = local_in_subprocess(args.steps)
+    assert args.steps > WARMUP + 1 and args.pairs >= 2
+    local, remote = [], []
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-train-") as tmp:
-        grid = grid_seconds_per_step(args.steps, Path(tmp))
-    after = local_in_subprocess(args.steps)
-    local = (before + after) / 2
-    print(json.dumps({"steps": args.steps, **SPEC}))
-    print(f"local peft loop: {local:.3f} s/step (before {before:.3f}, after {after:.3f})")
-    print(f"grid job:        {grid:.3f} s/step")
-    print(f"train_step_ratio={grid / local:.3f}")
+        tmp = Path(tmp)
+        home = tmp / "client"
+        client_id = identity.load_or_create(home / "identity").hash.hex()
+        tower = TowerProcess(tmp, "bench-trainer", {DEFAULT_ALIAS: default_model_path()},
+                             allow={client_id: ["train", "sync"]}).start()
+        try:
+            grid = Grid(home=home, connect=[tower.address])
+            entry = grid.find_tower("bench-trainer", timeout=120)
+            for k in range(args.pairs):
+                local.append(seconds_per_step(local_run(args.steps, tmp / f"local-{k}")))
+                remote.append(seconds_per_step(grid_run(grid, entry, args.steps, k)))
+                print(f"pair {k + 1}: local {local[-1]:.3f} s/step, grid {remote[-1]:.3f} s/step", flush=True)
+            grid.close()
+        finally:
+            rnsnet.stop()
+            tower.stop()
+    ratios = [g / l for g, l in zip(remote, local)]
+    floor = [a / b for a, b in zip(local, local[1:])]
+    print(json.dumps({"steps": args.steps, "warmup": WARMUP, "pairs": args.pairs, **SPEC}))
+    print(f"local s/step: {spread(local)}")
+    print(f"grid s/step:  {spread(remote)}")
+    print(f"noise floor (local i / local i+1): {spread(floor)}")
+    print(f"grid/local per pair: {spread(ratios)}")
+    print(f"train_step_ratio={statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

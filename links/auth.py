@@ -10,7 +10,9 @@ from links.wire import Code, WireError
 
 def require(remote_identity, role, roles_of):
     """Raise WireError(not_allowed) unless the Link's identity holds ``role``
-    (a role name, or a tuple of names any of which will do).
+    (a role name, or a tuple of names any of which will do). The message says
+    which case it is: "not identified", "not on this tower's allow-list" (a
+    stranger) or "not allowed to ROLE" (known, but lacking that role).
 
     ``roles_of(identity_hash: bytes) -> set of role names``."""
     wanted = role if isinstance(role, tuple) else (role,)
@@ -18,8 +20,11 @@ def require(remote_identity, role, roles_of):
     if remote_identity is None:
         raise WireError(Code.NOT_ALLOWED,
                         f"this link is not identified; '{named}' needs an identity on the tower's allow-list")
-    if not set(wanted) & roles_of(remote_identity.hash):
+    held = roles_of(remote_identity.hash)
+    if not set(wanted) & held:
         who = remote_identity.hash.hex()
-        raise WireError(Code.NOT_ALLOWED,
-                        f"identity {who} is not allowed to {named} on this tower; "
-                        f"its admin can run: rngrid allow {who} --role {wanted[0]}")
+        # Two cases a user fixes differently: a stranger (not on the list at
+        # all) and a known identity that lacks this one role.
+        why = (f"identity {who} is not on this tower's allow-list" if not held else
+               f"identity {who} is not allowed to {named} on this tower (it may: {', '.join(sorted(held))})")
+        raise WireError(Code.NOT_ALLOWED, f"{why}; its admin can run: rngrid allow {who} --role {wanted[0]}")

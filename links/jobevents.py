@@ -10,6 +10,7 @@ import msgpack
 import RNS
 
 from links.channel import ProtocolError, clip, uint, unpack_array
+from links.wire import json_safe
 
 
 class JobEvent(RNS.MessageBase):
@@ -35,4 +36,5 @@ class JobEvent(RNS.MessageBase):
         watch_id, event = unpack_array(raw, 2)
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise ProtocolError("a job event is a map with a type")
-        self.watch_id, self.event = uint(watch_id, "watch id"), event
+        # Made JSON-safe rather than refused: a refused message would stall the Channel.
+        self.watch_id, self.event = uint(watch_id, "watch id"), json_safe(event)

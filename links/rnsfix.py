@@ -49,16 +49,25 @@ envelopes; "deque mutated during iteration" then escapes from
 ``Channel.send``.  Fix: take the lock there too.
 
 ``apply()`` is idempotent and patches nothing on any other RNS version.
+``RNGRID_RNS_UNPATCHED`` in the environment leaves fixes out, to show that
+each one is needed (``tests/test_rnsfix_unpatched.py``): ``1`` or ``all``
+leaves out every fix, a comma-separated list of names from ``FIXES`` only
+those.
 """
 
+import logging
+import os
 import threading
 import time
 
 import RNS
 
 AFFECTED_VERSIONS = ("0.9.4",)
+#: Environment switch: "1" (or "all") starts RNS without any of these fixes,
+#: "name,name" without the named ones (for tests).
+UNPATCHED_ENV = "RNGRID_RNS_UNPATCHED"
 
-_applied = False
+_applied = None  # after apply(): whether every fix is active
 _guard = threading.Lock()
 
 
@@ -68,26 +77,37 @@ def applies_to(version=None):
 
 
 def apply():
-    """Install both fixes if the running RNS is an affected version.
+    """Install the fixes if the running RNS is an affected version.
 
-    Returns True when the fixes are active after the call.
+    Returns True when all of them are active after the call.
     """
     global _applied
     with _guard:
-        if _applied:
-            return True
+        if _applied is not None:
+            return _applied
         if not applies_to():
             return False
-        _fix_request_reply_race()
-        _fix_resource_advertise_race()
-        _fix_receipt_after_transmit_race()
-        _fix_late_delivery_callback_race()
-        _fix_unlocked_ring_iteration()
-        _fix_spawned_ingress_control()
-        _fix_fatal_transport_jobs()
-        _fix_interleaved_tcp_writes()
-        _applied = True
-        return True
+        left_out = _left_out()
+        if left_out:
+            logging.getLogger("rngrid.rns").warning("%s: RNS %s runs without its fixes %s", UNPATCHED_ENV,
+                                                    RNS.__version__, ", ".join(sorted(left_out)))
+        for name, fix in FIXES.items():
+            if name not in left_out:
+                fix()
+        _applied = not left_out
+        return _applied
+
+
+def _left_out():
+    """Names of the fixes the environment switch leaves out."""
+    value = os.environ.get(UNPATCHED_ENV, "").strip()
+    if value in ("1", "all"):
+        return set(FIXES)
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = names - set(FIXES)
+    if unknown:
+        raise ValueError(f"{UNPATCHED_ENV}: no fix named {', '.join(sorted(unknown))}; known: {', '.join(FIXES)}")
+    return names
 
 
 _guard_links = threading.Lock()
@@ -242,3 +262,16 @@ def _fix_interleaved_tcp_writes():
             return original(self, data)
 
     TCPClientInterface.process_outgoing = process_outgoing
+
+
+#: Every fix by name, in the order they are applied.
+FIXES = {
+    "request_reply": _fix_request_reply_race,
+    "resource_advertise": _fix_resource_advertise_race,
+    "receipt_after_transmit": _fix_receipt_after_transmit_race,
+    "late_delivery_callback": _fix_late_delivery_callback_race,
+    "ring_iteration": _fix_unlocked_ring_iteration,
+    "spawned_ingress": _fix_spawned_ingress_control,
+    "fatal_transport_jobs": _fix_fatal_transport_jobs,
+    "interleaved_tcp_writes": _fix_interleaved_tcp_writes,
+}

@@ -37,6 +37,7 @@ class Code:
     UNKNOWN_JOB = "unknown_job"
     UNSUPPORTED = "unsupported"
     UNKNOWN_ADAPTER = "unknown_adapter"
+    TOO_SLOW = "too_slow"  # a transfer the link would take longer than allowed to carry
 
 
 class WireError(Exception):
@@ -148,3 +149,24 @@ def in_range(lo, hi):
 def max_len(n):
     """Field check: len(value) <= n (and not empty)."""
     return lambda v: None if 0 < len(v) <= n else f"length {len(v)} outside [1, {n}]"
+
+
+#: Nesting json_safe keeps; deeper values become text.
+JSON_SAFE_DEPTH = 16
+
+
+def json_safe(value, depth=0):
+    """A copy of a decoded msgpack value that json.dumps accepts: bytes as
+    hex, map keys as text, tuples as lists, anything else JSON lacks (and
+    nesting deeper than JSON_SAFE_DEPTH) as text."""
+    if depth > JSON_SAFE_DEPTH:
+        return repr(value)[:256]
+    if isinstance(value, dict):
+        return {(k.hex() if isinstance(k, bytes) else str(k)): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return repr(value)[:256]

@@ -1,0 +1,16 @@
+"""reticulum_grid: a GPU grid over the Reticulum Network Stack.
+
+``from reticulum_grid import Grid`` is the client API (see README). Packages by
+capability: node, store, inference, training, tower, client; `cli` on top.
+"""
+
+
+def __getattr__(name):
+    # Lazy, so a trainer worker or a test of one package does not start RNS imports.
+    if name in ("Grid", "Usage"):
+        from reticulum_grid import client
+        return getattr(client, name)
+    raise AttributeError(f"module 'reticulum_grid' has no attribute {name!r}")
+
+
+__all__ = ["Grid", "Usage"]

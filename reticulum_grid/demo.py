@@ -10,10 +10,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from reticulum_grid import identity, rnsnet
+from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.client import Grid, Usage
-from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.localgrid import TowerProcess
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.localgrid import TowerProcess
 
 
 def run_demo(prompt, max_tokens, out, err):

@@ -7,17 +7,24 @@ RNS never starts with its default config, and every wait is bounded.
 """
 
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from reticulum_grid import rnsnet
-from reticulum_grid.blobstore import BlobStore
+# Nothing a test starts (towers, trainer workers) ever asks a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests import leftovers  # noqa: E402
+
+from reticulum_grid.node import rnsnet
+from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
-from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.identity import load_or_create
-from reticulum_grid.localgrid import TowerProcess, free_port
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.node.localgrid import TowerProcess, free_port
 
 logging.basicConfig(level=logging.INFO)
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +64,25 @@ class Hub:
         return entry
 
 
+def pytest_configure(config):
+    leftovers.become_subreaper()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when any process it started is still alive (then end them)."""
+    left = leftovers.leftovers()
+    if left:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        lines = "\n".join(f"  {pid}: {cmd[:200]}" for pid, cmd in left.items())
+        session.config.get_terminal_writer().line(f"processes left behind by the tests (now killed):\n{lines}",
+                                                  red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
@@ -78,7 +104,7 @@ def model_path():
 @pytest.fixture(scope="session")
 def local_llama(model_path):
     """The same GGUF loaded in the test process, for comparisons."""
-    from reticulum_grid.llama_backend import LlamaBackend
+    from reticulum_grid.inference.llama_backend import LlamaBackend
     return LlamaBackend(model_path)
 
 

@@ -11,7 +11,7 @@ import time
 import RNS
 
 from links.channel import ChannelRouter
-from reticulum_grid import rnsnet
+from reticulum_grid.node import rnsnet
 
 
 class Echo(RNS.MessageBase):

@@ -6,7 +6,7 @@ import sys
 
 from links.wire import WireError
 from reticulum_grid.client import Grid
-from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 
 
 def main():

@@ -58,3 +58,23 @@ def test_heartbeat():
         assert a.last_reason == "heartbeat"
     finally:
         a.stop()
+
+
+def test_radio_budget_caps_announces_per_window():
+    """On radio a tower sends at most ``budget`` announces per window, however
+    many pings and changes ask; the next waits until the oldest leaves the window."""
+    dest = DestinationDouble()
+    caps = c.Caps(name="t", models=(c.ModelCap("m", b"abcd", True),))
+    a = Announcer(dest, lambda: caps, heartbeat_s=3600, floor_s=0.0, check_s=0.02, budget=3, budget_window_s=0.6)
+    a.start()
+    try:
+        for _ in range(8):
+            a.request("discovery ping")
+            time.sleep(0.03)
+        assert wait_count(dest, 3) == 3
+        time.sleep(0.2)
+        assert len(dest.times) == 3, "a fourth announce inside the window"
+        assert wait_count(dest, 4, timeout=2.0) == 4  # the window moved on
+        assert dest.times[3] - dest.times[0] >= 0.59
+    finally:
+        a.stop()

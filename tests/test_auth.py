@@ -8,8 +8,9 @@ import pytest
 from announce.announcer import APP_NAME, TOWER_ASPECT
 from links import wire
 from links.wire import Code, WireError
-from reticulum_grid.connection import open_link
-from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.connection import TowerConnection, open_link
+from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from tests.conftest import rngrid
 
 
@@ -27,6 +28,7 @@ def test_unknown_identity_refused_explicitly(tower, tmp_path):
     client_id = rngrid("id", home=tmp_path).stdout.strip()
     assert result.returncode == 1
     assert "not_allowed" in result.stderr and client_id in result.stderr and "rngrid allow" in result.stderr
+    assert f"identity {client_id} is not on this tower's allow-list" in result.stderr
     print(f"refused after {elapsed:.1f} s: {result.stderr.strip()}")
 
 
@@ -42,9 +44,17 @@ def test_allow_takes_effect_without_restart(tower, tmp_path):
 
 def test_role_without_infer_refused(hub, tower, tmp_path):
     client_id = rngrid("id", home=tmp_path).stdout.strip()
-    rngrid("allow", client_id, "--role", "sync", "--config", str(tower.config_path), home=tmp_path)
+    granted = rngrid("allow", client_id, "--role", "sync", "--config", str(tower.config_path), home=tmp_path)
+    assert granted.returncode == 0, granted.stderr
+    # The grant took effect on the tower (it reports the role to that identity) before the refusal counts.
+    conn = TowerConnection(load_or_create(tmp_path / "identity"), hub.wait_tower(tower.name).destination_hash, "me")
+    try:
+        assert conn.request("caps/full", {})["you"] == {"identity": client_id, "roles": ["sync"]}
+    finally:
+        conn.close()
     result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "hello", home=tmp_path)
-    assert result.returncode == 1 and "not allowed to infer" in result.stderr
+    assert result.returncode == 1 and f"identity {client_id} is not allowed to infer" in result.stderr
+    assert "(it may: sync)" in result.stderr and "not on this tower's allow-list" not in result.stderr
 
 
 def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
@@ -67,10 +77,11 @@ def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
 
 def test_revoke_takes_effect_without_restart(tower, tmp_path):
     client_id = rngrid("id", home=tmp_path).stdout.strip()
-    rngrid("allow", client_id, "--role", "infer", "--config", str(tower.config_path), home=tmp_path)
-    assert rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "3", "hi",
+    assert rngrid("allow", client_id, "--role", "infer", "--config", str(tower.config_path),
                   home=tmp_path).returncode == 0
+    assert rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "3", "hi",
+                  home=tmp_path).returncode == 0  # the grant took effect
     revoked = rngrid("revoke", client_id, "--config", str(tower.config_path), home=tmp_path)
     assert revoked.returncode == 0 and "removed" in revoked.stdout
     result = rngrid("infer", "--connect", tower.address, "-m", DEFAULT_ALIAS, "hi", home=tmp_path)
-    assert result.returncode == 1 and "not_allowed" in result.stderr
+    assert result.returncode == 1 and f"identity {client_id} is not on this tower's allow-list" in result.stderr

@@ -9,7 +9,7 @@ import RNS
 from links import wire
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 
 from links import manifest as mf
 from links.wire import WireError
-from reticulum_grid.blobstore import BlobStore, check_alias
+from reticulum_grid.store.blobstore import BlobStore
+from reticulum_grid.store.names import check_alias
 
 CHUNK = mf.CHUNK_SIZE
 
@@ -120,7 +121,7 @@ def test_unknown_names(tmp_path):
 
 
 def test_models_and_adapters_must_be_gguf(tmp_path, blob_file, model_path):
-    from reticulum_grid.gguf_info import file_kind
+    from reticulum_grid.store.gguf_info import file_kind
     store = BlobStore(tmp_path / "store")
     with pytest.raises(WireError, match="GGUF") as e:
         store.add_file(blob_file, alias="notes", kind="model")
@@ -175,7 +176,7 @@ def test_a_shared_partial_survives_a_refused_finish(tmp_path, blob_file):
 
 
 def test_a_busy_source_is_asked_again(tmp_path, blob_file, monkeypatch):
-    from reticulum_grid import sync
+    from reticulum_grid.store import sync
     monkeypatch.setattr(sync, "BUSY_PAUSE_S", 0.01)
     source = BlobStore(tmp_path / "src")
     info = source.add_file(blob_file, alias="big")

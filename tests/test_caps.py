@@ -62,7 +62,7 @@ def test_loaded_models_kept_before_disk_only():
     (lambda m: m["hw"].__setitem__(2, -1), "vram total -1 outside"),
     (lambda m: m["hw"].__setitem__(3, 10 ** 9), "outside"),
     (lambda m: m["hw"].__setitem__(3, 40000), "free memory exceeds total"),
-    (lambda m: m["hw"].pop(), "hardware has 5 items"),
+    (lambda m: m["hw"].pop(), "hardware has 6 items"),
     (lambda m: m["m"][0].__setitem__(1, b"abc"), "short blob id"),
     (lambda m: m["m"][0].__setitem__(0, "../etc"), "path separator"),
     (lambda m: m["m"][0].__setitem__(2, 7), "loaded flag 7 outside"),

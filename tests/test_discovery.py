@@ -7,8 +7,8 @@ import pytest
 
 from announce.announcer import tower_destination_hash
 from links.manifest import build
-from reticulum_grid.default_model import DEFAULT_ALIAS
-from reticulum_grid.identity import load_or_create
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.identity import load_or_create
 from tests.conftest import rngrid
 
 
@@ -79,5 +79,5 @@ def test_a_returning_client_hears_a_tower_at_once_through_path_requests(hub, tmp
 
 def test_a_model_no_tower_has_is_refused_naming_what_was_heard(two_towers, tmp_path):
     result = rngrid("route", "-m", "smolm2-135m", "--connect", two_towers[0].address, home=tmp_path)
-    assert result.returncode == 1 and "no_tower: no tower with model 'smolm2-135m'" in result.stderr
+    assert result.returncode == 1 and "unknown_model: no tower with model 'smolm2-135m'" in result.stderr
     assert f"{two_towers[0].name} ({DEFAULT_ALIAS})" in result.stderr, result.stderr

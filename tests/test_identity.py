@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from reticulum_grid.identity import IdentityError, load_or_create
+from reticulum_grid.node.identity import IdentityError, load_or_create
 from tests.conftest import rngrid
 
 
@@ -33,7 +33,7 @@ def test_tower_keeps_its_destination_across_restart(hub):
 
 
 def test_tower_with_corrupt_identity_refuses_to_start(hub, tmp_path):
-    from reticulum_grid.localgrid import TowerProcess
+    from reticulum_grid.node.localgrid import TowerProcess
     tower = TowerProcess(tmp_path, "corrupt", {})
     (tower.dir / "identity").write_bytes(b"garbage")
     result = subprocess.run([sys.executable, "-m", "reticulum_grid", "tower", "--config", str(tower.config_path)],
@@ -50,7 +50,7 @@ def test_cli_id_is_stable(tmp_path):
 
 def test_cli_id_of_a_tower(hub, tmp_path):
     from announce.announcer import tower_destination_hash
-    from reticulum_grid.localgrid import TowerProcess
+    from reticulum_grid.node.localgrid import TowerProcess
     tower = TowerProcess(tmp_path, "idt", {})
     out = rngrid("id", "--config", str(tower.config_path), home=tmp_path).stdout
     ident = load_or_create(tower.dir / "identity")

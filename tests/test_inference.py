@@ -9,8 +9,9 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from tests.conftest import rngrid
+from tests.leftovers import end
 
 LONG_PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
@@ -123,18 +124,22 @@ def test_the_cli_retries_while_the_tower_is_busy(hub, tower, tmp_path):
                                                "max_tokens": 3000, "temperature": 0.0}, tower=tower.name)
     iterator = iter(stream)
     next(iterator)
+    waiting = None
     try:
-        refused = rngrid(*args, "--busy-wait", "0", "hi", home=home)
-        assert refused.returncode == 1 and "busy" in refused.stderr, refused.stderr
-        waiting = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), *args, "hi"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Blocks until the CLI reports the busy tower (or exits).
-        told = next((line for line in waiting.stderr if "trying again" in line), "")
-        assert told, "the CLI did not wait for the busy tower"
+        try:
+            refused = rngrid(*args, "--busy-wait", "0", "hi", home=home)
+            assert refused.returncode == 1 and "busy" in refused.stderr, refused.stderr
+            waiting = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), *args, "hi"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # Blocks until the CLI reports the busy tower (or exits).
+            told = next((line for line in waiting.stderr if "trying again" in line), "")
+            assert told, "the CLI did not wait for the busy tower"
+        finally:
+            stream.cancel()
+        out, rest = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0 and "tokens from" in rest, told + rest
     finally:
-        stream.cancel()
-    out, rest = waiting.communicate(timeout=120)
-    assert waiting.returncode == 0 and "tokens from" in rest, told + rest
+        end(waiting)  # a failed assertion must not leave the CLI behind
 
 
 def test_breaking_out_of_the_loop_cancels(hub, tower):
@@ -149,7 +154,7 @@ def test_breaking_out_of_the_loop_cancels(hub, tower):
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
     """Ctrl-C sends a cancel; a killed client drops the link. Either way the tower stops."""
-    from reticulum_grid.config import allow
+    from reticulum_grid.node.config import allow
     client_id = rngrid("id", home=tmp_path).stdout.strip()
     allow(tower.config_path, client_id, ["infer"])
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(tmp_path), "infer",

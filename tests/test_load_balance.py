@@ -7,7 +7,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from reticulum_grid.identity import load_or_create
+from reticulum_grid.node.identity import load_or_create
+from tests.leftovers import end
 
 HERE = Path(__file__).parent
 
@@ -16,13 +17,18 @@ def test_eight_clients_three_requests_two_towers(hub, tmp_path):
     homes = [tmp_path / f"client-{i}" for i in range(8)]
     allow = {load_or_create(h / "identity").hash.hex(): ["infer"] for h in homes}
     towers = [hub.start_tower(f"lb-{n}", allow=allow) for n in ("a", "b")]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "load_client.py"), str(h), "3"] + [t.address for t in towers],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in homes]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
-        results += [json.loads(line) for line in out.splitlines()]
+    procs, results = [], []
+    try:
+        for h in homes:
+            procs.append(subprocess.Popen([sys.executable, str(HERE / "load_client.py"), str(h), "3"]
+                                          + [t.address for t in towers],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-2000:]
+            results += [json.loads(line) for line in out.splitlines()]
+    finally:
+        end(*procs)
     failed = [r for r in results if not r["ok"]]
     assert len(results) == 24 and not failed, failed
     served = Counter(r["tower"] for r in results)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from RNS.vendor.configobj import ConfigObj
 
-from reticulum_grid.rnsnet import config_text
+from reticulum_grid.node.rnsnet import config_text
 
 SHIPPED = sorted((Path(__file__).parent.parent / "rnsconfig").glob("*/config"))
 
@@ -31,7 +31,7 @@ def test_generated_config():
 def test_a_taken_listen_port_is_a_clear_error():
     import socket
 
-    from reticulum_grid import rnsnet
+    from reticulum_grid.node import rnsnet
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()

@@ -5,7 +5,8 @@ Race 1: a response arriving before its RequestReceipt is registered is dropped
 before it is registered stalls until the receiver retries (~3 s). Races 3 and
 4: a Channel message's delivery proof arriving before its PacketReceipt or the
 Channel's delivery callback exists is lost, so the message is resent or its
-envelope stays in the ring. Each test fails on unpatched 0.9.4."""
+envelope stays in the ring. Each test fails on unpatched 0.9.4:
+tests/test_rnsfix_unpatched.py runs them again with RNGRID_RNS_UNPATCHED naming the fix."""
 
 import logging
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import RNS
 
 from links import rnsfix
-from reticulum_grid.connection import open_link
+from reticulum_grid.node.connection import open_link
 
 HERE = Path(__file__).parent
 
@@ -26,7 +27,7 @@ HERE = Path(__file__).parent
 def test_fix_is_version_guarded():
     assert rnsfix.applies_to("0.9.4")
     assert not rnsfix.applies_to("0.9.5") and not rnsfix.applies_to("1.0.0")
-    assert rnsfix.apply() is True  # RNS here is the pinned 0.9.4
+    assert rnsfix.apply() is True  # RNS here is the pinned 0.9.4 (and RNGRID_RNS_UNPATCHED is not set)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,20 @@ def round_trip(link, path, data, timeout):
     return box.get("r")
 
 
-def test_many_fast_request_round_trips_lose_no_reply(echo_link):
+def test_many_fast_request_round_trips_lose_no_reply(echo_link, monkeypatch):
     # Four threads keep the link busy so replies race their receipts' registration.
+    # Each pauses right after its packet leaves (as a thread does when it loses
+    # the GIL there), so on loopback the reply reliably beats the receipt when
+    # nothing holds it back; without the pause the race is rarely lost here.
+    workers = set()
+    transmit = RNS.Transport.transmit
+
+    def transmit_then_pause(interface, raw):
+        transmit(interface, raw)
+        if threading.current_thread() in workers:
+            time.sleep(0.002)
+
+    monkeypatch.setattr(RNS.Transport, "transmit", staticmethod(transmit_then_pause))
     lost = []
 
     def worker(k):
@@ -66,6 +79,7 @@ def test_many_fast_request_round_trips_lose_no_reply(echo_link):
                     return
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    workers.update(threads)
     for t in threads:
         t.start()
     for t in threads:
@@ -80,9 +94,9 @@ def test_resource_responses_need_no_retry(echo_link, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="rngrid.rns")
     for i in range(25):
         assert round_trip(echo_link, "big", bytes([i]) * 8, timeout=30) == bytes([i]) * 8 * 32768
-    retries = [r.getMessage() for r in caplog.records if "requesting retry" in r.getMessage()
-               or "retrying resource advertisement" in r.getMessage()]
-    assert not retries, retries
+        retries = [r.getMessage() for r in caplog.records if "requesting retry" in r.getMessage()
+                   or "retrying resource advertisement" in r.getMessage()]
+        assert not retries, f"round trip {i}: {retries}"  # at the first stall: without the fix each costs ~3 s
 
 
 def test_channel_messages_need_no_resend(echo_link, monkeypatch):
@@ -110,6 +124,7 @@ def test_channel_messages_need_no_resend(echo_link, monkeypatch):
     total = 600
     for i in range(total):
         assert router.send(Echo(i.to_bytes(4, "big")))
+        assert not resends, f"message {i}: {len(resends)} resent"  # stop at the first: each costs a timeout
     assert all(echoed.acquire(timeout=10) for _ in range(total)), "not every message came back"
     deadline = time.monotonic() + 5
     while router.channel._tx_ring and time.monotonic() < deadline:
@@ -142,8 +157,9 @@ def test_channel_ring_iteration_is_locked():
 
     thread = threading.Thread(target=mutate)
     thread.start()
-    try:
-        for _ in range(20000):
+    try:  # a race: unpatched it usually breaks within thousands of rounds, give it 3 s
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
             channel._update_packet_timeouts()
     except RuntimeError as e:
         errors.append(e)

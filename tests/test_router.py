@@ -5,7 +5,7 @@ import pytest
 from announce import caps as c
 from announce.table import TowerEntry, TowerTable
 from links.wire import WireError
-from reticulum_grid import router
+from reticulum_grid.client import router
 
 
 def entry(name, free_vram=0, free_ram=1000, hops=1, loaded=True, model="m", streams=0, queue=0, jobs=0, tps=100.0,

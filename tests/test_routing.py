@@ -7,8 +7,8 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.localgrid import TransportProcess
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.localgrid import TransportProcess
 
 AB = "ab-model"  # the same GGUF, under an alias only towers A and B have
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
@@ -18,17 +18,27 @@ PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 def grid(hub):
     transport = TransportProcess(hub.root, "route-transport", connect=[hub.address]).start()
     gguf = default_model_path()
-    towers = {
+    towers = {}
+    try:
+        yield _route_towers(hub, transport, gguf, towers)
+    finally:
+        # Towers behind the transport node go with it, whatever failed on the way.
+        for tower in towers.values():
+            tower.stop()
+        transport.stop()
+
+
+def _route_towers(hub, transport, gguf, towers):
+    towers.update({
         "A": hub.start_tower("tower-A", models={DEFAULT_ALIAS: gguf, AB: gguf}, connect=[transport.address],
                              roles=("infer", "sync", "train"), limits={"queue_depth": 0}),
         "B": hub.start_tower("tower-B", models={DEFAULT_ALIAS: gguf, AB: gguf, "only-b": gguf},
                              connect=[transport.address], limits={"queue_depth": 0}),
         "C": hub.start_tower("tower-C", models={DEFAULT_ALIAS: gguf}, connect=[transport.address]),
-    }
+    })
     for t in towers.values():
         assert hub.wait_tower(t.name).hops == 2, "towers are reached through the transport node"
-    yield towers
-    transport.stop()
+    return towers
 
 
 def run(hub, model, **extra):

@@ -9,7 +9,7 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 
 SIZE = 64 * 2**20 + 4321
 
@@ -73,7 +73,7 @@ def test_lying_source_is_detected_and_the_blob_still_completes(hub, sources, big
     grid.store, saved = type(grid.store)(tmp_path / "store"), grid.store
     try:
         entries = [hub.wait_tower("liar"), hub.wait_tower("src-a")]
-        from reticulum_grid.sync import LinkSource, fetch_blob
+        from reticulum_grid.store.sync import LinkSource, fetch_blob
         reply = grid.connection(entries[0]).request("blobs/manifest", {"name": "big"})
         info, report = fetch_blob(grid.store, reply["blob_id"], reply["manifest"],
                                   [LinkSource(grid.connection(e)) for e in entries])
@@ -102,7 +102,7 @@ def test_resume_after_the_sender_dies_refetches_no_verified_chunk(hub, tmp_path,
     assert 32 <= len(verified) < 65
 
     written = []
-    from reticulum_grid import blobstore
+    from reticulum_grid.store import blobstore
     original = blobstore.Partial.write
     monkeypatch.setattr(blobstore.Partial, "write", lambda self, i, d: (written.append(i), original(self, i, d))[1])
     old = hub.wait_tower("dying").destination_hash
@@ -164,7 +164,7 @@ def test_model_synced_tower_to_tower_before_dispatch(hub):
 def test_cli_models_pull_and_push(hub, sources, big, tmp_path):
     import json
 
-    from reticulum_grid.config import allow
+    from reticulum_grid.node.config import allow
     from tests.conftest import rngrid
     home = tmp_path / "laptop"
     laptop_id = rngrid("id", home=home).stdout.strip()

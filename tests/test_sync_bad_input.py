@@ -158,7 +158,7 @@ def _small_fetch(conn):
 def test_concurrent_pushes_of_one_blob_all_succeed(hub, tower, conn, tmp_path):
     import threading
 
-    from reticulum_grid.client import _await_transfer
+    from reticulum_grid.client.transfers import _await_transfer
     blob = tmp_path / "shared.bin"
     blob.write_bytes(os.urandom(6 * 2**20))
     info = hub.grid.store.add_file(blob, alias="shared", kind="dataset")

@@ -14,8 +14,9 @@ import pytest
 from announce.caps import decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.connection import TowerConnection
-from reticulum_grid.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from tests.leftovers import end
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 QUESTION = [{"role": "user", "content": "What is the secret word?"}]
@@ -54,19 +55,23 @@ def finished_job(hub, tower, tmp_path_factory):
     inbox = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(same_identity_home(hub, tmp, "inbox")),
                               "inbox", "--wait", "240", "--count", "1", "--json", "--connect", tower.address],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    entry, job_id = hub.grid.train(dict(JOB), data_path=DATA, tower=tower.name)
-    laptop = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home",
-                               str(same_identity_home(hub, tmp, "laptop")), "jobs", "--connect", tower.address,
-                               "watch", job_id, "--json"], stdout=subprocess.PIPE, text=True)
-    first = json.loads(next(line for line in laptop.stdout if '"progress"' in line))
-    laptop.kill()  # the laptop leaves mid-job
-    laptop.wait()
-    events = list(hub.grid.watch(job_id, tower=tower.name))  # a new client re-attaches
-    try:
-        note, _ = inbox.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        inbox.kill()
-        note = inbox.communicate()[0]
+    laptop = None
+    try:  # a failure on the way must not leave the inbox or the laptop running
+        entry, job_id = hub.grid.train(dict(JOB), data_path=DATA, tower=tower.name)
+        laptop = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home",
+                                   str(same_identity_home(hub, tmp, "laptop")), "jobs", "--connect", tower.address,
+                                   "watch", job_id, "--json"], stdout=subprocess.PIPE, text=True)
+        first = json.loads(next(line for line in laptop.stdout if '"progress"' in line))
+        laptop.kill()  # the laptop leaves mid-job
+        laptop.wait()
+        events = list(hub.grid.watch(job_id, tower=tower.name))  # a new client re-attaches
+        try:
+            note, _ = inbox.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            inbox.kill()
+            note = inbox.communicate()[0]
+    finally:
+        end(inbox, laptop)
     return {"job_id": job_id, "events": events, "first": first, "notes": [json.loads(x) for x in note.splitlines()]}
 
 
@@ -110,7 +115,7 @@ def test_the_cli_applies_an_adapter(hub, tower, finished_job, tmp_path):
 
 
 def test_adapters_are_blobs_that_can_be_pulled(hub, tower, finished_job, tmp_path):
-    from reticulum_grid.blobstore import BlobStore
+    from reticulum_grid.store.blobstore import BlobStore
     grid = hub.grid
     grid.store, saved = BlobStore(tmp_path / "store"), grid.store
     try:
@@ -204,12 +209,18 @@ def test_killed_tower_resumes_from_the_last_checkpoint(hub, tower, finished_job)
     redone = {e["step"]: e["loss"] for e in events if e["type"] == "progress" and e["step"] in lost}
     print(f"resumed from step {started[-1]['resumed_from']}; losses before the kill {lost}, redone {redone}")
     assert redone and all(abs(redone[k] - lost[k]) < 1e-3 for k in redone)
+    # Succeeded: the restart is history, not the job's error (in the end event, `rngrid jobs`
+    # and the LXMF fields, which carry this same job map).
+    end = events[-1]
+    assert end["error"] is None and any("tower restarted" in h for h in end["history"]), end
+    job = next(j for _, j in hub.grid.jobs(tower.name) if j["id"] == job_id)
+    assert job["error"] is None and job["history"] == end["history"], job
 
 
 
 def test_notification_waits_on_the_propagation_node_for_an_offline_client(hub, tower, tmp_path, finished_job):
-    from reticulum_grid.identity import load_or_create
-    from reticulum_grid.notify import delivery_hash
+    from reticulum_grid.node.identity import load_or_create
+    from reticulum_grid.training.notify import delivery_hash
     home = tmp_path / "offline-laptop"
     address = delivery_hash(load_or_create(home / "identity")).hex()  # never announced: no path to it
     entry, job_id = hub.grid.train({**JOB, "output_alias": "for-later", "notify": address}, data_path=DATA,
@@ -236,7 +247,7 @@ def test_an_adapter_that_never_trained_is_not_published(tmp_path):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from reticulum_grid import trainer
+    from reticulum_grid.training import trainer
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -253,8 +264,8 @@ def test_an_adapter_that_never_trained_is_not_published(tmp_path):
 
 
 def test_notification_waits_for_the_recipient_announce_without_a_propagation_node(hub, tmp_path, finished_job):
-    from reticulum_grid.identity import load_or_create
-    from reticulum_grid.notify import delivery_hash
+    from reticulum_grid.node.identity import load_or_create
+    from reticulum_grid.training.notify import delivery_hash
     plain = hub.start_tower("no-propagation", roles=("infer", "sync", "train"))
     hub.wait_tower(plain.name)
     home = tmp_path / "late-laptop"
@@ -277,8 +288,8 @@ def test_notification_waits_for_the_recipient_announce_without_a_propagation_nod
 def test_examples_longer_than_seq_len_are_counted(model_path):
     from transformers import AutoTokenizer
 
-    from reticulum_grid import trainer
-    from reticulum_grid.datasets import read_examples
+    from reticulum_grid.training import trainer
+    from reticulum_grid.training.datasets import read_examples
     tokenizer = AutoTokenizer.from_pretrained(Path(model_path).parent, gguf_file=Path(model_path).name)
     examples = list(read_examples(DATA))
     full, cut = trainer.tokenize(examples, tokenizer, 4096)

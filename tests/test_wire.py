@@ -5,7 +5,7 @@ import pytest
 
 from links import wire
 from links.wire import Code, WireError
-from reticulum_grid import inference_request
+from reticulum_grid.inference import request as inference_request
 
 
 def parse(obj):

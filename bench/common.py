@@ -1,0 +1,57 @@
+"""Pieces the benchmarks share: timing a token stream and printing paired figures.
+
+Run benchmarks as modules from the repository root (``python -m bench.stream``).
+"""
+
+import statistics
+import time
+
+
+def spread(values, scale=1.0):
+    """'median (range min-max)' of ``values`` times ``scale``, one decimal."""
+    values = [v * scale for v in values]
+    return f"{statistics.median(values):.1f} (range {min(values):.1f}-{max(values):.1f})"
+
+
+def time_stream(pieces, is_text, max_tokens, label):
+    """Consume ``pieces`` (a stream started just now) and return (TTFT s, tokens/s,
+    last piece). ``is_text(piece)`` says whether a piece is generated text; the
+    last piece must carry ``completion_tokens`` (a usage) equal to ``max_tokens``,
+    so both sides of a comparison count the same tokens: (max_tokens - 1) /
+    (last text - first text). Raises RuntimeError otherwise."""
+    started = time.perf_counter()
+    first = last = usage = None
+    for piece in pieces:
+        if is_text(piece):
+            last = time.perf_counter()
+            first = first or last
+        else:
+            usage = getattr(piece, "usage", None) or piece
+    done = getattr(usage, "completion_tokens", None)
+    if done != max_tokens:
+        raise RuntimeError(f"{label} run ended after {done} of {max_tokens} tokens")
+    return first - started, (max_tokens - 1) / (last - first), usage
+
+
+def report_pairs(base, other, names, ratio_key, args, model):
+    """Print medians and ranges of paired (TTFT s, tokens/s) runs; the last lines are
+    ``added_ttft_ms=`` and ``<ratio_key>=`` (median of the per-pair ``other/base`` tokens/s)."""
+    (b_ttft, b_tps), (o_ttft, o_tps) = zip(*base), zip(*other)
+    width = max(len(n) for n in names) + 1
+    print(f"model={model} max_tokens={args.max_tokens} runs={args.runs} (medians, ranges)")
+    for name, ttft, tps in ((names[0], b_ttft, b_tps), (names[1], o_ttft, o_tps)):
+        print(f"{name + ':':<{width}} ttft_ms={spread(ttft, 1000)} tokens_per_s={spread(tps)}")
+    added = [(o - b) * 1000 for o, b in zip(o_ttft, b_ttft)]
+    ratios = [o / b for o, b in zip(o_tps, b_tps)]
+    print(f"per pair: added_ttft_ms {spread(added)}, {names[1]}/{names[0]} tokens/s "
+          f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+    print(f"added_ttft_ms={statistics.median(added):.1f}")
+    print(f"{ratio_key}={statistics.median(ratios):.3f}")
+
+
+def grid_run(grid, prompt, max_tokens, model, **route):
+    """One temperature-0 raw-prompt request through ``grid``: (TTFT s, tokens/s)."""
+    from reticulum_grid.client import Usage
+    pieces = grid.execute("ai/inference", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                           "temperature": 0.0}, **route)
+    return time_stream(pieces, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "grid")[:2]

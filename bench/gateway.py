@@ -1,0 +1,104 @@
+"""Overhead of the HTTP gateway: the same requests through `Grid` directly and
+through `rngrid serve` with the `openai` client, streamed.
+
+One tower process on loopback RNS; the gateway is its own process (`rngrid
+serve`, as deployed) with the same identity; the Grid and the openai client
+run in this process. Same model, parameters (temperature 0, fixed
+max_tokens) and prompts that neither side has seen (a different number up
+front); the order inside a pair alternates. tokens/s is counted the same way
+on both sides: (max_tokens - 1) / (last text - first text), as the caller sees it.
+
+Medians over the runs are printed with their ranges; the last line is
+``gateway_ratio=<gateway tokens/s / Grid tokens/s>`` (the median of the
+per-pair ratios), before it ``added_ttft_ms``. Goal (issue 13): ratio >= 0.97,
+added TTFT <= 10 ms.
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+
+from bench.common import grid_run, report_pairs, time_stream
+
+from reticulum_grid.client import Grid
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node import identity, rnsnet
+from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
+
+PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
+
+
+def gateway_run(client, prompt, max_tokens):
+    chunks = client.completions.create(model=DEFAULT_ALIAS, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    return time_stream(chunks, lambda c: not c.usage and bool(c.choices and c.choices[0].text), max_tokens,
+                       "gateway")[:2]
+
+
+def start_gateway(tmp, home, tower):
+    """`rngrid serve` in its own process with this client's identity; (process, openai client)."""
+    gateway_home = Path(tmp) / "gateway"
+    gateway_home.mkdir()
+    shutil.copy(home / "identity", gateway_home / "identity")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(gateway_home), "serve",
+                             "--listen", f"127.0.0.1:{port}", "--connect", tower.address],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not wait_port(port, 60):
+        proc.kill()
+        raise RuntimeError("rngrid serve did not listen within 60 s")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    deadline = time.monotonic() + 60
+    while not any(m.id == DEFAULT_ALIAS for m in client.models.list()):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the gateway never heard the tower")
+        time.sleep(0.2)
+    return proc, client
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
+        home = Path(tmp) / "client"
+        client_id = identity.load_or_create(home / "identity").hash.hex()
+        tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: default_model_path()},
+                             allow={client_id: ["infer"]}).start()
+        proc = None
+        try:
+            grid = Grid(home=home, connect=[tower.address])
+            grid.route(DEFAULT_ALIAS, timeout=120)
+            proc, client = start_gateway(tmp, home, tower)
+            grid_run(grid, PROMPT.format(k=1), 8, DEFAULT_ALIAS), gateway_run(client, PROMPT.format(k=2), 8)  # warm links and caches
+            direct, through = [], []
+            for k in range(args.runs):
+                # Both sides reach the same tower: each run gets a prompt whose first
+                # digit differs from the run before, so no run reuses a cached prefix.
+                mine, theirs = PROMPT.format(k=200 + 137 * k), PROMPT.format(k=700 + 137 * k)
+                if k % 2:
+                    through.append(gateway_run(client, theirs, args.max_tokens))
+                    direct.append(grid_run(grid, mine, args.max_tokens, DEFAULT_ALIAS))
+                else:
+                    direct.append(grid_run(grid, mine, args.max_tokens, DEFAULT_ALIAS))
+                    through.append(gateway_run(client, theirs, args.max_tokens))
+            report_pairs(direct, through, ("Grid", "gateway"), "gateway_ratio", args, DEFAULT_ALIAS)
+            grid.close()
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(15)
+            rnsnet.stop()
+            tower.stop()
+
+
+if __name__ == "__main__":
+    main()

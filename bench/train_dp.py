@@ -1,0 +1,109 @@
+"""Data-parallel LoRA scaling: the same job on 2 ranks vs 1 rank.
+
+Runs the multi-tower worker (reticulum_grid/training/distributed.py) directly
+as processes on loopback: once with one rank, once with two ranks over gloo
+through the store front, same base (SmolLM2-135M GGUF), dataset, LoRA settings,
+global batch, seed and steps. Seconds per step come from the workers' own step
+timestamps (``elapsed_s``) after WARMUP steps, so model loading is outside
+them. Also printed: the LoRA gradient bytes all-reduced per step and the time
+of one such all-reduce (measured by the worker before training).
+
+On a machine whose cores both ranks share (2 cores here) two ranks cannot be
+faster than one: the figure shows the overhead, not the gain. The script then
+works out, on paper, what two GPU towers on a 1 Gbit/s tailnet would give for
+this job: per step each of 2 ranks sends and receives the gradient bytes once
+(ring all-reduce: 2 (N-1)/N x bytes), so t_comm = bytes / 125 MB/s; one rank
+computes a step in t1, two in t1/2 each; scaling = t1 / (t1/2 + t_comm) when
+the all-reduce does not overlap the backward pass and t1 / max(t1/2, t_comm)
+when DDP overlaps it fully. t1 on a GPU is estimated from FLOPs (6 x params x
+tokens per step) at an assumed sustained rate, stated in the output.
+
+Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>``.
+"""
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reticulum_grid.inference.default_model import default_model_path  # noqa: E402
+from reticulum_grid.training import rendezvous  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "secret.jsonl"
+WARMUP = 2
+SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "learning_rate": 2e-4, "seq_len": 64, "batch_size": 8, "seed": 0, "checkpoint_every": 10_000,
+        "output_alias": "bench-dp"}
+BASE_PARAMS = 134.5e6  # SmolLM2-135M
+LINK_BYTES_PER_S = 125e6  # 1 Gbit/s
+#: torch threads per rank, the same in both runs: two ranks of 2 OpenMP threads each on
+#: 2 cores spin against each other (a step took 20x longer); one thread per rank does not.
+THREADS = 1
+GPU_FLOPS = 100e12  # assumed sustained bf16 rate of one data-centre GPU on this small model
+
+
+def run(tmp, name, steps, dp):
+    """Events of each rank's worker for one job."""
+    procs = []
+    for rank in range(dp["world_size"]):
+        job_dir = tmp / f"{name}-{rank}"
+        job_dir.mkdir()
+        spec = {**SPEC, "max_steps": steps, "base_path": str(default_model_path()), "dataset_path": str(DATA),
+                "dp": {**dp, "rank": rank}}
+        (job_dir / "spec.json").write_text(json.dumps(spec))
+        procs.append(subprocess.Popen([sys.executable, "-m", "reticulum_grid.training.distributed", str(job_dir)],
+                                      stdout=subprocess.PIPE, stderr=open(job_dir / "worker.log", "wb"), text=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": str(THREADS)}))
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    for p, name_ in zip(procs, range(len(procs))):
+        if p.returncode != 0:
+            raise SystemExit(f"rank {name_} failed: {outs[name_][-1000:]}")
+    return [json.loads(line) for line in outs[0].splitlines() if line.startswith("{")]
+
+
+def seconds_per_step(events):
+    steps = [e for e in events if e["event"] == "step"]
+    a, b = steps[WARMUP - 1], steps[-1]
+    return (b["elapsed_s"] - a["elapsed_s"]) / (b["step"] - a["step"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        one = run(tmp, "one", args.steps, {"world_size": 1, "units": 1, "host": "127.0.0.1", "port": 1,
+                                           "dataplane": "127.0.0.1", "secret": ""})
+        two = run(tmp, "two", args.steps, {"world_size": 2, "units": 2, "host": "127.0.0.1",
+                                           "port": rendezvous.free_port("127.0.0.1"), "dataplane": "127.0.0.1",
+                                           "secret": secrets.token_hex(32)})
+    batch = SPEC["batch_size"]
+    t1, t2 = seconds_per_step(one), seconds_per_step(two)
+    started = next(e for e in two if e["event"] == "started")
+    grad_bytes, allreduce_s = started["grad_bytes"], started["allreduce_s"]
+    print(f"1 rank : {t1:.3f} s/step, {batch / t1:.2f} samples/s")
+    print(f"2 ranks: {t2:.3f} s/step, {batch / t2:.2f} samples/s (both ranks share this machine's cores; noisy)")
+    print(f"LoRA gradients all-reduced per step: {grad_bytes} bytes ({grad_bytes / 2**20:.2f} MiB); "
+          f"one all-reduce on loopback: {allreduce_s * 1000:.1f} ms")
+    comm = grad_bytes * 2 * (2 - 1) / 2 / LINK_BYTES_PER_S
+    tokens = batch * SPEC["seq_len"]
+    gpu_t1 = 6 * BASE_PARAMS * tokens / GPU_FLOPS
+    print(f"on paper, 2 GPU towers on 1 Gbit/s: t_comm = {grad_bytes} B / 125 MB/s = {comm * 1000:.1f} ms per step")
+    for label, step_t in (("this job (batch %d x %d tokens)" % (batch, SPEC["seq_len"]), gpu_t1),
+                          ("batch 32 x 512 tokens", 6 * BASE_PARAMS * 32 * 512 / GPU_FLOPS),
+                          ("batch 128 x 1024 tokens", 6 * BASE_PARAMS * 128 * 1024 / GPU_FLOPS)):
+        print(f"  {label}: t1 ~ {step_t * 1000:.1f} ms at {GPU_FLOPS / 1e12:.0f} TFLOP/s -> scaling "
+              f"{step_t / (step_t / 2 + comm):.2f} (no overlap) .. {step_t / max(step_t / 2, comm):.2f} (full overlap)")
+    print(f"dp_scaling={t1 / t2:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+// Types for @rngrid/client (index.js): the grid's commands through `rngrid serve`.
+
+export type Role = "system" | "user" | "assistant";
+export interface Message { role: Role; content: string }
+
+/** ai/inference: give `messages` (chat, the model's own template) or `prompt` (raw text). */
+export interface InferenceParams {
+  /** Model alias (or blob id prefix of >= 8 hex digits). */
+  model: string;
+  messages?: Message[];
+  prompt?: string;
+  /** Tokens to generate at most (default 256; the tower caps it at the context window). */
+  max_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  repeat_penalty?: number;
+  seed?: number;
+  /** Up to 16 stop strings; the text stops before the first one. */
+  stop?: string[];
+  /** A GGUF LoRA adapter (alias or blob id), e.g. the output_alias of a training job. */
+  adapter?: string;
+  /** LoRA scale; 0 gives the base model. */
+  adapter_scale?: number;
+  /** Run on this tower (name or destination hash) instead of routing. */
+  tower?: string;
+}
+
+/** Ends an inference. Tokens are counts, times seconds, rates tokens/s. */
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  /** From the request to the first text, as the gateway measured it. */
+  ttft_s: number;
+  tokens_per_s: number;
+  /** The tower that finished the answer. */
+  tower: string;
+  finish_reason: "stop" | "length" | string;
+  tower_ttft_s: number;
+  queued_s: number;
+  /** Towers that died mid-stream and were replaced. */
+  failovers: number;
+}
+
+export type TokenEvent = { type: "token"; text: string };
+export type UsageEvent = { type: "usage" } & Usage;
+export type InferenceEvent = TokenEvent | UsageEvent;
+export interface InferenceResult { text: string; usage: Usage }
+
+export type JobState = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+/** A training job as its tower keeps it. Loss is the training loss; times are Unix seconds. */
+export interface Job {
+  id: string;
+  tower: string;
+  owner: string;
+  state: JobState;
+  step: number | null;
+  total_steps: number | null;
+  loss: number | null;
+  lr: number | null;
+  tokens_per_s: number | null;
+  eta_s: number | null;
+  final_loss: number | null;
+  adapter_alias: string | null;
+  adapter_blob: string | null;
+  peft_blob: string | null;
+  error: string | null;
+  created: number;
+  started: number | null;
+  ended: number | null;
+  notify: string | null;
+}
+
+export type JobStateEvent = { type: "state"; state: JobState; step?: number | null; total_steps?: number | null; loss?: number | null };
+export type JobStartedEvent = { type: "started"; total_steps: number; resumed_from: number; device: string; examples: number; [key: string]: unknown };
+export type JobProgressEvent = { type: "progress"; step: number; total_steps: number; loss: number; lr: number; tokens_per_s: number; eta_s: number };
+export type JobEndEvent = {
+  type: "end"; state: JobState; error: string | null; final_loss: number | null; duration_s: number;
+  adapter_alias: string | null; adapter_blob: string | null; peft_blob: string | null; step: number | null; total_steps: number | null;
+};
+export type JobEvent = JobStateEvent | JobStartedEvent | JobProgressEvent | JobEndEvent;
+
+/** A training example: a chat, or plain text. */
+export type Example = { messages: Message[] } | { text: string };
+
+/** genome/train: a LoRA fine-tuning job. Give the data as `examples`, `data` (JSONL text) or `dataset` (a blob on the tower). */
+export interface TrainParams {
+  base: string;
+  output_alias: string;
+  examples?: Example[];
+  data?: string;
+  dataset?: string;
+  rank?: number;
+  alpha?: number;
+  dropout?: number;
+  target_modules?: string[];
+  learning_rate?: number;
+  epochs?: number;
+  max_steps?: number;
+  seq_len?: number;
+  batch_size?: number;
+  seed?: number;
+  checkpoint_every?: number;
+  /** LXMF address for the result (default: the gateway's identity). */
+  notify?: string;
+  /** Tower name or hash; default: the one with the most free memory that lets us train. */
+  tower?: string;
+  /** Follow the job's events after it is accepted (default true). */
+  watch?: boolean;
+}
+export type TrainEvent =
+  | { type: "transfer"; done_bytes: number; total_bytes: number }
+  | { type: "job"; job_id: string; tower: string }
+  | JobEvent;
+export interface TrainResult { job_id: string; tower: string; end: JobEndEvent | null }
+
+export interface JobRef { job_id: string; tower?: string }
+
+export interface Tower {
+  name: string; destination: string; hops: number; age_s: number; backend: string; device: string;
+  memory: { kind: "VRAM" | "RAM"; free_mib: number; total_mib: number };
+  vram_free_mib: number; vram_total_mib: number; ram_free_mib: number; ram_total_mib: number;
+  models: { alias: string; blob: string; loaded: boolean }[];
+  adapters: { alias: string; blob: string }[];
+  load: { streams: number; queue: number; jobs: number };
+  tokens_per_s: number; rtt_ms: number; backed_off: boolean;
+}
+
+export interface Model {
+  id: string; object: "model"; created: number; owned_by: string;
+  rngrid: { kind: "model" | "adapter"; blob: string; towers: { name: string; loaded: boolean }[] };
+}
+
+/** Every command: its params, the events it streams and what awaiting it gives. */
+export interface CommandMap {
+  "ai/inference": { params: InferenceParams; event: InferenceEvent; result: InferenceResult };
+  "genome/train": { params: TrainParams; event: TrainEvent; result: TrainResult };
+  "jobs/watch": { params: JobRef; event: JobEvent; result: JobEndEvent | null };
+  "jobs/status": { params: Partial<JobRef>; event: { type: "jobs"; jobs: Job[] }; result: Job[] };
+  "jobs/cancel": { params: JobRef; event: { type: "status"; job: Job }; result: Job };
+  "caps/full": { params: { tower: string }; event: { type: "result"; reply: Record<string, unknown> }; result: Record<string, unknown> };
+  "grid/towers": { params: Record<string, never>; event: { type: "towers"; towers: Tower[] }; result: Tower[] };
+  "grid/models": { params: Record<string, never>; event: { type: "models"; models: Model[] }; result: Model[] };
+}
+export type CommandName = keyof CommandMap;
+export type ParamsOf<C extends CommandName> = CommandMap[C]["params"];
+export type EventOf<C extends CommandName> = CommandMap[C]["event"];
+export type ResultOf<C extends CommandName> = CommandMap[C]["result"];
+
+export interface ExecuteOptions {
+  /** Aborting it ends the request, as cancel() does. */
+  signal?: AbortSignal;
+}
+
+/** An error from the grid or the gateway. `code` is the grid's: busy, not_allowed, unknown_model, no_tower, ... */
+export declare class GridError extends Error {
+  constructor(code: string, message: string, options?: { status?: number | null; retryAfter?: number | null; param?: string | null });
+  readonly code: string;
+  /** HTTP status of the answer (200 for an error that came mid-stream). */
+  readonly status: number | null;
+  /** Seconds to wait before trying again (busy). */
+  readonly retryAfter: number | null;
+  /** The request field at fault, when one is. */
+  readonly param: string | null;
+}
+
+/**
+ * One command on the grid: iterate it for its events as they come, or await it for
+ * the result; nothing is sent before either. Leaving the loop early, cancel() or an
+ * aborted signal ends the request: an inference stops on the tower; a training job
+ * keeps running (only the watching stops). Read it once.
+ */
+export declare class CommandRun<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
+  readonly command: C;
+  readonly params: ParamsOf<C>;
+  cancel(): void;
+  [Symbol.asyncIterator](): AsyncIterator<EventOf<C>>;
+  result(): Promise<ResultOf<C>>;
+  /** ai/inference: just the text. */
+  text(): Promise<string>;
+  then<T = ResultOf<C>, E = never>(
+    onFulfilled?: ((value: ResultOf<C>) => T | PromiseLike<T>) | null,
+    onRejected?: ((reason: unknown) => E | PromiseLike<E>) | null,
+  ): Promise<T | E>;
+  catch<E = never>(onRejected?: ((reason: unknown) => E | PromiseLike<E>) | null): Promise<ResultOf<C> | E>;
+  finally(onFinally?: (() => void) | null): Promise<ResultOf<C>>;
+}
+
+export interface ClientOptions {
+  /** The gateway, e.g. "http://127.0.0.1:8080" (default: RNGRID_URL, else that). */
+  baseUrl?: string;
+  /** Sent as "Authorization: Bearer KEY" (default: RNGRID_API_KEY). */
+  apiKey?: string | null;
+  /** A fetch to use instead of the global one. */
+  fetch?: typeof fetch;
+}
+
+export declare class GridClient {
+  constructor(options?: ClientOptions);
+  readonly baseUrl: string;
+  readonly apiKey: string | null;
+  execute<C extends CommandName>(command: C, params: ParamsOf<C>, options?: ExecuteOptions): CommandRun<C>;
+  towers(): Promise<Tower[]>;
+  models(): Promise<Model[]>;
+  jobs(): Promise<Job[]>;
+  health(): Promise<{ status: "ok"; identity: string; towers: number }>;
+}
+
+export declare const Commands: {
+  /** Point the default client at a gateway. */
+  configure(options?: ClientOptions): GridClient;
+  readonly client: GridClient;
+  execute<C extends CommandName>(command: C, params: ParamsOf<C>, options?: ExecuteOptions): CommandRun<C>;
+};
+export default Commands;

@@ -1,0 +1,219 @@
+// @rngrid/client: the grid's commands from JavaScript/TypeScript, through `rngrid serve`.
+//
+//   import { Commands } from "./index.js";
+//   const { text, usage } = await Commands.execute("ai/inference", { model: "smollm2-135m", prompt: "Hi" });
+//   for await (const event of Commands.execute("genome/train", { ... })) { ... }
+//
+// Plain ES module for Node.js >= 18 and browsers (fetch + web streams); types in index.d.ts.
+// It speaks POST /v1/grid/execute, whose answer is the command's events as NDJSON.
+
+const DEFAULT_URL = "http://127.0.0.1:8080";
+
+/** An error from the grid or the gateway: `code` is the grid's (busy, not_allowed, unknown_model, ...). */
+export class GridError extends Error {
+  constructor(code, message, { status = null, retryAfter = null, param = null } = {}) {
+    super(`${code}: ${message}`);
+    this.name = "GridError";
+    this.code = code;
+    this.status = status;
+    this.retryAfter = retryAfter;
+    this.param = param;
+  }
+}
+
+function env(name) {
+  return typeof process !== "undefined" && process.env ? process.env[name] : undefined;
+}
+
+async function errorFrom(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    // not JSON: fall through to the status line
+  }
+  const error = body && body.error ? body.error : {};
+  const header = response.headers.get("retry-after");
+  const retryAfter = error.retry_after ?? (header ? Number(header) : null);
+  return new GridError(error.code || `http_${response.status}`, error.message || response.statusText,
+    { status: response.status, retryAfter, param: error.param ?? null });
+}
+
+async function* ndjson(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let nl;
+      while ((nl = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, nl).trim();
+        buffer = buffer.slice(nl + 1);
+        if (line) yield JSON.parse(line);
+      }
+    }
+    if (buffer.trim()) yield JSON.parse(buffer);
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+// What `await run` (or run.result()) gives for each command, from its events.
+const RESULTS = {
+  "ai/inference": (events) => {
+    const text = events.filter((e) => e.type === "token").map((e) => e.text).join("");
+    const { type, ...usage } = events.find((e) => e.type === "usage") || {};
+    return { text, usage };
+  },
+  "genome/train": (events) => {
+    const job = events.find((e) => e.type === "job") || {};
+    return { job_id: job.job_id, tower: job.tower, end: events.find((e) => e.type === "end") || null };
+  },
+  "jobs/watch": (events) => events.find((e) => e.type === "end") || null,
+  "jobs/status": (events) => (events.find((e) => e.type === "jobs") || { jobs: [] }).jobs,
+  "jobs/cancel": (events) => (events.find((e) => e.type === "status") || {}).job,
+  "caps/full": (events) => (events.find((e) => e.type === "result") || {}).reply,
+  "grid/towers": (events) => (events.find((e) => e.type === "towers") || { towers: [] }).towers,
+  "grid/models": (events) => (events.find((e) => e.type === "models") || { models: [] }).models,
+};
+
+/**
+ * One command on the grid. Iterate it (`for await`) for its events as they come,
+ * or await it for the result. Nothing is sent until you do either. Leaving the loop
+ * early, cancel() or an aborted `signal` ends the request: an inference stops on the
+ * tower; a training job keeps running (only the watching stops).
+ */
+export class CommandRun {
+  constructor(client, command, params, { signal } = {}) {
+    this.command = command;
+    this.params = params;
+    this._client = client;
+    this._abort = new AbortController();
+    this._started = false;
+    if (signal) {
+      if (signal.aborted) this._abort.abort(signal.reason);
+      else signal.addEventListener("abort", () => this._abort.abort(signal.reason), { once: true });
+    }
+  }
+
+  /** Stop the command (see the class comment). */
+  cancel() {
+    this._abort.abort();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    if (this._started) throw new Error(`${this.command}: a CommandRun can be read once`);
+    this._started = true;
+    const response = await this._client._post("/v1/grid/execute", { command: this.command, params: this.params },
+      this._abort.signal);
+    if (!response.ok) throw await errorFrom(response);
+    let finished = false;
+    try {
+      for await (const event of ndjson(response.body)) {
+        if (event.type === "error") {
+          throw new GridError(event.code, event.message, { status: response.status, retryAfter: event.retry_after });
+        }
+        yield event;
+      }
+      finished = true;
+    } finally {
+      if (!finished) this._abort.abort(); // left early: close the connection so the gateway stops
+    }
+  }
+
+  /** All events, then the command's result (e.g. {text, usage} for ai/inference). */
+  async result() {
+    const events = [];
+    for await (const event of this) events.push(event);
+    const pick = RESULTS[this.command];
+    return pick ? pick(events) : events;
+  }
+
+  /** ai/inference: just the text. */
+  async text() {
+    return (await this.result()).text;
+  }
+
+  then(onFulfilled, onRejected) {
+    return this.result().then(onFulfilled, onRejected);
+  }
+
+  catch(onRejected) {
+    return this.result().catch(onRejected);
+  }
+
+  finally(onFinally) {
+    return this.result().finally(onFinally);
+  }
+}
+
+/** A gateway (`rngrid serve`) to talk to. Defaults: RNGRID_URL, RNGRID_API_KEY. */
+export class GridClient {
+  constructor({ baseUrl, apiKey, fetch: fetchImpl } = {}) {
+    this.baseUrl = (baseUrl || env("RNGRID_URL") || DEFAULT_URL).replace(/\/+$/, "");
+    this.apiKey = apiKey ?? env("RNGRID_API_KEY") ?? null;
+    this._fetch = fetchImpl || globalThis.fetch.bind(globalThis);
+  }
+
+  /** Run `command` with `params`; see CommandRun. */
+  execute(command, params = {}, options = {}) {
+    return new CommandRun(this, command, params, options);
+  }
+
+  /** The towers heard, with live load. */
+  async towers() {
+    return (await this._get("/v1/grid/towers")).towers;
+  }
+
+  /** Every model and adapter the grid serves (OpenAI's model list, plus `rngrid`). */
+  async models() {
+    return (await this._get("/v1/models")).data;
+  }
+
+  /** This identity's training jobs on every tower. */
+  async jobs() {
+    return (await this._get("/v1/grid/jobs")).jobs;
+  }
+
+  async health() {
+    return this._get("/health");
+  }
+
+  _headers(extra = {}) {
+    return this.apiKey ? { ...extra, Authorization: `Bearer ${this.apiKey}` } : extra;
+  }
+
+  _post(path, body, signal) {
+    return this._fetch(this.baseUrl + path, {
+      method: "POST", signal, body: JSON.stringify(body),
+      headers: this._headers({ "Content-Type": "application/json", Accept: "application/x-ndjson" }),
+    });
+  }
+
+  async _get(path) {
+    const response = await this._fetch(this.baseUrl + path, { headers: this._headers() });
+    if (!response.ok) throw await errorFrom(response);
+    return response.json();
+  }
+}
+
+let defaultClient = null;
+
+/** `Commands.execute(command, params)` on a default client (RNGRID_URL / RNGRID_API_KEY, or configure()). */
+export const Commands = {
+  configure(options = {}) {
+    defaultClient = new GridClient(options);
+    return defaultClient;
+  },
+  get client() {
+    defaultClient = defaultClient || new GridClient();
+    return defaultClient;
+  },
+  execute(command, params = {}, options = {}) {
+    return this.client.execute(command, params, options);
+  },
+};
+
+export default Commands;

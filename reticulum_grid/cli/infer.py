@@ -1,0 +1,203 @@
+"""``rngrid towers``, ``infer``, ``route``, ``demo``: discovery and inference."""
+
+
+import sys
+import time
+
+import click
+from rich.table import Table
+
+from links.wire import Code, WireError
+
+from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out
+
+
+@main.command()
+@client_options
+@click.option("--wait", default=5.0, show_default=True, help="Seconds to listen for towers.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def towers(ctx, connect, rns_config, wait, as_json):
+    """List the towers heard on the grid, each probed once: state "ok" with its
+    RTT, or "silent" (no answer in its bound) / "failed" (and why)."""
+    grid = open_grid(ctx, connect, rns_config)
+    entries = grid.towers(wait=wait)
+    grid.refresh(entries)
+    rows = [_tower_row(grid.table.get(e.destination_hash) or e, grid.health.get(e.destination_hash)) for e in entries]
+    if as_json:
+        json_line(rows)
+        return
+    if not rows:
+        err.print(f"no towers heard within {wait:.0f} s")
+        sys.exit(1)
+    table = Table("name", "destination", "state", "hops", "age", "backend", "memory free/total", "models", "tok/s")
+    table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
+    for r in rows:
+        kind = "VRAM" if r["vram_total_mib"] else "RAM"
+        free, total = (r["vram_free_mib"], r["vram_total_mib"]) if r["vram_total_mib"] else (
+            r["ram_free_mib"], r["ram_total_mib"])
+        state = f"ok {r['rtt_ms']:.0f} ms" if r["state"] == "ok" else f"{r['state']}: {r['error']}"
+        table.add_row(r["name"], r["destination"], state, str(r["hops"]), f"{r['age_s']:.0f}s",
+                      f"{r['backend']} ({r['gpus']} x {r['device']})" if r["gpus"] > 1 else f"{r['backend']} ({r['device']})",
+                      f"{free}/{total} MiB {kind}",
+                      ", ".join(m["alias"] + ("" if m["loaded"] else " (disk)") for m in r["models"]),
+                      f"{r['tokens_per_s']:.0f}")
+    out.print(table)
+
+
+def _tower_row(entry, health):
+    hw = entry.caps.hardware
+    return {"name": entry.name, "destination": entry.hash_hex, "state": health.state or "not asked",
+            "error": health.error, "rtt_ms": round(health.rtt_s * 1000, 1),
+            "hops": entry.hops, "age_s": round(entry.age(), 1),
+            "backend": hw.backend, "device": hw.device, "gpus": hw.gpus, "vram_free_mib": hw.vram_free_mib,
+            "vram_total_mib": hw.vram_total_mib, "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
+            "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in entry.caps.models],
+            "tokens_per_s": entry.caps.tokens_per_s,
+            "load": {"streams": entry.caps.load.streams, "jobs": entry.caps.load.jobs, "queue": entry.caps.load.queue}}
+
+
+@main.command()
+@client_options
+@click.option("-m", "--model", required=True, help="Model alias (or blob id prefix).")
+@click.option("--tower", default=None, help="Run on this tower (name or destination hash) instead of routing.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0, 5))
+@click.option("--seed", default=None, type=click.IntRange(0, 2**32 - 1))
+@click.option("--system", default=None, help="System message (chat models).")
+@click.option("--raw", is_flag=True, help="Send the prompt as-is instead of as a chat message.")
+@click.option("--adapter", default=None, help="LoRA adapter (alias or blob id), e.g. the --output of a train job.")
+@click.option("--adapter-scale", default=1.0, show_default=True, type=click.FloatRange(-10, 10),
+              help="LoRA scale; 0 gives the base model.")
+@click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to keep retrying while every tower is busy (as each tower's retry hint says).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
+@click.argument("prompt")
+@click.pass_context
+def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, adapter, adapter_scale,
+          busy_wait, as_json, prompt):
+    """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    if adapter:
+        payload.update(adapter=adapter, adapter_scale=adapter_scale)
+    if raw:
+        payload["prompt"] = prompt
+    else:
+        payload["messages"] = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}]
+    grid = open_grid(ctx, connect, rns_config)
+    deadline = time.monotonic() + busy_wait
+    try:
+        while True:
+            try:
+                with ProgressBar(as_json, f"syncing {model}") as progress:
+                    stream = grid.execute("ai/inference", payload, tower=tower, progress=progress)
+                _stream(stream, as_json)
+                return
+            except WireError as e:  # busy comes before any output, so a retry repeats nothing
+                pause = max(1.0, e.retry_after or 0.0)
+                if e.code != Code.BUSY or time.monotonic() + pause > deadline:
+                    raise
+                err.print(f"{e.message}; trying again in {pause:.0f} s")
+                time.sleep(pause)
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        err.print("\ncancelled")
+        sys.exit(130)
+
+
+def _stream(stream, as_json):
+    from reticulum_grid.client import Usage
+    for piece in stream:
+        if isinstance(piece, Usage):
+            if as_json:
+                json_line({"usage": piece.__dict__})
+            else:
+                print(flush=True)
+                err.print(f"[dim]{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
+                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}[/dim]", markup=True)
+        elif as_json:
+            json_line({"text": piece})
+        else:
+            print(piece, end="", flush=True)
+
+
+@main.command()
+@client_options
+@click.option("-m", "--model", required=True, help="Model alias (or blob id prefix).")
+@click.option("--adapter", default=None, help="LoRA adapter the request would use.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def route(ctx, connect, rns_config, model, adapter, as_json):
+    """Show how the grid would rank the towers for MODEL, and why."""
+    grid = open_grid(ctx, connect, rns_config)
+    try:
+        ranked = grid.rank(model, adapter=adapter, complete=True)
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    rows = [{"rank": i + 1, "tower": c.entry.name, "destination": c.entry.hash_hex, **c.reasons,
+             "load": {"streams": c.entry.caps.load.streams, "queue": c.entry.caps.load.queue,
+                      "jobs": c.entry.caps.load.jobs},
+             "tokens_per_s": c.entry.caps.tokens_per_s,
+             "rtt_ms": round(grid.health.get(c.entry.destination_hash).rtt_s * 1000, 1)}
+            for i, c in enumerate(ranked)]
+    if adapter and all(r["lacks_adapter"] for r in rows) and grid.local_blob(adapter) is None:
+        err.print(f"no tower heard has adapter {adapter!r} and this client has none to send: "
+                  "a request with it would fail", style="yellow")
+    placement = _split_plan(grid, model, ranked, adapter)
+    if as_json:
+        json_line(rows)
+        if placement is not None:
+            json_line({"split": placement.to_map()})
+        return
+    table = Table("#", "tower", "model", "why not first", "load", "tok/s", "RTT", "hops", "s/token")
+    for r in rows:
+        flags = [k.replace("_", " ") for k in ("backed_off", "training", "no_room", "lacks_adapter") if r[k]]
+        load = r["load"]
+        table.add_row(str(r["rank"]), r["tower"], r["tier"], ", ".join(flags) or "-",
+                      f"{load['streams']} running, {load['queue']} queued" + (", training" if load["jobs"] else ""),
+                      f"{r['tokens_per_s']:.0f}", f"{r['rtt_ms']:.0f} ms", str(r["hops"]), f"{r['cost_s_per_token']:.3f}")
+    out.print(table)
+    if placement is not None:
+        _print_split(placement)
+
+
+def _split_plan(grid, model, ranked, adapter):
+    """The split plan a request would use when no single tower has room (else None)."""
+    from reticulum_grid.client.split import make_plan, needs_split
+    if adapter or not needs_split(grid, model, ranked):
+        return None
+    try:
+        return make_plan(grid, model)[0]
+    except WireError as e:
+        err.print(f"no single tower has room for {model!r}, and no split fits either: {e.message}", style="yellow")
+        return None
+
+
+def _print_split(placement):
+    table = Table("tower", "role", "layers", "memory", title=f"no single tower has room: split over "
+                                                              f"{len(placement.parts)} towers")
+    for p in placement.parts:
+        table.add_row(p.offer.name, "coordinator" if p is placement.coordinator else "worker",
+                      f"{p.first}-{p.end - 1}" + (" + output" if p is placement.coordinator else ""),
+                      f"~{p.mib} of {p.offer.lend_mib} MiB lent")
+    out.print(table)
+    for reason in placement.reasons:
+        out.print(f"  {reason}")
+
+
+@main.command()
+@click.option("--prompt", default="Explain in two sentences what a mesh network is.", show_default=True)
+@click.option("--max-tokens", default=200, show_default=True, type=click.IntRange(1))
+def demo(prompt, max_tokens):
+    """Start a tower and a client on loopback and stream a real answer."""
+    from reticulum_grid.demo import run_demo
+    try:
+        run_demo(prompt, max_tokens, out, err)
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,142 @@
+"""``rngrid models``, ``pull``, ``push``: the blob store and its sync."""
+
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from links.wire import WireError
+
+from reticulum_grid.cli.common import json_line, with_progress, client_options, err, fail, main, open_grid, out
+from reticulum_grid.store.sync import MAX_TRANSFER_S
+
+
+@main.group(invoke_without_command=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Use this tower's store instead of the client's.")
+@click.option("--wait", default=3.0, show_default=True, help="Seconds to listen for towers (0: do not ask the grid).")
+@client_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def models(ctx, config_path, wait, connect, rns_config, as_json):
+    """List the blobs (models, adapters, datasets) in the local store and the
+    towers that hold them."""
+    ctx.obj["store"] = _store(ctx, config_path)
+    if ctx.invoked_subcommand is not None:
+        return
+    towers = open_grid(ctx, connect, rns_config).towers(wait=wait) if wait > 0 and not config_path else []
+    rows = [{"aliases": i.aliases, "blob_id": i.hex, "size": i.size, "kind": i.kind, "path": str(i.path),
+             "external": i.external, "towers": _holders(i.blob_id, towers)} for i in ctx.obj["store"].list()]
+    if as_json:
+        json_line(rows)
+        return
+    table = Table("alias", "blob id", "kind", "size", "file", "on towers")
+    table.columns[1].overflow = "fold"
+    for r in rows:
+        table.add_row(", ".join(r["aliases"]) or "-", r["blob_id"], r["kind"], _mib(r["size"]),
+                      r["path"] + (" (in place)" if r["external"] else ""),
+                      ", ".join(f"{t['name']} ({t['state']})" for t in r["towers"]) or "-")
+    out.print(table)
+
+
+def _holders(blob_id, towers):
+    """Towers whose caps list ``blob_id``, with "loaded" or "on disk"."""
+    found = []
+    for entry in towers:
+        for m in entry.caps.models + entry.caps.adapters:
+            if m.short_id == blob_id[:len(m.short_id)]:
+                found.append({"name": entry.name, "state": "loaded" if getattr(m, "loaded", False) else "on disk"})
+    return found
+
+
+def _store(ctx, config_path):
+    from reticulum_grid.store.blobstore import BlobStore
+    if config_path:
+        return BlobStore(Path(config_path).parent / "blobs")
+    return BlobStore(ctx.obj["home"] / "blobs")
+
+
+def _mib(size):
+    return f"{size / 2**20:.1f} MiB"
+
+
+@models.command("add")
+@click.argument("path", type=click.Path(dir_okay=False, exists=True))
+@click.option("--alias", required=True, help="Name to use for it (e.g. coder-32b).")
+@click.option("--kind", type=click.Choice(["model", "adapter", "dataset", "file"]), default=None,
+              help="Default: from the file (GGUF model or adapter, .jsonl dataset, else file).")
+@click.option("--copy", is_flag=True, help="Copy the file into the store instead of referencing it in place.")
+@click.pass_context
+def models_add(ctx, path, alias, kind, copy):
+    """Add a file to the store as a blob named by its BLAKE3 manifest hash."""
+    from reticulum_grid.store.gguf_info import file_kind
+    try:
+        kind = kind or file_kind(path)
+        info = ctx.obj["store"].add_file(path, alias=alias, kind=kind, copy=copy)
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    except ValueError as e:  # a file with the GGUF magic that the gguf library cannot read
+        fail(f"{path}: {e}")
+    out.print(f"{alias} -> {info.hex} ({_mib(info.size)}, {info.kind})")
+
+
+@models.command("rm")
+@click.argument("name")
+@click.pass_context
+def models_rm(ctx, name):
+    """Forget an alias (or a blob id); a blob left without aliases is deleted
+    (a file referenced in place is only forgotten)."""
+    try:
+        gone = ctx.obj["store"].remove(name)
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    out.print(f"removed {name}" + (f"; deleted blob {gone[0].hex()}" if gone else "; the blob keeps its other aliases"))
+
+
+@main.command()
+@client_options
+@click.argument("name")
+@click.option("--from", "from_tower", default=None, help="Fetch from this tower only (default: every tower that has it).")
+@click.option("--alias", default=None, help="Alias in the local store (default: NAME).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
+@click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
+@click.pass_context
+def pull(ctx, connect, rns_config, name, from_tower, alias, as_json, force):
+    """Fetch a blob (alias or blob id) into the local store, from several towers at once.
+    On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
+    grid = open_grid(ctx, connect, rns_config)
+    limit = None if force else MAX_TRANSFER_S
+    info, report = with_progress(as_json, f"pull {name}", lambda progress: grid.pull(
+        name, from_tower=from_tower, alias=alias, progress=progress, max_seconds=limit))
+    _report(report.to_map(), as_json, f"{', '.join(info.aliases) or info.hex} is in {info.path}")
+
+
+@main.command()
+@client_options
+@click.argument("name")
+@click.option("--to", "to_tower", required=True, help="Tower name or destination hash.")
+@click.option("--alias", default=None, help="Alias on the tower (default: the local alias).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
+@click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
+@click.pass_context
+def push(ctx, connect, rns_config, name, to_tower, alias, as_json, force):
+    """Send a blob from the local store to a tower (needs the sync role there).
+    On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
+    grid = open_grid(ctx, connect, rns_config)
+    limit = None if force else MAX_TRANSFER_S
+    report = with_progress(as_json, f"push {name}", lambda progress: grid.push(name, to_tower, alias=alias,
+                                                                          progress=progress, max_seconds=limit))
+    _report(report, as_json, f"{name} is on {to_tower}")
+
+
+def _report(report, as_json, summary):
+    if as_json:
+        json_line({"report": report})
+        return
+    fetched = sum(report.get("fetched", {}).values())
+    sources = ", ".join(f"{k}: {v}" for k, v in report.get("fetched", {}).items()) or "none"
+    err.print(f"{summary}: {report.get('chunks', 0)} chunks, {report.get('reused', 0)} already here, "
+              f"{fetched} fetched ({sources}) in {report.get('seconds', 0):.1f} s")
+    for name in report.get("lying_sources", []):
+        err.print(f"[yellow]warning:[/yellow] {name} served data that failed verification; it was dropped", markup=True)

@@ -1,0 +1,154 @@
+"""``rngrid tower``, ``transport``, ``id``, ``allow``, ``revoke``: running a tower and its allow-list."""
+
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+from reticulum_grid.node import config as cfg
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+
+from reticulum_grid.cli.common import err, fail, main, out
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config (default HOME/tower/tower.toml; created if missing).")
+@click.option("--name", default=None, help="Tower name for a new config (default: this machine's host name).")
+@click.option("--listen", default="127.0.0.1:4242", show_default=True, help="TCP listen address for a new config.")
+@click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
+@click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
+              help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}).")
+@click.pass_context
+def tower(ctx, config_path, name, listen, connect, models):
+    """Run a tower: serve the models in its config to allowed identities."""
+    from reticulum_grid.node.identity import IdentityError
+    from reticulum_grid.tower import Tower
+
+    logging.getLogger("rngrid").setLevel(min(logging.getLogger().level, logging.INFO))
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    if not path.exists():
+        _new_tower_config(path, name or _host_name(), listen, connect, models)
+        err.print(f"wrote new tower config {path}")
+    else:
+        given = [f"--{p}" for p in ("name", "listen", "connect", "model")
+                 if ctx.get_parameter_source(p if p != "model" else "models") == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            err.print(f"{path} exists, so {', '.join(given)} only shape a new config and are ignored; "
+                      "edit the file instead", style="yellow")
+    try:
+        tower = Tower(cfg.load_tower(path))
+        tower.start()
+    except (cfg.ConfigError, IdentityError, OSError, ValueError) as e:
+        fail(str(e))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.registry.aliases()) or 'no models'} "
+              f"at {tower.destination.hash.hex()}", markup=True)
+    listen = tower.config.network.listen
+    if listen.startswith("127."):
+        port = listen.rsplit(":", 1)[1]
+        err.print(f"listening on {listen} only: other machines reach this tower once [network] listen in {path} "
+                  f"is 0.0.0.0:{port} (or this machine's tailnet/LAN address)", markup=False)
+    while not stop.wait(1.0):
+        pass
+    tower.stop()
+
+
+@main.command()
+@click.option("--config-dir", type=click.Path(file_okay=False), default=None,
+              help="RNS config directory to write and use (default HOME/transport).")
+@click.option("--listen", default="0.0.0.0:4242", show_default=True, help="TCP listen address.")
+@click.option("--connect", multiple=True, metavar="HOST:PORT", help="Other nodes to connect to (repeatable).")
+@click.option("--link-bitrate", "bitrate", default=0, type=click.IntRange(0),
+              help="The links' speed as told to RNS (bits/s): at or below 62500 RNS uses its 500-byte MTU and "
+                   "paces announces to 2 % of it. It does not limit the rate.")
+@click.pass_context
+def transport(ctx, config_dir, listen, connect, bitrate):
+    """Run an RNS transport node for the grid (forwards announces and links
+    between towers and clients that are not directly connected)."""
+    from reticulum_grid.node import rnsnet
+    directory = Path(config_dir) if config_dir else ctx.obj["home"] / "transport"
+    try:
+        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True, bitrate=bitrate))
+    except (cfg.ConfigError, OSError) as e:
+        fail(str(e))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    err.print(f"transport node listening on {listen}")
+    while not stop.wait(1.0):
+        pass
+    rnsnet.stop()
+
+
+def _host_name():
+    import socket
+    name = socket.gethostname().split(".")[0] or "tower"
+    return name.encode()[:cfg.NAME_MAX_BYTES].decode(errors="ignore")
+
+
+def _new_tower_config(path, name, listen, connect, models):
+    parsed = {}
+    for spec in models:
+        alias, sep, gguf = spec.partition("=")
+        if not sep:
+            fail(f"--model wants ALIAS=PATH, got {spec!r}", 2)
+        parsed[alias] = str(Path(gguf).expanduser().resolve())
+    if not parsed:
+        parsed = {DEFAULT_ALIAS: default_model_path()}
+    cfg.write_tower(path, name, parsed, listen=listen, connect=connect)
+
+
+@main.command("id")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Show a tower's identity and destination instead of this client's.")
+@click.pass_context
+def show_id(ctx, config_path):
+    """Print this machine's identity hash (what towers put on their allow-list)."""
+    from announce.announcer import tower_destination_hash
+    from reticulum_grid.node.identity import IdentityError, load_or_create
+    try:
+        if config_path:
+            ident = load_or_create(Path(config_path).parent / "identity")
+            print(f"identity    {ident.hash.hex()}\ndestination {tower_destination_hash(ident).hex()}")
+        else:
+            print(load_or_create(ctx.obj["home"] / "identity").hash.hex())
+    except IdentityError as e:
+        fail(str(e))
+
+
+@main.command()
+@click.argument("identity_hash")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(cfg.ROLES),
+              help="Role to grant (repeatable).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config to edit (default HOME/tower/tower.toml).")
+@click.pass_context
+def allow(ctx, identity_hash, roles, config_path):
+    """Let IDENTITY_HASH use a tower with the given roles (takes effect at once)."""
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    try:
+        granted = cfg.allow(path, identity_hash, roles)
+    except (cfg.ConfigError, OSError) as e:
+        fail(str(e))
+    out.print(f"{identity_hash} may now: {', '.join(granted)} on {path}")
+
+
+@main.command()
+@click.argument("identity_hash")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Tower config to edit (default HOME/tower/tower.toml).")
+@click.pass_context
+def revoke(ctx, identity_hash, config_path):
+    """Remove IDENTITY_HASH from a tower's allow-list (takes effect at once)."""
+    path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
+    try:
+        removed = cfg.revoke(path, identity_hash)
+    except (cfg.ConfigError, OSError) as e:
+        fail(str(e))
+    out.print(f"{identity_hash} {'removed from' if removed else 'was not on'} {path}")

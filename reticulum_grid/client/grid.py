@@ -1,0 +1,289 @@
+"""The Grid client: discovers towers over RNS and runs commands on them.
+
+    grid = Grid(connect=["127.0.0.1:4242"])
+    for piece in grid.execute("ai/inference", {"model": "smollm2-135m", "prompt": "Hi"}):
+        if isinstance(piece, Usage):
+            print(piece.tokens_per_s)
+        else:
+            print(piece, end="", flush=True)
+
+One RNS instance per process (RNS allows no more); one Link per tower, reused
+and identified with this machine's identity so towers can check their
+allow-lists. The client keeps its own blob store (``HOME/blobs``) for pulls,
+pushes and models it can hand to a tower before running them there.
+"""
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import RNS
+
+from announce.announcer import Pinger, TowerListener, remembered_towers
+from announce.table import TowerTable
+from links.wire import Code, WireError
+from reticulum_grid.node import config, identity, rnsnet
+from reticulum_grid.client import router
+from reticulum_grid.client.liveness import Liveness
+from reticulum_grid.client import split as splitroute
+from reticulum_grid.store.blobstore import BlobStore
+from reticulum_grid.store.collect import collect
+from reticulum_grid.node.connection import TowerConnection, wait_until
+from reticulum_grid.client.stream import LINK_LOST, InferenceStream
+from reticulum_grid.client.training import JobCommands
+from reticulum_grid.client.transfers import BlobTransfers
+
+log = logging.getLogger("rngrid.client")
+
+DEFAULT_CONNECT = ("127.0.0.1:4242",)
+#: Seconds between discovery pings while nothing suitable has been heard.
+PING_INTERVAL_S = 4.0
+#: Live load (caps/full) older than this is asked again before routing (seconds).
+LIVE_MAX_AGE_S = 1.0
+#: A search for a model or tower name that no tower heard has ends once the
+#: table has not grown for QUIET_S seconds, and not before ANSWER_S: a tower
+#: answers a discovery ping within its floor_s (5 s by default).
+QUIET_S = 2.0
+ANSWER_S = 6.0
+#: Forced discovery pings (after a tower went silent) at most this often (seconds).
+PING_FLOOR_S = 1.0
+
+
+class _Quiet:
+    """``quiet(entries)`` is true once some towers were heard and none new
+    arrived for ``quiet_s`` seconds (and ``at_least_s`` passed since creation)."""
+
+    def __init__(self, quiet_s, at_least_s=0.0):
+        self.quiet_s, self.at_least_s = quiet_s, at_least_s
+        self.started = self.since = time.monotonic()
+        self.count = -1
+
+    def __call__(self, entries):
+        now = time.monotonic()
+        if len(entries) != self.count:
+            self.count, self.since = len(entries), now
+        return bool(entries) and now - self.since >= self.quiet_s and now - self.started >= self.at_least_s
+
+
+def _start_rns(home, connect, rns_config):
+    if RNS.Reticulum.get_instance() is not None:
+        return
+    configdir = rns_config or rnsnet.write_config(home / "rns", connect=connect)
+    rnsnet.start(configdir)
+
+
+class Grid(BlobTransfers, JobCommands):
+    """A grid client.
+
+    ``home``: directory for identity, blobs and RNS state (default RNGRID_HOME or ~/.rngrid).
+    ``connect``: towers or transport nodes to reach over TCP ("host:port"); default
+    from ``home/client.toml``, else the local tower on 127.0.0.1:4242.
+    ``rns_config``: use an existing RNS config dir (e.g. a shared rnsd) instead.
+    """
+
+    def __init__(self, home=None, connect=None, rns_config=None):
+        self.home = Path(home) if home else config.home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        net = config.load_network(self.home / "client.toml")
+        connect = list(connect if connect is not None else (net.connect or DEFAULT_CONNECT))
+        self.identity = identity.load_or_create(self.home / "identity")
+        self.store = BlobStore(self.home / "blobs")
+        collect(self.store)  # leftovers: blobs without an alias, abandoned transfers
+        _start_rns(self.home, connect, rns_config or net.rns_config)
+        self.table = TowerTable()
+        self.listener = TowerListener(self.table)
+        RNS.Transport.register_announce_handler(self.listener)
+        self.connections = {}
+        self.health = router.HealthBook()
+        self.needs = {}
+        self.liveness = Liveness(self)
+        self._pinger = Pinger(self.identity)
+        self._last_ping = 0.0
+        self._told_offline = False
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self.ping()
+        for destination_hash in remembered_towers():
+            RNS.Transport.request_path(destination_hash)
+
+    @property
+    def identity_hash(self):
+        return self.identity.hash.hex()
+
+    def close(self):
+        """Tear down this client's Links (RNS itself stops at process exit)."""
+        RNS.Transport.deregister_announce_handler(self.listener)
+        for conn in list(self.connections.values()):
+            conn.close()
+
+    # -- discovery --------------------------------------------------------
+    def ping(self, force=False):
+        """Send a discovery ping (towers that hear it announce): at most every
+        PING_INTERVAL_S seconds, or PING_FLOOR_S when ``force``d."""
+        now = time.monotonic()
+        if now - self._last_ping >= (PING_FLOOR_S if force else PING_INTERVAL_S):
+            self._last_ping = now
+            # A ping sent before the TCP interfaces connect is lost.
+            online = wait_until(lambda: all(i.online for i in RNS.Transport.interfaces), 3.0)
+            if not online and not self._told_offline:
+                self._told_offline = True
+                log.warning("cannot reach %s yet (is a tower or transport node listening there?); "
+                            "RNS keeps retrying every few seconds", ", ".join(rnsnet.offline_peers()) or "a peer")
+            self._pinger.ping()
+
+    def wait_for(self, predicate, timeout):
+        """Wait (bounded) until ``predicate(live_entries)`` holds, pinging towers
+        every PING_INTERVAL_S meanwhile. Returns the predicate's last value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.table.wait_for(predicate, min(PING_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+            if result or time.monotonic() >= deadline:
+                return result
+            self.ping()
+
+    def towers(self, wait=5.0, quiet_s=1.5):
+        """Towers heard within ``wait`` seconds; returns early once some were heard
+        and none new arrived for ``quiet_s`` seconds."""
+        self.wait_for(_Quiet(quiet_s), wait)
+        return self.table.live()
+
+    def find_tower(self, name_or_hash, timeout=15.0):
+        """A tower by name, full hash or hash prefix, requesting a path when given
+        a full hash we have no path to. Raises WireError(no_tower)."""
+        key = name_or_hash.strip("<>").lower()
+        full_hash = len(key) == 32
+        if full_hash and not RNS.Transport.has_path(bytes.fromhex(key)):
+            RNS.Transport.request_path(bytes.fromhex(key))
+        # A full hash may be a tower far away: only a name or prefix search ends early.
+        quiet = (lambda entries: False) if full_hash else _Quiet(QUIET_S, ANSWER_S)
+        self.wait_for(lambda entries: self.table.find(name_or_hash) or quiet(entries), timeout)
+        entry = self.table.find(name_or_hash)
+        if not entry:
+            same = self.table.named(name_or_hash)
+            if len(same) > 1:
+                raise WireError(Code.NO_TOWER, f"{len(same)} towers are called {name_or_hash!r}: "
+                                               f"{', '.join(e.hash_hex for e in same)}; name one by its hash")
+            heard = ", ".join(e.name for e in self.table.live()) or "none"
+            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard; heard: {heard}" + _offline_note())
+        return entry
+
+    def route(self, model, tower=None, timeout=15.0, adapter=None):
+        """The best tower to run ``model`` on (``tower`` overrides). Raises WireError(no_tower)."""
+        return self.rank(model, adapter=adapter, tower=tower, timeout=timeout)[0].entry
+
+    def rank(self, model, adapter=None, tower=None, timeout=15.0, settle_s=0.3, complete=False):
+        """Candidate towers for ``model``, best first (router.py), with their live
+        load and RTT refreshed. When no tower has the model but this client does,
+        every tower is a candidate (the model is pushed first). ``complete``: wait
+        until every tower had time to answer the discovery ping (ANSWER_S, then
+        QUIET_S without news) instead of going with the first candidates heard.
+        Raises WireError: no_tower when none was heard, unknown_model when the
+        towers heard lack the model."""
+        if tower:
+            entries = [self.find_tower(tower, timeout)]
+        else:
+            entries = self._discover_for(model, timeout, settle_s)
+            if complete:
+                self.wait_for(_Quiet(QUIET_S, ANSWER_S - (time.monotonic() - self._started)), ANSWER_S + QUIET_S)
+                entries = self.table.live()
+        syncable = bool(tower) or self.local_blob(model) is not None
+        pool = router.candidates(entries, model) or (entries if syncable else [])
+        self.refresh([e for e in pool if not self.health.get(e.destination_hash).backed_off()])
+        # Towers that left the table while being probed (silent again) go only if nothing else is left.
+        live = [e for e in map(self.table.get, [e.destination_hash for e in pool]) if e] or pool
+        ranked = router.rank(live, model, adapter, self.health, self.needs.get(model, 0), syncable=syncable)
+        if not ranked:
+            raise WireError(Code.UNKNOWN_MODEL if entries else Code.NO_TOWER, f"no tower has model {model!r}")
+        return ranked
+
+    def _discover_for(self, model, timeout, settle_s):
+        if router.candidates(self.table.live(), model):
+            return self.table.live()
+        local = self.local_blob(model)
+        ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
+        quiet = _Quiet(QUIET_S, ANSWER_S)
+        self.wait_for(lambda entries: ready(entries) or quiet(entries), timeout)
+        if not ready(self.table.live()):
+            live = self.table.live()
+            heard = ", ".join(f"{e.name} ({', '.join(m.alias for m in e.caps.models) or 'no models'})"
+                              for e in live) or "none"
+            # Towers were there and none has it: that, not routing, is why it cannot run.
+            raise WireError(Code.UNKNOWN_MODEL if live else Code.NO_TOWER,
+                            f"no tower with model {model!r} heard; heard: {heard}" + _offline_note())
+        time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
+        return self.table.live()
+
+    def refresh(self, entries, max_age_s=LIVE_MAX_AGE_S):
+        """Probe towers whose live load is older than ``max_age_s`` (liveness.Liveness.refresh)."""
+        self.liveness.refresh(entries, max_age_s)
+
+    def local_blob(self, name):
+        """The blob id (bytes) ``name`` resolves to in this client's store, or None."""
+        try:
+            return self.store.resolve(name)
+        except WireError:
+            return None
+
+    def connection(self, entry):
+        with self._lock:
+            conn = self.connections.get(entry.destination_hash)
+            if conn is None:
+                conn = self.connections[entry.destination_hash] = TowerConnection(
+                    self.identity, entry.destination_hash, entry.name)
+            return conn
+
+    # -- commands ---------------------------------------------------------
+    def execute(self, command, payload, tower=None, timeout=30.0, progress=None):
+        """Run ``command`` on the grid.
+
+        ``ai/inference``: returns an InferenceStream, an iterator of text pieces
+        (str) followed by one Usage; a model the chosen tower lacks is synced
+        to it first (``progress(done_bytes, total_bytes)``); towers that fail are
+        replaced (inference.py). Other commands need ``tower`` and return the
+        reply map within ``timeout`` seconds. Raises WireError (code + message)."""
+        if command == "ai/inference":
+            return self.infer(payload, tower=tower, progress=progress)
+        if not tower:
+            raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
+        return self.connection(self.find_tower(tower)).request(command, payload, timeout)
+
+    def infer(self, payload, tower=None, progress=None):
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
+        started = time.perf_counter()
+        adapter = payload.get("adapter") if isinstance(payload.get("adapter"), str) else None
+        choices = self.rank(payload["model"], adapter=adapter, tower=tower)
+        if not tower and not adapter and splitroute.needs_split(self, payload["model"], choices):
+            placement, entries = splitroute.make_plan(self, payload["model"])
+            return splitroute.SplitStream(self, payload, placement, entries, progress=progress, started=started)
+        return InferenceStream(self, payload, choices, progress=progress, started=started)
+
+    # -- blobs ------------------------------------------------------------
+    def caps_full(self, entries, timeout=10.0, timed=False):
+        """[(entry, caps/full reply)] of the towers that answer within ``timeout``
+        seconds, asked all at once; ``timed`` adds each round trip (seconds)."""
+        results = []
+
+        def ask(entry):
+            try:
+                started = time.monotonic()
+                reply = self.connection(entry).request("caps/full", {}, timeout,
+                                                       link_timeout=self.liveness.attempt_timeout(entry))
+                results.append((entry, reply, time.monotonic() - started) if timed else (entry, reply))
+            except WireError as e:
+                log.info("no caps/full from %s: %s", entry.name, e)
+                if e.code in LINK_LOST:
+                    self.liveness.failed(entry, e)
+
+        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in entries]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout + 16)
+        return list(results)
+
+
+def _offline_note():
+    offline = rnsnet.offline_peers()
+    return f"; cannot reach {', '.join(offline)}" if offline else ""

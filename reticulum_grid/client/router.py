@@ -1,0 +1,170 @@
+"""Routing: which tower runs a request. The whole score is here.
+
+Candidates are live towers whose caps list the model. Each gets a sort key,
+compared left to right (lower is better):
+
+1. ``backed_off``: the tower failed recently (exponential backoff, see Health);
+   it is tried only when nothing else is left.
+2. ``training``: a tower running a training job serves inference only when
+   no other tower can.
+3. ``tier``: 0 the model is loaded, 1 it is on the tower's disk, 2 it must be
+   synced there first (only towers holding nothing are tier 2 candidates,
+   and only when no tower holds the model at all).
+4. ``no_room``: for a model not loaded yet, free memory (VRAM, or RAM on a
+   CPU tower) below the model's need (GGUF size + KV cache, gguf_info.need_mib).
+   Free VRAM is the sum over the tower's GPUs (llama.cpp splits a model over
+   them), plus one set of compute buffers per extra GPU (``need_on_gpus``).
+5. ``lacks_adapter``: the requested LoRA adapter would have to be synced first.
+6. ``cost``: an estimate of seconds per generated token for this request,
+   (streams + queue + pending + 1) / tokens_per_s, plus the measured RTT in
+   seconds, where ``pending`` counts the streams this client started there
+   since it last read the tower's load; a busy fast tower and an idle slow one
+   compare fairly, and simultaneous requests do not all pick the same tower.
+7. ``-headroom``: free memory beyond the model's need (MiB), more is better.
+8. ``hops``: fewer is better.
+9. a random tie-breaker, so equal towers share the load.
+"""
+
+import random
+import time
+from dataclasses import dataclass
+
+from links.wire import Code, WireError
+from reticulum_grid.store.gguf_info import RUNTIME_OVERHEAD_MIB
+
+#: Backoff after the n-th consecutive failure: min(2**n, MAX_BACKOFF_S) seconds.
+MAX_BACKOFF_S = 120.0
+
+
+#: Seconds a tower that has not answered yet (its probe still runs) ranks last.
+SILENT_BACKOFF_S = 2.0
+
+
+@dataclass
+class Health:
+    """What the client measured of one tower.
+
+    ``state``: "" (not asked yet), "ok" (answered), "silent" (no answer within
+    its bound: frozen, gone, or its path is lost), "failed" (refused or broke
+    a request); ``error`` says why; ``lost`` counts silences in a row."""
+    rtt_s: float = 0.0
+    failures: int = 0
+    backoff_until: float = 0.0
+    pending: int = 0
+    state: str = ""
+    error: str = ""
+    lost: int = 0
+
+    def backed_off(self, now=None):
+        return (now or time.monotonic()) < self.backoff_until
+
+
+HEALTHY = Health()
+
+
+class HealthBook:
+    """Health per destination hash."""
+
+    def __init__(self):
+        self._health = {}
+
+    def get(self, destination_hash):
+        return self._health.get(destination_hash, HEALTHY)
+
+    def failed(self, destination_hash, error="", lost=False):
+        """The tower refused or broke a request (``lost``: it did not answer at
+        all, or could not be reached). Returns its Health."""
+        h = self._health.setdefault(destination_hash, Health())
+        h.failures += 1
+        h.backoff_until = time.monotonic() + min(2.0 ** h.failures, MAX_BACKOFF_S)
+        h.state, h.error = ("silent" if lost else "failed"), error
+        h.lost = h.lost + 1 if lost else 0
+        return h
+
+    def silent(self, destination_hash):
+        """No answer yet while others answered: rank it last for a moment."""
+        h = self._health.setdefault(destination_hash, Health())
+        h.state, h.error = "silent", "no answer yet"
+        h.backoff_until = max(h.backoff_until, time.monotonic() + SILENT_BACKOFF_S)
+
+    def succeeded(self, destination_hash):
+        h = self._health.setdefault(destination_hash, Health())
+        h.failures, h.backoff_until, h.lost, h.state, h.error = 0, 0.0, 0, "ok", ""
+
+    def rtt(self, destination_hash, seconds):
+        """The tower answered a ping after ``seconds`` (its RTT)."""
+        h = self._health.setdefault(destination_hash, Health())
+        if h.state == "silent":  # a late answer: it was only slow
+            h.backoff_until = 0.0
+        h.rtt_s = seconds if not h.rtt_s else 0.7 * h.rtt_s + 0.3 * seconds
+        h.state, h.error, h.lost = "ok", "", 0
+        h.pending = 0  # the tower's own load figures now include our streams
+
+    def started(self, destination_hash):
+        self._health.setdefault(destination_hash, Health()).pending += 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A ranked candidate and the reasons for its place."""
+    entry: object
+    key: tuple
+
+    @property
+    def reasons(self):
+        backed_off, training, tier, no_room, lacks_adapter, cost, headroom, hops, _ = self.key
+        return {"tier": ("loaded", "on disk", "sync first")[tier], "backed_off": backed_off, "training": training,
+                "no_room": no_room, "lacks_adapter": lacks_adapter, "cost_s_per_token": cost,
+                "headroom_mib": -headroom, "hops": hops}
+
+
+def candidates(entries, model):
+    return [e for e in entries if e.caps.model(model) is not None]
+
+
+def rank(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+    """Choices, best first. ``need_mib``: the model's memory need (0 if unknown);
+    ``syncable``: the model can be synced to towers that lack it."""
+    return sorted((Choice(e, k) for e, k in _keys(entries, model, adapter, health, need_mib, syncable)),
+                  key=lambda c: c.key)
+
+
+def choose(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+    """The best tower for ``model`` (one pass, no sort). Raises WireError(no_tower)."""
+    best = min(_keys(entries, model, adapter, health, need_mib, syncable), key=lambda pair: pair[1], default=None)
+    if best is None:
+        raise WireError(Code.NO_TOWER, f"no tower has model {model!r}")
+    return best[0]
+
+
+def _keys(entries, model, adapter, health, need_mib, syncable):
+    """(entry, key) for every candidate."""
+    book = health or HealthBook()
+    now = time.monotonic()
+    keyed = []
+    for entry in entries:
+        caps = entry.caps
+        cap = caps.model(model)
+        if cap is None:
+            continue
+        keyed.append((entry, _key(entry, caps, 0 if cap.loaded else 1, adapter, book.get(entry.destination_hash),
+                                  need_mib, now)))
+    if keyed or not syncable:
+        return keyed
+    return [(e, _key(e, e.caps, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
+
+
+def need_on_gpus(need_mib, gpus):
+    """A model's need (MiB) on a tower with ``gpus`` GPUs, as the caps show
+    them (a sum): split over several, each carries its own compute buffers."""
+    return need_mib + RUNTIME_OVERHEAD_MIB * (gpus - 1) if need_mib and gpus > 1 else need_mib
+
+
+def _key(entry, caps, tier, adapter, health, need_mib, now):
+    free = caps.hardware.memory_free_mib
+    need_mib = need_on_gpus(need_mib, caps.hardware.gpus)
+    load = caps.load
+    cost = (load.streams + load.queue + health.pending + 1) / max(caps.tokens_per_s, 1.0) + health.rtt_s
+    return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and free < need_mib,
+            bool(adapter) and caps.adapter(adapter) is None, round(cost, 3), need_mib - free, entry.hops,
+            random.random())

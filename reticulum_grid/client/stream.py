@@ -1,0 +1,255 @@
+"""One ``ai/inference`` request on the grid, with failover.
+
+The request goes to the best ranked tower (router.py). A tower that refuses
+or fails before the first token (busy, gone, no memory, ...) is skipped and
+the next one tried, without the caller seeing an error. A tower that dies
+mid-stream is replaced: another tower holding the same model blob continues
+from the prompt plus the tokens already generated (the stream carries their
+ids), so at temperature 0 the joined text equals an uninterrupted run. When
+that is impossible (no other tower has the model, or the request uses stop
+strings, whose held-back text makes the token boundary uncertain) the error
+says how far it got.
+
+Each attempt to reach a tower is bounded by what its link has shown
+(connection.attempt_timeout), so a frozen or dead tower costs seconds, not a
+fixed 15 s. When every ranked tower failed because it was gone (or the stream
+lost its tower), the stream looks again once (Liveness.look_again: a discovery
+ping, path requests to remembered towers) before giving up. The final error
+carries the most specific reason a tower gave (not_allowed, busy, ...) and
+names every tower tried; no_tower means no tower was there.
+"""
+
+import secrets
+import time
+from dataclasses import dataclass
+
+from links.stream import MAX_STREAM_ID, TextDecoder
+from links.wire import Code, WireError
+
+#: Errors after which, before any output, the next tower is tried.
+RETRY_BEFORE_OUTPUT = {Code.BUSY, Code.UNREACHABLE, Code.TIMEOUT, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL,
+                       Code.UNKNOWN_ADAPTER, Code.INSUFFICIENT_MEMORY, Code.INTERNAL}
+#: Errors that mean the tower (or the way to it) went away.
+LINK_LOST = {Code.UNREACHABLE, Code.TIMEOUT}
+#: Towers tried for one request at most.
+MAX_TOWERS = 4
+#: A stream silent this long (no token, no heartbeat) lost its tower (seconds;
+#: at least 3 heartbeats, more on a slow link: 10 RTTs).
+STREAM_SILENCE_S = 3.5
+#: The final error's code when towers refused for different reasons: the first
+#: of these any tower gave (busy can pass; the others say what to fix).
+SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.UNKNOWN_ADAPTER, Code.UNKNOWN_MODEL, Code.INSUFFICIENT_MEMORY,
+                  Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
+
+
+@dataclass
+class Usage:
+    """Ends an inference stream. Tokens are counts; times in seconds; rate in tokens/s.
+
+    ``ttft_s`` is measured by the client, from execute() to the first text;
+    ``tower_ttft_s`` is the (last) tower's prompt processing time to the first token;
+    ``failovers`` counts towers that failed mid-stream and were replaced."""
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    tokens_per_s: float
+    tower: str
+    finish_reason: str
+    tower_ttft_s: float = 0.0
+    queued_s: float = 0.0
+    failovers: int = 0
+
+
+class InferenceStream:
+    """Iterator of text pieces (str) followed by one Usage.
+
+    Leaving the iteration early (break, exception, Ctrl-C) cancels the stream
+    on the tower. ``text`` holds what arrived; ``usage`` is set at the end."""
+
+    def __init__(self, grid, payload, choices, progress=None, started=None):
+        self.grid = grid
+        self.payload = payload
+        self.choices = list(choices)[:MAX_TOWERS]
+        self.progress = progress
+        self.started = started or time.perf_counter()
+        self.text = ""
+        self.usage = None
+        self.ids = []
+        self._current = None  # (connection, stream id) while a tower streams to us
+        self._first_at = None
+        self._failovers = 0
+        self._errors = []  # (tower name, WireError) per failed attempt
+        self._tried = {}  # destination hash -> wall-clock time it failed
+        self._model_blob = None
+
+    def __iter__(self):
+        decoder = TextDecoder()
+        try:
+            choices, looked_again = self.choices, False
+            while True:
+                for choice in choices:
+                    if len(self._errors) >= 2 * MAX_TOWERS:
+                        break
+                    if (yield from self._attempt(choice.entry, decoder)):
+                        return
+                if looked_again or not self._worth_looking_again():
+                    break
+                looked_again = True
+                choices = self.grid.liveness.look_again(self.payload["model"], self._tried, adapter=self._adapter())
+            raise self._exhausted()
+        finally:
+            if self._current is not None:
+                self.cancel()
+
+    def _attempt(self, entry, decoder):
+        """Run (or continue) the stream on ``entry``, yielding its text; True once
+        it ended with a Usage, False when the next tower should be tried."""
+        if self._model_blob is not None and not self._can_continue(entry, self._model_blob):
+            return False
+        try:
+            receiver, entry = self._start(entry)
+        except WireError as e:
+            self._note_refusal(entry, e)
+            return False
+        self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
+        ids_before = len(self.ids)
+        try:
+            rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
+            silence = max(STREAM_SILENCE_S, 10 * rtt)
+            for event in receiver.events(silence, self._current[0].router):
+                if event[0] == "data":
+                    self.ids += event[2]
+                    text = decoder.feed(event[1])
+                    if text:
+                        yield self._emit(text)
+                else:
+                    tail = decoder.finish()
+                    if tail:
+                        yield self._emit(tail)
+                    self._release()
+                    self.grid.health.succeeded(entry.destination_hash)
+                    self.usage = self._usage(entry, event[1], event[2], ids_before)
+                    yield self.usage
+                    return True
+        except WireError as e:
+            self._release()
+            if e.code not in LINK_LOST and not (e.code in RETRY_BEFORE_OUTPUT and not self.ids):
+                raise
+            self._failed(entry, e)
+            if self.ids:
+                self._check_continuable(entry, e)
+                self._failovers += 1
+        return False
+
+    def _adapter(self):
+        adapter = self.payload.get("adapter")
+        return adapter if isinstance(adapter, str) else None
+
+    def _failed(self, entry, error):
+        self._errors.append((entry.name, error))
+        self._tried[entry.destination_hash] = time.time()
+        self.grid.liveness.failed(entry, error)
+
+    def _worth_looking_again(self):
+        """Look again when the stream lost its tower, or a tower was gone (not when
+        every tower refused: asking again would get the same answers)."""
+        return bool(self.ids) or any(e.code in LINK_LOST for _, e in self._errors)
+
+    def _emit(self, text):
+        if self._first_at is None:
+            self._first_at = time.perf_counter()
+        self.text += text
+        return text
+
+    def _start(self, entry):
+        """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
+        model, adapter = self.payload["model"], self.payload.get("adapter")
+        if entry.caps.model(model) is None:
+            entry = self.grid.sync_to(entry, model, "model", self.progress)
+        if isinstance(adapter, str) and entry.caps.adapter(adapter) is None:
+            entry = self.grid.sync_to(entry, adapter, "adapter", self.progress)
+        payload = dict(self.payload)
+        if self.ids:
+            payload["continue_tokens"] = list(self.ids)
+            payload["max_tokens"] = payload.get("max_tokens", 256) - len(self.ids)
+        conn = self.grid.connection(entry)
+        stream_id = secrets.randbelow(MAX_STREAM_ID)
+        # The tower answers ai/inference at once (generation runs on its own thread).
+        bound = self.grid.liveness.attempt_timeout(entry)
+        receiver = conn.open_stream(stream_id, link_timeout=bound)
+        try:
+            conn.request("ai/inference", {**payload, "stream_id": stream_id}, bound, link_timeout=bound)
+        except BaseException:
+            conn.close_stream(stream_id)
+            raise
+        self._current = (conn, stream_id)
+        self.grid.health.started(entry.destination_hash)
+        return receiver, entry
+
+    def _note_refusal(self, entry, error):
+        if error.code not in RETRY_BEFORE_OUTPUT:
+            raise error
+        if error.code == Code.BUSY:
+            self._errors.append((entry.name, error))
+        else:
+            self._failed(entry, error)
+
+    def _can_continue(self, entry, model_blob):
+        cap = entry.caps.model(self.payload["model"])
+        return cap is not None and cap.short_id == model_blob
+
+    def _check_continuable(self, entry, error):
+        if self.payload.get("stop"):
+            raise WireError(error.code, f"tower {entry.name} went away after {len(self.ids)} tokens "
+                                        f"({len(self.text)} characters); a request with stop strings "
+                                        "cannot be continued elsewhere") from None
+
+    def _exhausted(self):
+        """The error once no tower is left: the most telling code a tower gave
+        (busy with the shortest retry hint, not_allowed, ...), naming every try."""
+        model = self.payload["model"]
+        tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in self._errors) or "none"
+        if self.ids:
+            return WireError(Code.UNREACHABLE, f"the stream stopped after {len(self.ids)} tokens "
+                                               f"({len(self.text)} characters) and no other tower with {model!r} "
+                                               f"could continue it (looked again for towers); tried {tried}")
+        if not self._errors:
+            return WireError(Code.NO_TOWER, f"no tower could run {model!r}: none heard")
+        codes = {e.code for _, e in self._errors}
+        code = next((c for c in SPECIFIC_FIRST if c in codes), Code.UNREACHABLE)
+        busy = [e.retry_after or 0.0 for _, e in self._errors if e.code == Code.BUSY]
+        if code == Code.BUSY and len(busy) == len(self._errors):
+            return WireError(Code.BUSY, f"all {len(busy)} towers with {model!r} are busy", retry_after=min(busy))
+        if code == Code.NOT_ALLOWED and codes == {Code.NOT_ALLOWED}:
+            return WireError(code, f"no tower with {model!r} lets this identity run it; tried {tried}")
+        return WireError(code, f"no tower could run {model!r}; tried {tried}",
+                         retry_after=min(busy) if code == Code.BUSY else None)
+
+    @property
+    def tower(self):
+        """Name of the tower streaming now (None when none is)."""
+        return self._current[0].name if self._current else None
+
+    def _release(self):
+        if self._current is not None:
+            conn, stream_id = self._current
+            self._current = None
+            conn.close_stream(stream_id)
+
+    def cancel(self):
+        """Stop generation on the tower (idempotent; may be called from another
+        thread than the one iterating, which then gets WireError(cancelled))."""
+        current, self._current = self._current, None  # one read: the iterating thread may clear it meanwhile
+        if current is not None:
+            conn, stream_id = current
+            conn.cancel(stream_id)
+
+    def _usage(self, entry, finish_reason, usage, ids_before):
+        def num(key, kind=float):
+            value = usage.get(key, 0)
+            return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
+        return Usage(prompt_tokens=num("prompt_tokens", int) - ids_before,
+                     completion_tokens=num("completion_tokens", int) + ids_before,
+                     ttft_s=(self._first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
+                     tower=entry.name, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
+                     queued_s=num("queued_s"), failovers=self._failovers)

@@ -1,0 +1,146 @@
+"""``POST /v1/grid/execute``: the grid's own commands from any language.
+
+Body ``{"command": str, "params": {...}}``; the answer is the command's
+events, one JSON object per line (NDJSON), or SSE ``data:`` lines when the
+request accepts ``text/event-stream``. Every event has a ``type``:
+
+- ``ai/inference`` (params: the Grid's inference payload plus ``tower``):
+  ``token`` {text} ..., then ``usage`` {prompt_tokens, completion_tokens,
+  ttft_s, tokens_per_s, tower, finish_reason, ...}.
+- ``genome/train`` (params: the job request, see training/request.py, with the
+  data as ``dataset`` (a blob on the tower), ``data`` (JSONL text) or
+  ``examples`` (a list of {"messages": [...]} or {"text": ...}); ``tower``
+  (default auto); ``watch`` (default true)): ``transfer`` {done_bytes,
+  total_bytes} while the data is sent, ``job`` {job_id, tower}, then the job's
+  events (``state``, ``started``, ``progress`` {step, total_steps, loss, lr,
+  tokens_per_s, eta_s}, ``end`` {state, final_loss, adapter_alias, ...}).
+- ``jobs/watch`` {job_id, tower?}: the job's events until ``end``.
+- ``jobs/status`` {job_id?, tower?}: ``jobs`` {jobs: [job + tower]}.
+- ``jobs/cancel`` {job_id, tower?}: ``status`` {job}.
+- ``caps/full`` {tower}: ``result`` {reply}.
+- ``grid/towers``, ``grid/models``: ``towers`` {towers}, ``models`` {models}.
+
+An error before the first event is an HTTP error (errors.py) whose
+``error.code`` is the grid's code; after it, one ``error`` event {code,
+message, retry_after} ends the stream. Either way the codes are the Grid's.
+"""
+
+import hashlib
+import json
+
+from links.wire import Code, WireError
+from reticulum_grid.gateway.errors import bad_request
+from reticulum_grid.gateway.inference import inference_work
+
+#: genome/train params that are not part of the tower's job request.
+TRAIN_LOCAL = ("data", "examples", "tower", "watch")
+
+
+def jsonable(value):
+    """``value`` with bytes as hex, so any reply map can be JSON."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def work_for(grid, views, command, params, busy_wait_s):
+    """``work(call)`` (bridge.Call) for one command. Raises ApiError(400) for a
+    bad command or params."""
+    if not isinstance(params, dict):
+        raise bad_request("'params' must be an object", "params")
+    tower = params.get("tower")
+    if tower is not None and not isinstance(tower, str):
+        raise bad_request("'tower' must be a tower name or destination hash", "params.tower")
+    if command == "ai/inference":
+        payload = {k: v for k, v in params.items() if k != "tower"}
+        if not isinstance(payload.get("model"), str):
+            raise bad_request("ai/inference needs params.model", "params.model")
+        return inference_work(grid, payload, tower, busy_wait_s, as_events=True)
+    if command == "genome/train":
+        return lambda call: _train(grid, params, call)
+    if command in ("jobs/watch", "jobs/cancel") or (command == "jobs/status" and params.get("job_id") is not None):
+        if not isinstance(params.get("job_id"), str):
+            raise bad_request(f"{command} needs params.job_id", "params.job_id")
+        return lambda call: _job(grid, command, params["job_id"], tower, call)
+    if command == "jobs/status":
+        return lambda call: call.emit({"type": "jobs", "jobs": _all_jobs(grid, views, tower)})
+    if command == "caps/full":
+        if not tower:
+            raise bad_request("caps/full needs params.tower", "params.tower")
+        return lambda call: call.emit({"type": "result", "reply": jsonable(grid.execute(command, {}, tower=tower))})
+    if command == "grid/towers":
+        return lambda call: call.emit({"type": "towers", "towers": views.towers()})
+    if command == "grid/models":
+        return lambda call: call.emit({"type": "models", "models": views.models()})
+    known = "ai/inference, genome/train, jobs/status, jobs/watch, jobs/cancel, caps/full, grid/towers, grid/models"
+    raise bad_request(f"unknown command {command!r}; known: {known}", "command")
+
+
+def _all_jobs(grid, views, tower):
+    if tower:
+        return [{"tower": name, **job} for name, job in grid.jobs(tower)]
+    return views.jobs(fresh=True)
+
+
+def _job(grid, command, job_id, tower, call):
+    entry = grid.job_tower(job_id, tower)
+    if command == "jobs/status":
+        reply = grid.connection(entry).request("jobs/status", {"job_id": job_id})
+        call.emit({"type": "jobs", "jobs": [{"tower": entry.name, **job} for job in reply["jobs"]]})
+    elif command == "jobs/cancel":
+        call.emit({"type": "status", "job": {"tower": entry.name, **grid.cancel_job(job_id, entry.name)}})
+    else:
+        _follow(grid.watch(job_id, entry.name), call)
+
+
+def _follow(events, call):
+    """Emit a job's events until its end, or until the client leaves (noticed at
+    the next event: the job keeps running, only the watching stops)."""
+    try:
+        for event in events:
+            if call.stopped.is_set():
+                return
+            call.emit(jsonable(event))
+    finally:
+        events.close()
+
+
+def _train(grid, params, call):
+    request = {k: v for k, v in params.items() if k not in TRAIN_LOCAL}
+    data_path = _data_file(grid, params)
+    if data_path:
+        request.setdefault("dataset", "")
+    progress = lambda done, total: call.emit({"type": "transfer", "done_bytes": done, "total_bytes": total})
+    entry, job_id = grid.train(request, data_path, params.get("tower"), progress)
+    call.emit({"type": "job", "job_id": job_id, "tower": entry.name})
+    if params.get("watch", True) and not call.stopped.is_set():
+        _follow(grid.watch(job_id, entry.name), call)
+
+
+def _data_file(grid, params):
+    """A JSONL file in the client's home from ``data`` or ``examples`` (None for
+    neither), named by its content: the client's blob store refers to it in
+    place, so it stays. Raises WireError(bad_request)."""
+    data, examples = params.get("data"), params.get("examples")
+    if data is None and examples is None:
+        return None
+    if data is not None and examples is not None:
+        raise WireError(Code.BAD_REQUEST, "give 'data' or 'examples', not both")
+    if examples is not None:
+        if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+            raise WireError(Code.BAD_REQUEST, "'examples' must be a list of objects")
+        data = "".join(json.dumps(e) + "\n" for e in examples)
+    if not isinstance(data, str) or not data.strip():
+        raise WireError(Code.BAD_REQUEST, "'data' must be JSONL text")
+    raw = data.encode("utf-8")
+    path = grid.home / "datasets" / f"{hashlib.sha256(raw).hexdigest()[:32]}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        partial = path.with_suffix(".part")
+        partial.write_bytes(raw)
+        partial.replace(path)  # whole or absent: a crash never leaves half a dataset under its final name
+    return path

@@ -1,0 +1,73 @@
+"""Running the gateway: the bind rule and uvicorn.
+
+The gateway binds 127.0.0.1 by default. Any other address (0.0.0.0, a
+tailnet or LAN address) exposes the grid to that network, so it needs an API
+key; ``check_bind`` refuses to start without one.
+"""
+
+import ipaddress
+import threading
+import time
+
+import uvicorn
+
+from reticulum_grid.gateway.app import Gateway
+
+
+class BindRefused(ValueError):
+    pass
+
+
+def is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def check_bind(host, api_key):
+    """Raise BindRefused when ``host`` is not a loopback address and there is no API key."""
+    if not is_loopback(host) and not api_key:
+        raise BindRefused(f"binding {host} exposes the grid beyond this machine: give an API key "
+                          "(--api-key KEY or RNGRID_API_KEY)")
+
+
+def server(grid, host="127.0.0.1", port=8080, api_key=None, busy_wait_s=None, origins=(), log_level="warning"):
+    """A uvicorn.Server for the gateway on ``host:port`` (not started); ``origins``:
+    web origins allowed to call it (CORS). Raises BindRefused."""
+    check_bind(host, api_key)
+    options = {} if busy_wait_s is None else {"busy_wait_s": busy_wait_s}
+    app = Gateway(grid, api_key=api_key, origins=origins, loopback=is_loopback(host), **options).app()
+    # lifespan off: the app holds nothing that starts or stops with the server.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
+
+
+class BackgroundServer:
+    """The gateway served from a thread of this process (tests, benchmarks):
+    ``with BackgroundServer(grid, port=...) as url: ...``."""
+
+    def __init__(self, grid, host="127.0.0.1", port=8080, **options):
+        self.server = server(grid, host, port, **options)
+        self.url = f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self.server.run, name="rngrid-gateway", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        deadline = time.monotonic() + 15.0
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                self.close()
+                raise RuntimeError(f"the gateway did not start on {self.url}")
+            time.sleep(0.02)
+        return self.url
+
+    def close(self):
+        self.server.should_exit = True
+        self._thread.join(10.0)
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,85 @@
+"""Where llama.cpp put a model, in its own words.
+
+llama.cpp logs one line per buffer it allocates while loading a model and
+making its context ("load_tensors:  CUDA0 model buffer size = 60.00 MiB",
+"llama_kv_cache:  CUDA0 KV buffer size = ...", "... compute buffer size = ...").
+Reading those lines says which device really holds the weights, the KV cache
+and the compute buffers: a truthful check after load, whatever ``n_gpu_layers``
+asked for, for CUDA, Metal and the other GPU backends alike.
+"""
+
+import contextlib
+import ctypes
+import re
+import threading
+from dataclasses import dataclass, field
+
+import llama_cpp
+
+
+class LoadError(ValueError):
+    """llama.cpp could not load the model; ``out_of_memory`` when its log says
+    an allocation failed."""
+
+    def __init__(self, message, log_text=""):
+        super().__init__(message)
+        self.out_of_memory = bool(_OOM.search(log_text))
+
+
+#: llama.cpp's buffer report: "load_tensors:  CUDA0 model buffer size = 60.00 MiB".
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size\s*=\s*([0-9.]+) MiB")
+_OOM = re.compile(r"out of memory|failed to allocate|unable to allocate", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where llama.cpp put a model: {(buffer, kind): MiB} from its load log.
+    A buffer is on a GPU unless it is host memory (CPU*, *_Host) or a remote
+    RPC device."""
+    buffers: dict = field(default_factory=dict)
+
+    @staticmethod
+    def on_gpu(buffer):
+        return not (buffer.startswith("CPU") or buffer.endswith("_Host") or buffer.startswith("RPC"))
+
+    def mib(self, gpu, kind=None):
+        """MiB on GPUs (``gpu`` True) or in host memory, of one kind or all."""
+        return round(sum(v for (b, k), v in self.buffers.items() if self.on_gpu(b) == gpu and kind in (None, k)))
+
+    @property
+    def offloaded(self):
+        """True when most model weights sit on a GPU (the input embeddings
+        always stay in host memory, so "all" is not the test)."""
+        return self.mib(True, "model") > self.mib(False, "model")
+
+
+def parse_placement(log_text):
+    """Placement from llama.cpp log text (lines as llama.cpp prints them)."""
+    buffers = {}
+    for buffer, kind, mib in _BUFFER.findall(log_text):
+        buffers[(buffer, kind)] = buffers.get((buffer, kind), 0.0) + float(mib)
+    return Placement(buffers)
+
+
+_log_lock = threading.Lock()
+_collector = None  # kept alive: llama.cpp may still hold the pointer briefly
+
+
+@contextlib.contextmanager
+def llama_log(lines):
+    """Collect llama.cpp's log text into ``lines`` (one load at a time: the
+    log callback is process-wide), then give llama-cpp-python its own back."""
+    global _collector
+    from llama_cpp import _logger
+
+    @llama_cpp.llama_log_callback
+    def collect(level, text, user_data):
+        lines.append(text.decode("utf-8", "replace"))
+
+    with _log_lock:
+        _collector = collect
+        llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+        try:
+            yield
+        finally:
+            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))

@@ -1,0 +1,243 @@
+"""The models a tower can serve: every blob of kind "model" in its store.
+
+Models named in the tower config are registered in place and loaded at
+start; models that arrive later (pushed or pulled) are loaded into llama.cpp
+on first use. Loading checks free memory (VRAM, or RAM on a CPU tower)
+against the model's need (weights + KV cache, gguf_info.need_mib), unloading
+idle models least recently used first, and refuses with
+``insufficient_memory`` when it still does not fit.
+
+After loading, where llama.cpp really put the model (its own buffer report,
+``placement.py``) and how much memory the GPUs show gone are checked against
+the estimate: a model kept off the GPU makes the tower a CPU tower in its caps
+(``truthful``), and a load that took more than estimated corrects the estimate.
+On several GPUs a model goes whole onto the one with the most free memory when
+it fits there, else across them in proportion to their free memory
+(``tensor_split``).
+"""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from announce.caps import SHORT_ID_BYTES, Hardware, ModelCap
+from links.wire import Code, WireError
+from reticulum_grid.store import gguf_info
+from reticulum_grid.node import hardware
+from reticulum_grid.inference.admission import ModelQueue
+from reticulum_grid.node.config import ModelConfig
+from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
+from reticulum_grid.inference.placement import LoadError
+
+log = logging.getLogger("rngrid.models")
+
+MIB = 1 << 20
+
+
+@dataclass
+class ModelSlot:
+    """One servable model: its blob, admission queue and (once loaded) backend."""
+    blob_id: bytes
+    path: str
+    size: int
+    settings: ModelConfig
+    queue: ModelQueue
+    backend: LlamaBackend = None
+    need_mib: int = None
+    last_used: float = 0.0
+    offloaded: bool = None  # after load: llama.cpp put most weights on a GPU
+    vram_mib: int = None    # after load: GPU memory the load took, as the GPUs show it
+    load_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def loaded(self):
+        return self.backend is not None
+
+    @property
+    def busy(self):
+        return self.queue.running or self.queue.waiting
+
+
+class ModelRegistry:
+    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None):
+        self.store = store
+        self.queue_depth = queue_depth
+        self.on_tokens_per_s = on_tokens_per_s
+        self._settings = {}
+        self._slots = {}
+        self._lock = threading.Lock()
+        self._index_mtime = None
+        for cfg in configs:
+            self._settings[store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id] = cfg
+
+    def load_configured(self):
+        """Load the config's models; one that does not fit is logged and
+        left for later, so the tower still serves the others."""
+        for blob_id in list(self._settings):
+            try:
+                self.backend(self.slot(blob_id))
+            except WireError as e:
+                log.error("model %s not loaded: %s", self._settings[blob_id].alias, e.message)
+
+    def aliases(self):
+        """{alias: blob_id} of every model blob in the store."""
+        self._refresh()
+        return {alias: info.blob_id for info in self.store.list() if info.kind == "model" for alias in info.aliases}
+
+    def _refresh(self):
+        mtime = self.store.index_mtime()
+        if mtime != self._index_mtime:
+            self._index_mtime = mtime
+            self.store.reload()
+
+    def caps_models(self):
+        """Every alias of every model blob (two aliases of one blob: two entries)."""
+        return tuple(ModelCap(alias, blob_id[:SHORT_ID_BYTES], bool(self._slots.get(blob_id) and
+                                                                    self._slots[blob_id].loaded))
+                     for alias, blob_id in sorted(self.aliases().items()))
+
+    def need_mib(self, slot):
+        """Memory the slot's model needs loaded (MiB; gguf_info.need_mib), cached."""
+        if slot.need_mib is None:
+            slot.need_mib = gguf_info.need_mib(slot.path, slot.settings.n_ctx, slot.size)
+        return slot.need_mib
+
+    def slots(self):
+        return list(self._slots.values())
+
+    def find(self, name):
+        """The ModelSlot for an alias or blob id prefix (>= 8 hex). Raises WireError(unknown_model)."""
+        aliases = self.aliases()
+        blob_id = aliases.get(name)
+        if blob_id is None and len(name) >= 8:
+            matches = {b for b in aliases.values() if b.hex().startswith(name.lower())}
+            blob_id = matches.pop() if len(matches) == 1 else None
+        if blob_id is None:
+            raise WireError(Code.UNKNOWN_MODEL, f"model {name!r} is not on this tower; it has: "
+                                                f"{', '.join(sorted(aliases)) or 'none'}")
+        return self.slot(blob_id)
+
+    def slot(self, blob_id):
+        with self._lock:
+            slot = self._slots.get(blob_id)
+            if slot is None:
+                info = self.store.info(blob_id)
+                settings = self._settings.get(blob_id) or ModelConfig(info.hex, str(info.path))
+                slot = self._slots[blob_id] = ModelSlot(blob_id, str(info.path), info.size, settings,
+                                                        ModelQueue(self.queue_depth))
+            return slot
+
+    def backend(self, slot):
+        """The slot's LlamaBackend, loading it first if needed (seconds for big
+        models: call from a worker thread). Raises WireError(insufficient_memory)."""
+        with slot.load_lock:
+            slot.last_used = time.monotonic()
+            if slot.backend is None:
+                hw, gpus = self._make_room(slot)
+                s = slot.settings
+                split = tensor_split(gpus, self.need_mib(slot)) if s.n_gpu_layers else None
+                try:
+                    backend = LlamaBackend(slot.path, n_ctx=s.n_ctx, n_threads=s.threads or None,
+                                           n_gpu_layers=s.n_gpu_layers, tensor_split=split)
+                except LoadError as e:
+                    if e.out_of_memory:
+                        raise WireError(Code.INSUFFICIENT_MEMORY, f"llama.cpp ran out of memory loading the model "
+                                        f"(~{self.need_mib(slot)} MiB estimated): {e}") from None
+                    raise
+                try:
+                    self._warm_up(backend)
+                except BaseException:
+                    backend.close()
+                    raise
+                slot.backend = backend
+                self._check_placement(slot, hw, gpus, split)
+            return slot.backend
+
+    def _check_placement(self, slot, hw, before, split):
+        """Where llama.cpp put the model and what the GPUs show, against the estimate."""
+        placement, name = slot.backend.placement, slot.blob_id.hex()[:16]
+        slot.offloaded = placement.offloaded
+        if hw.backend != "cpu" and slot.settings.n_gpu_layers and not slot.offloaded:
+            log.warning("model %s: llama.cpp kept its weights in host memory (%d MiB on GPUs, %d MiB on the CPU) "
+                        "although n_gpu_layers is %d; this tower announces backend cpu", name,
+                        placement.mib(True, "model"), placement.mib(False, "model"), slot.settings.n_gpu_layers)
+        after = hardware.snapshot()[1] if before else ()
+        if before and len(after) == len(before):
+            slot.vram_mib = max(0, sum(g.free_mib for g in before) - sum(g.free_mib for g in after))
+            if slot.vram_mib > self.need_mib(slot):
+                log.warning("model %s took %d MiB of GPU memory, more than the %d MiB estimated; admission now "
+                            "uses the measured figure", name, slot.vram_mib, self.need_mib(slot))
+                slot.need_mib = slot.vram_mib
+        log.info("loaded model %s (%d MiB file): %d MiB on GPUs%s, %d MiB in host memory by llama.cpp's report; "
+                 "GPUs show %s MiB taken, %d MiB estimated", name, slot.size // MIB, placement.mib(True),
+                 f" (tensor_split {[round(x, 2) for x in split]})" if split else "", placement.mib(False),
+                 slot.vram_mib if slot.vram_mib is not None else "-", self.need_mib(slot))
+
+    @staticmethod
+    def placement_info(slot):
+        """For caps/full: where a loaded model sits ({} when not loaded). MiB."""
+        if not slot.loaded:
+            return {}
+        p = slot.backend.placement
+        return {"on_gpu": bool(slot.offloaded), "gpu_mib": p.mib(True), "host_mib": p.mib(False),
+                "gpu_model_mib": p.mib(True, "model"), "host_model_mib": p.mib(False, "model"),
+                "vram_mib": slot.vram_mib}
+
+    def truthful(self, hw):
+        """``hw`` as the caps may announce it: a GPU tower with a loaded model
+        that llama.cpp kept off the GPU serves from the CPU, so it says cpu
+        and offers its RAM."""
+        if hw.backend == "cpu" or all(s.offloaded is not False for s in list(self._slots.values()) if s.loaded):
+            return hw
+        return Hardware("cpu", hardware.cpu_label(), 0, 0, hw.ram_total_mib, hw.ram_free_mib)
+
+    def _make_room(self, slot):
+        """Unload idle models until ``slot``'s model fits. Returns the
+        (Hardware, GPUs) reading it fits in; raises WireError(insufficient_memory)."""
+        hw, gpus = hardware.snapshot()
+        idle = sorted((s for s in self._slots.values() if s.loaded and not s.busy and s is not slot),
+                      key=lambda s: s.last_used)
+        while (need := need_on(self.need_mib(slot), gpus)) > hw.memory_free_mib and idle:
+            victim = idle.pop(0)
+            log.info("unloading idle model %s to make room", victim.blob_id.hex()[:16])
+            victim.backend.close()
+            victim.backend, victim.offloaded, victim.vram_mib = None, None, None
+            hw, gpus = hardware.snapshot()
+        if need > hw.memory_free_mib:
+            where = f"{len(gpus)} GPU(s) ({hw.device})" if gpus else "RAM"
+            raise WireError(Code.INSUFFICIENT_MEMORY, f"model {slot.settings.alias} needs ~{need} MiB (weights + KV "
+                            f"cache for {slot.settings.n_ctx} tokens), {hw.memory_free_mib} MiB free in this "
+                            f"tower's {where}")
+        return hw, gpus
+
+    def _warm_up(self, backend):
+        # A first tokens/s figure for caps; the first request skips cold caches.
+        result = Generation()
+        for _ in backend.generate(backend.tokenize_prompt(prompt="Hello"), Sampling(max_tokens=8, temperature=0.0),
+                                  threading.Event(), result):
+            pass
+        if self.on_tokens_per_s:
+            self.on_tokens_per_s(result.tokens_per_s)
+
+
+def need_on(need_mib, gpus):
+    """Memory (MiB) a model needing ``need_mib`` takes on ``gpus``: split over
+    several, each GPU it spans carries its own compute buffers."""
+    if len(gpus) < 2 or need_mib <= max(g.free_mib for g in gpus):
+        return need_mib
+    return need_mib + gguf_info.RUNTIME_OVERHEAD_MIB * (len(gpus) - 1)
+
+
+def tensor_split(gpus, need_mib):
+    """Each GPU's share of a model needing ``need_mib`` MiB, in llama.cpp's
+    device order; None for fewer than two GPUs. The whole model goes on the
+    GPU with the most free memory when it fits there (no traffic between GPUs
+    per token), else the shares follow free memory."""
+    if len(gpus) < 2:
+        return None
+    best = max(gpus, key=lambda g: g.free_mib)
+    if need_mib <= best.free_mib:
+        return [1.0 if g is best else 0.0 for g in gpus]
+    total = sum(g.free_mib for g in gpus) or 1
+    return [g.free_mib / total for g in gpus]

@@ -1,0 +1,4 @@
+"""One RNS node: config files, persistent identity, RNS start-up, hardware probe, Links to towers.
+
+Uses `announce` and `links` only.
+"""

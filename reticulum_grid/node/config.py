@@ -1,0 +1,336 @@
+"""Tower and client configuration (TOML), and where things live on disk.
+
+Layout (``RNGRID_HOME``, default ``~/.rngrid``)::
+
+    identity            this machine's client identity (rngrid id)
+    client.toml         client network settings
+    rns/                RNS config written for the client
+    tower/tower.toml    default tower config; the tower's identity and rns/ sit beside it
+
+A tower config (every key optional except as noted)::
+
+    name = "tower-a"                    # <= 32 bytes, shown in `rngrid towers`
+    [network]
+    listen = "127.0.0.1:4242"           # TCP server interface; "" for none
+    connect = ["100.64.0.7:4242"]       # TCP client interfaces
+    rns_config = ""                     # use this RNS config dir instead of writing one
+    transport = false                   # act as an RNS transport node
+    link_bitrate = 0                    # bits/s RNS is told these interfaces carry (0: its guess).
+                                        # It does NOT limit the rate: below 62.5 kbit/s RNS uses its
+                                        # 500-byte MTU, and transport nodes pace announces to 2 % of it
+    [announce]
+    heartbeat_s = 900                   # seconds between heartbeat announces
+    floor_s = 5                         # never two announces closer than this (seconds)
+    [limits]
+    queue_depth = 4                     # requests that may wait per model before "busy"
+    training_jobs = 1                   # training jobs run at once (more only with VRAM to spare)
+    unreferenced_s = 86400              # blobs without an alias and untouched partial transfers
+                                        # are deleted after this long (seconds)
+    [shard]
+    lend_mib = 8192                     # memory lent to split models (MiB); unset: free memory
+                                        # minus a headroom; 0: lend nothing
+    threads = 0                         # llama.cpp threads of the RPC server; 0 = all cores
+    [lxmf]
+    propagation_node = false            # keep job notifications for clients that are offline
+    [train]
+    dataplane = ""                      # this tower's IP on the tailnet/LAN for multi-tower training
+                                        # (torch.distributed traffic); "" = not offered for it.
+                                        # One address, never 0.0.0.0
+    [models.smollm2-135m]
+    path = "/path/to/model.gguf"        # required per model
+    n_ctx = 4096                        # context window, tokens (any size; 0 = the model's own)
+    n_gpu_layers = -1                   # -1: all layers on the GPU when there is one
+    threads = 0                         # llama.cpp threads; 0 = its default. Towers sharing
+                                        # a machine: split the cores between them
+    [allow]
+    "<identity hash hex>" = ["infer"]   # roles: infer, train, sync, shard, admin (admin = all)
+
+Bad values raise ConfigError naming the key.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomlkit
+
+ROLES = ("infer", "train", "sync", "shard", "admin")
+NAME_MAX_BYTES = 32
+IDENTITY_HASH_HEX = 32  # RNS truncated hash: 128 bits
+#: Largest context window a config may ask for (tokens); llama.cpp takes a uint32.
+MAX_N_CTX = 1 << 24
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def home():
+    """The grid's home directory (RNGRID_HOME or ~/.rngrid), created if missing."""
+    path = Path(os.environ.get("RNGRID_HOME") or Path.home() / ".rngrid")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class NetworkConfig:
+    listen: str = ""
+    connect: list = field(default_factory=list)
+    rns_config: str = ""
+    transport: bool = False
+    bitrate: int = 0
+
+
+@dataclass
+class ModelConfig:
+    alias: str
+    path: str
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1
+    threads: int = 0
+
+
+@dataclass
+class TowerConfig:
+    path: Path
+    name: str
+    network: NetworkConfig
+    models: list
+    allow: dict
+    heartbeat_s: float = 900.0
+    floor_s: float = 5.0
+    queue_depth: int = 4
+    training_jobs: int = 1
+    propagation_node: bool = False
+    lend_mib: int | None = None  # [shard] lend_mib; None: free memory minus a headroom
+    shard_threads: int = 0
+    unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
+    dataplane: str = ""  # [train] dataplane: IP for multi-tower training traffic; "" = not offered
+
+    @property
+    def directory(self):
+        return self.path.parent
+
+
+def load_tower(path):
+    """Read a tower config. Raises ConfigError (or FileNotFoundError)."""
+    path = Path(path)
+    doc = _read(path)
+    net, announce, limits, lxmf, shard = (_table(doc, t) for t in ("network", "announce", "limits", "lxmf", "shard"))
+    name = _get(doc, "name", str, path.parent.name or "tower")
+    if not name or len(name.encode()) > NAME_MAX_BYTES:
+        raise ConfigError(f"name must be 1..{NAME_MAX_BYTES} bytes")
+    return TowerConfig(
+        path=path.resolve(),
+        name=name,
+        network=_network(net),
+        models=[_model(alias, spec, path.parent) for alias, spec in _get(doc, "models", dict, {}).items()],
+        allow=_allow(_get(doc, "allow", dict, {})),
+        heartbeat_s=_seconds(announce, "heartbeat_s", 900, 1),
+        floor_s=_seconds(announce, "floor_s", 5, 0),
+        queue_depth=_bounded(limits, "queue_depth", 4, 0, 1 << 16, "limits"),
+        training_jobs=_bounded(limits, "training_jobs", 1, 1, 1 << 10, "limits"),
+        propagation_node=_get(lxmf, "propagation_node", bool, False),
+        lend_mib=_lend_mib(shard),
+        shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
+        unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
+        dataplane=_dataplane(_get(_table(doc, "train"), "dataplane", str, "")),
+    )
+
+
+def _dataplane(value):
+    import ipaddress
+    if not value:
+        return ""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(f"train.dataplane: {value!r} is not an IP address") from None
+    if address.is_unspecified:
+        raise ConfigError("train.dataplane: name this tower's one data-plane address, not every interface")
+    return value
+
+
+def load_network(path):
+    """Read a client config's [network] table; a missing file gives defaults."""
+    path = Path(path)
+    return _network(_table(_read(path), "network") if path.exists() else {})
+
+
+def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, **sections):
+    """Write a new tower config. ``models``: {alias: gguf path}; ``threads``: llama.cpp
+    threads per model (0: its default); ``sections``: extra tables, e.g. announce={"floor_s": 1}."""
+    doc = tomlkit.document()
+    doc["name"] = name
+    doc["network"] = {"listen": listen, "connect": list(connect)}
+    for key, table in sections.items():
+        doc[key] = table
+    doc["models"] = {alias: {"path": str(p), **({"threads": threads} if threads else {})} for alias, p in models.items()}
+    doc["allow"] = dict(allow or {})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _write(Path(path), doc)
+
+
+def allow(path, identity_hash_hex, roles):
+    """Grant ``roles`` to an identity in a tower config, keeping its comments.
+
+    Returns the identity's roles after the change."""
+    identity_hash_hex = _identity_hex(identity_hash_hex)
+    for role in roles:
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text())
+    table = doc.setdefault("allow", tomlkit.table())
+    current = list(table.get(identity_hash_hex, []))
+    table[identity_hash_hex] = current + [r for r in roles if r not in current]
+    _write(path, doc)
+    return list(table[identity_hash_hex])
+
+
+def revoke(path, identity_hash_hex):
+    """Remove an identity from a tower's allow-list. Returns True if it was there."""
+    identity_hash_hex = _identity_hex(identity_hash_hex)
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text())
+    table = doc.get("allow", {})
+    if identity_hash_hex not in table:
+        return False
+    del table[identity_hash_hex]
+    _write(path, doc)
+    return True
+
+
+def _read(path):
+    try:
+        return tomlkit.parse(path.read_text()).unwrap()
+    except (tomlkit.exceptions.TOMLKitError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _write(path, doc):
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(tomlkit.dumps(doc))
+    os.replace(tmp, path)
+
+
+def _get(table, key, types, default):
+    value = table.get(key, default)
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ConfigError(f"{key} must be {types}, got bool")
+    if not isinstance(value, types):
+        raise ConfigError(f"{key} must be {getattr(types, '__name__', types)}, got {type(value).__name__}")
+    return value
+
+
+def _network(table):
+    if "bitrate" in table:
+        raise ConfigError("[network] bitrate is now link_bitrate: it tells RNS the link's speed (MTU, announce "
+                          "pacing) and never limited the rate")
+    connect = _get(table, "connect", list, [])
+    for target in connect:
+        parse_hostport(target)
+    listen = _get(table, "listen", str, "")
+    if listen:
+        parse_hostport(listen)
+    return NetworkConfig(listen=listen, connect=connect, rns_config=_get(table, "rns_config", str, ""),
+                         transport=_get(table, "transport", bool, False),
+                         bitrate=_get(table, "link_bitrate", int, 0))
+
+
+def _model(alias, spec, base):
+    if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
+        raise ConfigError(f"model alias {alias!r} must be 1..32 bytes without path separators")
+    if not isinstance(spec, dict) or "path" not in spec:
+        raise ConfigError(f"models.{alias} needs a path")
+    path = Path(os.path.expanduser(_get(spec, "path", str, "")))
+    return ModelConfig(alias=alias, path=str(path if path.is_absolute() else base / path),
+                       n_ctx=_bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}"),
+                       n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
+                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"))
+
+
+def _table(doc, key):
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{key}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def _seconds(table, key, default, lo):
+    value = float(_get(table, key, (int, float), default))
+    if not lo <= value < float("inf"):
+        raise ConfigError(f"{key} = {value} must be a number of seconds >= {lo}")
+    return value
+
+
+def _bounded(table, key, default, lo, hi, where):
+    value = _get(table, key, int, default)
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where}.{key} = {value} is outside [{lo}, {hi}]")
+    return value
+
+
+def _lend_mib(table):
+    if "lend_mib" not in table:
+        return None
+    value = _get(table, "lend_mib", int, 0)
+    if not 0 <= value <= 1 << 24:
+        raise ConfigError(f"shard.lend_mib = {value} is outside [0, {1 << 24}]")
+    return value
+
+
+def _allow(table):
+    out = {}
+    for key, roles in table.items():
+        if not isinstance(roles, list) or any(r not in ROLES for r in roles):
+            raise ConfigError(f"allow.{key} must be a list of roles from {', '.join(ROLES)}")
+        out[_identity_hex(key)] = list(roles)
+    return out
+
+
+def _identity_hex(value):
+    value = value.strip().strip("<>").lower()
+    if len(value) != IDENTITY_HASH_HEX or any(c not in "0123456789abcdef" for c in value):
+        raise ConfigError(f"{value!r} is not an identity hash ({IDENTITY_HASH_HEX} hex characters)")
+    return value
+
+
+def parse_hostport(text):
+    """'host:port' -> (host, port). Raises ConfigError."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{text!r} is not host:port")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class LiveAllowList:
+    """A tower config's [allow] table, re-read when the file changes, so
+    ``rngrid allow`` takes effect without restarting the tower. A config that
+    stops parsing keeps the last good allow-list (and logs why)."""
+
+    def __init__(self, config, on_error=None):
+        self._path = config.path
+        self._allow = config.allow
+        self._mtime = self._stat()
+        self._on_error = on_error
+
+    def _stat(self):
+        try:
+            return self._path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def roles_of(self, identity_hash):
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            try:
+                self._allow = load_tower(self._path).allow
+            except (ConfigError, OSError) as e:
+                if self._on_error:
+                    self._on_error(e)
+        roles = set(self._allow.get(identity_hash.hex(), ()))
+        return set(ROLES) if "admin" in roles else roles

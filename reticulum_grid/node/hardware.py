@@ -1,0 +1,194 @@
+"""What this machine offers: compute backend, GPUs, VRAM and RAM (MiB).
+
+The GPUs are the ones llama.cpp itself can use: ggml's backend device list, in
+llama.cpp's own order (the order ``tensor_split`` follows; CUDA_VISIBLE_DEVICES
+honoured), with free/total memory as the driver reports it. So a tower never
+claims a GPU its inference engine cannot use: without GPU offload
+(``llama_supports_gpu_offload``) it is a CPU tower with VRAM 0, and routing uses
+its free RAM. ``nvidia-smi`` (NVIDIA's own tool) is asked only to notice an
+NVIDIA GPU that this llama.cpp build cannot use (``unused_gpu_warning``).
+RAM comes from psutil.
+"""
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from announce.caps import BACKENDS, DEVICE_MAX_BYTES, Hardware
+
+MIB = 1024 * 1024
+#: ggml_backend_dev_type values that are a GPU (discrete, integrated).
+_GGML_GPU_TYPES = (1, 2)
+#: The command that rebuilds llama.cpp (and torch) for CUDA, run in the checkout.
+CUDA_FIX = "make llama LLAMA_BACKEND=cuda"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU llama.cpp can use. ``index``: its place among llama.cpp's GPU
+    devices (tensor_split order); memory in MiB."""
+    index: int
+    backend: str
+    name: str
+    total_mib: int
+    free_mib: int
+
+
+def snapshot():
+    """(Hardware, tuple of Gpu) now. Takes milliseconds; callers cache it."""
+    ram = psutil.virtual_memory()
+    ram_total, ram_free = ram.total // MIB, ram.available // MIB
+    gpus = tuple(gpu_devices()) if gpu_offload() else ()
+    if not gpus:
+        return Hardware("cpu", cpu_label(), 0, 0, ram_total, ram_free), ()
+    total = sum(g.total_mib for g in gpus)
+    free = sum(g.free_mib for g in gpus)
+    return Hardware(gpus[0].backend, _clip(device_label(gpus)), total, free, ram_total, ram_free, gpus=len(gpus)), gpus
+
+
+def probe():
+    """Current Hardware (GPU figures summed over the GPUs)."""
+    return snapshot()[0]
+
+
+class CachedProbe:
+    """snapshot() at most once every ``ttl_s`` seconds; call for the Hardware,
+    ``.gpus`` for the GPU list of the same reading."""
+
+    def __init__(self, ttl_s=5.0):
+        self.ttl_s = ttl_s
+        self._value, self._gpus, self._at = None, (), 0.0
+
+    def __call__(self):
+        now = time.monotonic()
+        if self._value is None or now - self._at > self.ttl_s:
+            (self._value, self._gpus), self._at = snapshot(), now
+        return self._value
+
+    @property
+    def gpus(self):
+        self()
+        return self._gpus
+
+
+def device_label(gpus):
+    """"NVIDIA H200" for one GPU or several of one model, else the names joined by " + "."""
+    names = list(dict.fromkeys(g.name for g in gpus))
+    return names[0] if len(names) == 1 else " + ".join(names)
+
+
+def gpu_offload():
+    """True when this llama.cpp build can put layers on a GPU."""
+    try:
+        import llama_cpp
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:
+        return False
+
+
+def gpu_devices():
+    """The GPUs llama.cpp sees, as Gpu, in its order; [] when it sees none.
+    Remote (RPC) devices are not this machine's and are left out."""
+    try:
+        lib = _ggml()
+    except Exception:
+        return []
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        backend = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode("utf-8", "replace")
+        if lib.ggml_backend_dev_type(dev) not in _GGML_GPU_TYPES or backend.lower() not in BACKENDS:
+            continue  # RPC devices are other machines'; a backend caps cannot name is not announced
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = lib.ggml_backend_dev_description(dev).decode("utf-8", "replace")
+        out.append(Gpu(len(out), backend.lower(), name, total.value // MIB, min(free.value, total.value) // MIB))
+    return out
+
+
+_lib = None
+
+
+def _ggml():
+    """ggml's library as llama-cpp-python loaded it, with the device calls typed."""
+    global _lib
+    if _lib is None:
+        from llama_cpp._ggml import libggml as lib
+        p = ctypes.c_void_p
+        for name, args, res in (("ggml_backend_dev_count", [], ctypes.c_size_t),
+                                ("ggml_backend_dev_get", [ctypes.c_size_t], p),
+                                ("ggml_backend_dev_type", [p], ctypes.c_int),
+                                ("ggml_backend_dev_backend_reg", [p], p),
+                                ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+                                ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+                                ("ggml_backend_dev_memory", [p, ctypes.POINTER(ctypes.c_size_t),
+                                                             ctypes.POINTER(ctypes.c_size_t)], None)):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        _lib = lib
+    return _lib
+
+
+def nvidia_smi_gpus():
+    """[(name, total MiB, free MiB)] for each GPU nvidia-smi lists; [] without it."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True).stdout
+        rows = [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
+        return [(name, int(total), min(int(free), int(total))) for name, total, free in rows]
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return []
+
+
+def unused_gpu_warning(smi_gpus=None, offload=None, devices=None, nvcc=None):
+    """A warning when the machine has NVIDIA GPUs that llama.cpp does not use
+    (with the command that fixes it), else None. Arguments default to the
+    live readings."""
+    smi_gpus = nvidia_smi_gpus() if smi_gpus is None else smi_gpus
+    if not smi_gpus:
+        return None
+    offload = gpu_offload() if offload is None else offload
+    devices = (gpu_devices() if offload else []) if devices is None else devices
+    if any(g.backend == "cuda" for g in devices):
+        return None
+    names = device_label([Gpu(i, "cuda", n, t, f) for i, (n, t, f) in enumerate(smi_gpus)])
+    head = f"this machine has {len(smi_gpus)} NVIDIA GPU(s) ({names}) but "
+    if offload:
+        why = ("llama.cpp sees none of them (driver and CUDA runtime disagree, or CUDA_VISIBLE_DEVICES hides them), "
+               "so this tower runs models on the CPU and announces backend cpu. Check `nvidia-smi` and the driver.")
+        return head + why
+    nvcc = (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")) if nvcc is None else nvcc
+    fix = f"`{CUDA_FIX}` in the reticulum_grid checkout" + (
+        "" if nvcc else " after installing the CUDA toolkit (nvcc not found)")
+    return head + ("llama.cpp was built without CUDA, so this tower runs models on the CPU and announces "
+                   f"backend cpu. Fix: {fix}, then restart the tower.")
+
+
+def cpu_label():
+    """This machine's CPU model, clipped to what caps carry."""
+    return _clip(cpu_name())
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _clip(text):
+    data = " ".join(text.split()).encode("utf-8")[:DEVICE_MAX_BYTES]
+    return data.decode("utf-8", "ignore")

@@ -1,0 +1,119 @@
+"""Towers and RNS transport nodes as local processes on loopback, each with a
+fresh config dir: used by the demo, the benchmarks and the tests.
+
+Each tower is its own process (RNS allows one instance per process) with its
+own config dir, identity and free port; nothing but 127.0.0.1 is touched.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from reticulum_grid.node import config
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout):
+    """True once 127.0.0.1:port accepts connections (bounded by ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+class LocalProcess:
+    """A child process with its own directory, log file and loopback port."""
+
+    def __init__(self, directory, name, port):
+        self.dir = Path(directory)
+        self.name = name
+        self.port = port
+        self.log_path = self.dir / f"{name}.log"
+        self.proc = None
+        self._log = None
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def argv(self):
+        raise NotImplementedError
+
+    def start(self, timeout=60.0):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if self.port and not wait_port(self.port, timeout):
+            self.stop()
+            raise RuntimeError(f"{self.name} did not listen within {timeout:.0f} s; see {self.log_path}")
+        return self
+
+    def stop(self, timeout=15.0):
+        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._close_log()
+
+    def _close_log(self):
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def log(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class TransportProcess(LocalProcess):
+    """An RNS transport node (``rngrid transport``) listening on a free loopback
+    port and connecting to ``connect`` ("host:port" list)."""
+
+    def __init__(self, root, name, connect=()):
+        super().__init__(Path(root) / name, name, free_port())
+        self.connect = list(connect)
+
+    def argv(self):
+        return [sys.executable, "-m", "reticulum_grid", "transport", "--config-dir", str(self.dir), "--listen",
+                self.address] + [arg for c in self.connect for arg in ("--connect", c)]
+
+
+class TowerProcess(LocalProcess):
+    """``python -m reticulum_grid tower`` in its own directory under ``root``.
+
+    ``models``: {alias: gguf path}; ``allow``: {identity hex: [roles]};
+    ``sections``: extra config tables (e.g. announce={"floor_s": 1})."""
+
+    def __init__(self, root, name, models, allow=None, connect=(), listen=True, threads=1, **sections):
+        super().__init__(Path(root) / name, name, free_port() if listen else None)
+        self.config_path = self.dir / "tower.toml"
+        sections.setdefault("announce", {"floor_s": 1, "heartbeat_s": 600})
+        # Several towers share this machine: one llama.cpp thread each keeps them
+        # from fighting over the cores (see LlamaBackend).
+        config.write_tower(self.config_path, name, models, listen=self.address if listen else "",
+                           connect=connect, allow=allow, threads=threads, **sections)
+
+    def argv(self):
+        return [sys.executable, "-m", "reticulum_grid", "-v", "tower", "--config", str(self.config_path)]

@@ -1,0 +1,133 @@
+"""Starting RNS with a config we wrote ourselves.
+
+RNS's default config enables AutoInterface, which multicasts on every network
+card; the grid never starts RNS without writing its config first (or being
+pointed at an existing one). Interfaces we write set ``ingress_control = No``:
+on rns 0.9.4 ingress control holds announces from newly seen destinations for
+minutes, so towers starting together would not be heard (20 towers started at
+once: 1 heard after 20 s).
+"""
+
+import logging
+import signal
+from pathlib import Path
+
+import RNS
+
+from links import rnsfix
+from reticulum_grid.node.config import parse_hostport
+
+rns_log = logging.getLogger("rngrid.rns")
+
+
+def config_text(listen="", connect=(), transport=False, bitrate=0):
+    """RNS config text: a TCP server on ``listen`` ("host:port" or ""), a TCP
+    client per ``connect`` entry, no AutoInterface, no shared instance.
+    ``bitrate`` (bits/s, 0 = RNS's guess) is the speed RNS is told every
+    interface has. On rns 0.9.4 it sets the link MTU (500 bytes at or below
+    62.5 kbit/s, no MTU discovery), paces announces a transport node forwards
+    to 2 % of it and scales link timeouts; it does NOT limit the rate (a real
+    radio does; tests shape links with the network lab in tests/lab/)."""
+    lines = [
+        "[reticulum]",
+        f"  enable_transport = {'Yes' if transport else 'No'}",
+        "  share_instance = No",
+        "  panic_on_interface_error = No",
+        "",
+        "[logging]",
+        "  loglevel = 3",
+        "",
+        "[interfaces]",
+    ]
+    extra = [f"    bitrate = {int(bitrate)}"] if bitrate else []
+    if listen:
+        host, port = parse_hostport(listen)
+        lines += ["  [[rngrid tcp server]]", "    type = TCPServerInterface", "    enabled = Yes",
+                  f"    listen_ip = {host}", f"    listen_port = {port}", "    ingress_control = No"] + extra
+    for i, target in enumerate(connect):
+        host, port = parse_hostport(target)
+        lines += [f"  [[rngrid tcp peer {i}]]", "    type = TCPClientInterface", "    enabled = Yes",
+                  f"    target_host = {host}", f"    target_port = {port}", "    ingress_control = No"] + extra
+    return "\n".join(lines) + "\n"
+
+
+def check_listen(listen):
+    """Raise OSError when nothing may listen on ``listen`` ("host:port"), e.g. a
+    tower already runs there; RNS itself would only log it and exit."""
+    import socket
+    host, port = parse_hostport(listen)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as RNS's server does
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {listen}: {e.strerror} (is a tower already running there?)") from None
+
+
+#: Interfaces at or below this rate (bits/s) are radio-class: RNS itself gives
+#: them its base 500-byte MTU (Interface.optimise_mtu on rns 0.9.4).
+RADIO_BPS = 62_500
+
+
+def on_radio():
+    """True when any running RNS interface is radio-class (see RADIO_BPS): a
+    real RNode, or an interface configured with a low ``bitrate``."""
+    return any(0 < (getattr(i, "bitrate", 0) or 0) <= RADIO_BPS for i in RNS.Transport.interfaces)
+
+
+def offline_peers():
+    """"host:port" of the TCP client interfaces that are not connected."""
+    return [f"{i.target_ip}:{i.target_port}" for i in RNS.Transport.interfaces
+            if hasattr(i, "target_ip") and not i.online]
+
+
+def write_config(directory, **kwargs):
+    """Write ``directory/config`` (see config_text) and return the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config").write_text(config_text(**kwargs))
+    return directory
+
+
+def start(configdir):
+    """Start this process's RNS instance from ``configdir`` (which must hold a
+    config), with the 0.9.4 race fixes applied and RNS logs sent to logging.
+
+    Keeps the process's own SIGINT/SIGTERM handlers (RNS replaces them with
+    handlers that hard-exit, which would skip our cancel-on-Ctrl-C)."""
+    configdir = Path(configdir)
+    if not (configdir / "config").is_file():
+        raise FileNotFoundError(f"no RNS config in {configdir}; refusing to let RNS write its default")
+    rnsfix.apply()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    reticulum = RNS.Reticulum(configdir=str(configdir), logdest=_log)
+    RNS.loglevel = RNS.LOG_DEBUG if rns_log.isEnabledFor(logging.DEBUG) else RNS.LOG_WARNING
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    return reticulum
+
+
+def stop():
+    """Save RNS's tables and detach its interfaces (RNS otherwise does this at
+    process exit, which is too late when its config dir is temporary)."""
+    RNS.Reticulum.exit_handler()
+
+
+#: RNS errors that are routine for a grid, logged as info (a tower shows them,
+#: a client does not): a Link whose client just left sends a keepalive or
+#: teardown (the Link times out by itself).
+ROUTINE = ("No interfaces could process the outbound packet",
+           # A peer that is not up yet: RNS retries; clients report it themselves.
+           "could not be established", "Leaving unconnected and retrying")
+
+
+def _log(line):
+    # RNS hands us formatted lines; its level is only in the text.
+    if any(text in line for text in ROUTINE):
+        rns_log.info(line)
+    elif "[Critical]" in line or "[Error]" in line:
+        rns_log.error(line)
+    elif "[Warning]" in line:
+        rns_log.warning(line)
+    else:
+        rns_log.debug(line)

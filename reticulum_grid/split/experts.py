@@ -1,0 +1,43 @@
+"""Expert placement for mixture-of-experts GGUF models.
+
+An MoE layer's expert tensors (``blk.N.ffn_{gate,up,down}_exps``) are most of
+its weights but only a few experts run per token. With expert placement the
+expert tensors go to the worker towers (llama.cpp tensor buffer-type
+overrides: a regex per worker naming its layers) and everything else, with
+the attention and the output layer, stays on the coordinator.
+"""
+
+import gguf
+
+EXPERT_PATTERN = "ffn_(gate|up|down)_exps"
+
+
+def has_experts(path):
+    """True when the GGUF at ``path`` has expert tensors."""
+    return any("_exps" in t.name for t in gguf.GGUFReader(path).tensors)
+
+
+def expert_layers(counts, n_workers):
+    """Layer ranges [(first, end), ...] of expert tensors per worker: all
+    layers, divided among the workers in proportion to ``counts[:n_workers]``."""
+    total = sum(counts)
+    weights = counts[:n_workers]
+    ranges, first, scale = [], 0, sum(weights)
+    for i, weight in enumerate(weights):
+        end = total if i == n_workers - 1 else first + round(total * weight / scale)
+        ranges.append((first, end))
+        first = end
+    return ranges
+
+
+def overrides(path, counts, worker_bufts):
+    """[(regex, buffer type)] putting each worker's share of expert tensors on
+    its buffer type. ``counts``: layers per part (workers first, coordinator
+    last, as in the plan); ``path`` is read for the real layer count."""
+    del path  # the plan's counts already sum to the model's layers
+    out = []
+    for buft, (first, end) in zip(worker_bufts, expert_layers(counts, len(worker_bufts))):
+        if end > first:
+            layers = "|".join(str(i) for i in range(first, end))
+            out.append((rf"^blk\.({layers})\.{EXPERT_PATTERN}", buft))
+    return out

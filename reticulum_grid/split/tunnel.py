@@ -1,0 +1,258 @@
+"""A byte tunnel over an RNS Link: llama.cpp RPC between towers.
+
+llama.cpp's RPC has no authentication and trusts every byte it reads, so its
+servers listen on 127.0.0.1 only. The coordinator tower opens a Link to a
+worker tower (identified, holding the ``shard`` role there) and listens on an
+ephemeral 127.0.0.1 port; every TCP connection made to that port (by the
+split model's RPC client) becomes one tunnel, which the worker tower joins
+to a TCP connection to its own RPC server on 127.0.0.1.
+
+Channel messages (msgpack arrays)::
+
+    TunnelOpen  0x0401 [tunnel_id]
+    TunnelData  0x0402 [tunnel_id, bytes]        # up to the Link's Channel MDU
+    TunnelClose 0x0403 [tunnel_id, reason]
+
+Why not RNS.Buffer: on rns 0.9.4 it cuts every write to the static Link MDU
+(~425 bytes) however large the negotiated MTU, and bz2-compresses each piece
+up to three times; weights do not compress and a model load is tens of MB.
+A tunnel whose Link goes away closes its sockets, so the RPC client sees the
+peer vanish at once instead of waiting on a dead Link.
+"""
+
+import logging
+import queue
+import socket
+import threading
+
+import msgpack
+import RNS
+
+from links.channel import ProtocolError, short_str, uint, unpack_array
+
+log = logging.getLogger("rngrid.split.tunnel")
+
+#: Bytes of TunnelData's own fields inside a Channel message.
+DATA_OVERHEAD = 24
+#: How often the coordinator end checks that its Link is still usable (seconds).
+LINK_POLL_S = 0.5
+#: Tunnels one Link may carry at once.
+MAX_TUNNELS = 16
+
+
+class TunnelOpen(RNS.MessageBase):
+    MSGTYPE = 0x0401
+
+    def __init__(self, tunnel_id=0):
+        self.tunnel_id = tunnel_id
+
+    def pack(self):
+        return msgpack.packb([self.tunnel_id])
+
+    def unpack(self, raw):
+        (tunnel_id,) = unpack_array(raw, 1)
+        self.tunnel_id = uint(tunnel_id, "tunnel id")
+
+
+class TunnelData(RNS.MessageBase):
+    MSGTYPE = 0x0402
+
+    def __init__(self, tunnel_id=0, data=b""):
+        self.tunnel_id, self.data = tunnel_id, data
+
+    def pack(self):
+        return msgpack.packb([self.tunnel_id, self.data], use_bin_type=True)
+
+    def unpack(self, raw):
+        tunnel_id, data = unpack_array(raw, 2)
+        if not isinstance(data, bytes):
+            raise ProtocolError("tunnel data is not bytes")
+        self.tunnel_id, self.data = uint(tunnel_id, "tunnel id"), data
+
+
+class TunnelClose(RNS.MessageBase):
+    MSGTYPE = 0x0403
+
+    def __init__(self, tunnel_id=0, reason=""):
+        self.tunnel_id, self.reason = tunnel_id, reason
+
+    def pack(self):
+        return msgpack.packb([self.tunnel_id, self.reason])
+
+    def unpack(self, raw):
+        tunnel_id, reason = unpack_array(raw, 2)
+        self.tunnel_id, self.reason = uint(tunnel_id, "tunnel id"), short_str(reason, "reason", 200)
+
+
+class _Pipe:
+    """One TCP socket joined to one tunnel id: a reader thread (socket to
+    Channel) and a writer thread (Channel to socket, so RNS's thread never
+    blocks on a socket)."""
+
+    def __init__(self, tunnels, tunnel_id, sock):
+        self.tunnels, self.tunnel_id, self.sock = tunnels, tunnel_id, sock
+        self.outbox = queue.Queue()
+        self.closed = threading.Event()
+        for target in (self._read, self._write):
+            threading.Thread(target=target, name=f"rngrid-tunnel-{tunnel_id}", daemon=True).start()
+
+    def _read(self):
+        limit = self.tunnels.router.payload_limit(DATA_OVERHEAD)
+        try:
+            while not self.closed.is_set():
+                data = self.sock.recv(limit)
+                if not data:
+                    break
+                data += self._drain(limit - len(data))
+                self.tunnels.sent_bytes += len(data)
+                if not self.tunnels.router.send(TunnelData(self.tunnel_id, data)):
+                    break
+        except OSError:
+            pass
+        self.close("socket closed", tell_peer=True)
+
+    def _drain(self, room):
+        """What else the socket already holds (up to ``room`` bytes): RPC writes
+        a command in several small pieces, and every Channel message costs a
+        packet and a delivery proof."""
+        more = b""
+        self.sock.setblocking(False)
+        try:
+            while len(more) < room:
+                chunk = self.sock.recv(room - len(more))
+                if not chunk:
+                    break
+                more += chunk
+        except (BlockingIOError, InterruptedError):
+            pass
+        finally:
+            self.sock.setblocking(True)
+        return more
+
+    def _write(self):
+        try:
+            while True:
+                data = self.outbox.get()
+                if data is None:
+                    break
+                self.sock.sendall(data)
+        except OSError:
+            self.close("socket write failed", tell_peer=True)
+
+    def close(self, reason, tell_peer=False):
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        log.info("tunnel %d closed: %s (%d bytes out, %d in on this link)", self.tunnel_id, reason,
+                 self.tunnels.sent_bytes, self.tunnels.received_bytes)
+        self.outbox.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.tunnels.forget(self.tunnel_id)
+        if tell_peer and self.tunnels.router.link_usable():
+            self.tunnels.router.send(TunnelClose(self.tunnel_id, reason))
+
+
+class Tunnels:
+    """The tunnels of one Link (either end). ``target_port``: on a worker, the
+    local RPC server's port that a TunnelOpen connects to (None on the
+    coordinator, which refuses TunnelOpen)."""
+
+    def __init__(self, router, target_port=None):
+        self.router = router
+        self.target_port = target_port
+        self.pipes = {}
+        self.sent_bytes = 0
+        self.received_bytes = 0
+        self._lock = threading.Lock()
+        self._next_id = 1
+        router.on(TunnelOpen, self._open)
+        router.on(TunnelData, self._data)
+        router.on(TunnelClose, self._close)
+
+    def attach(self, sock):
+        """Carry an accepted local socket over a new tunnel (coordinator end)."""
+        with self._lock:
+            tunnel_id, self._next_id = self._next_id, self._next_id + 1
+        self.router.send(TunnelOpen(tunnel_id))
+        self._add(tunnel_id, sock)
+
+    def _add(self, tunnel_id, sock):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # RPC is request/reply: no Nagle delay
+        with self._lock:
+            self.pipes[tunnel_id] = _Pipe(self, tunnel_id, sock)
+
+    def _open(self, message):
+        if self.target_port is None or message.tunnel_id in self.pipes or len(self.pipes) >= MAX_TUNNELS:
+            self.router.send(TunnelClose(message.tunnel_id, "refused"))
+            return
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            sock.settimeout(None)
+        except OSError as e:
+            self.router.send(TunnelClose(message.tunnel_id, f"no RPC server: {e}"))
+            return
+        log.info("tunnel %d open to the RPC server on port %d", message.tunnel_id, self.target_port)
+        self._add(message.tunnel_id, sock)
+
+    def _data(self, message):
+        pipe = self.pipes.get(message.tunnel_id)
+        if pipe is not None:
+            self.received_bytes += len(message.data)
+            pipe.outbox.put(message.data)
+
+    def _close(self, message):
+        pipe = self.pipes.get(message.tunnel_id)
+        if pipe is not None:
+            log.info("tunnel %d closed by the peer: %s", message.tunnel_id, message.reason)
+            pipe.close(message.reason)
+
+    def forget(self, tunnel_id):
+        with self._lock:
+            self.pipes.pop(tunnel_id, None)
+
+    def close_all(self, reason="link closed"):
+        for pipe in list(self.pipes.values()):
+            pipe.close(reason)
+
+
+class TunnelListener:
+    """The coordinator end: a TCP server on 127.0.0.1 (ephemeral port) whose
+    connections are tunnelled over ``tunnels``' Link. ``endpoint`` is what
+    llama.cpp's RPC client is given."""
+
+    def __init__(self, tunnels):
+        self.tunnels = tunnels
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.server.getsockname()[1]}"
+        log.info("tunnel endpoint %s over a link with a %d-byte Channel MDU", self.endpoint, tunnels.router.channel.mdu)
+        self._stopped = threading.Event()
+        threading.Thread(target=self._accept, name="rngrid-tunnel-accept", daemon=True).start()
+        threading.Thread(target=self._watch, name="rngrid-tunnel-watch", daemon=True).start()
+
+    def _watch(self):
+        # rns 0.9.4 keeps a Link whose peer vanished open for minutes; closing
+        # the sockets at once makes the RPC client (in its own process) fail fast.
+        while not self._stopped.wait(LINK_POLL_S):
+            if not self.tunnels.router.link_usable():
+                self.tunnels.close_all("the link to the worker tower is gone")
+                return
+
+    def _accept(self):
+        while not self._stopped.is_set():
+            try:
+                sock, _ = self.server.accept()
+            except OSError:
+                return
+            if self._stopped.is_set():
+                sock.close()
+                return
+            self.tunnels.attach(sock)
+
+    def close(self):
+        self._stopped.set()
+        self.server.close()
+        self.tunnels.close_all("coordinator closed the tunnel")

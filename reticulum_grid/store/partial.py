@@ -1,0 +1,178 @@
+"""A blob being received: a sparse data file plus an on-disk have-map.
+
+Chunks are verified before they are written; the file is published into the
+store (atomic rename) only when the whole blob verifies.
+"""
+
+import errno
+import os
+import shutil
+import threading
+
+import blake3
+
+from links.wire import Code, WireError
+from reticulum_grid.store.names import check_content
+
+#: Room kept free on the store's disk beyond a blob's size (bytes).
+DISK_MARGIN = 256 << 20
+
+
+def storage_error(error, path):
+    """WireError for an OSError met writing ``path``: insufficient_storage when
+    the disk (or a quota) is full, else internal, naming the file either way."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WireError(Code.INSUFFICIENT_STORAGE, f"disk full writing {path}")
+    return WireError(Code.INTERNAL, f"cannot write {path}: {error.strerror or error}")
+
+
+def _pwrite_all(fd, data, offset):
+    """os.pwrite until every byte is written (a nearly full disk writes short,
+    then raises ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class Partial:
+    """A blob being received: sparse data file plus an on-disk have-map, so an
+    interrupted transfer resumes without re-fetching verified chunks.
+    ``write`` may be called from several threads."""
+
+    def __init__(self, store, blob_id, manifest_bytes, manifest):
+        self.store = store
+        self.blob_id = blob_id
+        self.manifest = manifest
+        self._manifest_bytes = manifest_bytes
+        self._lock = threading.RLock()
+        self._data_fd = self._have_fd = None
+        self.users = 0
+        self.dir = store.root / "partial" / blob_id.hex()
+        self.complete = store.has(blob_id)
+        if self.complete:
+            self.have = bytearray(b"\x01" * len(manifest.chunks))
+            return
+        self._need_room()
+        try:
+            self._open(manifest_bytes)
+        except OSError as e:
+            self._close_files()
+            raise storage_error(e, self.dir) from None
+
+    def _open(self, manifest_bytes):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "manifest").write_bytes(manifest_bytes)
+        data = self.dir / "data"
+        with open(data, "ab") as f:
+            f.truncate(self.manifest.total_size)
+        have_path = self.dir / "have"
+        chunks = len(self.manifest.chunks)
+        have = have_path.read_bytes() if have_path.exists() else b""
+        self.have = bytearray(have[:chunks].ljust(chunks, b"\x00"))
+        have_path.write_bytes(bytes(self.have))
+        self._data_fd = os.open(data, os.O_RDWR)
+        self._have_fd = os.open(have_path, os.O_RDWR)
+
+    def _need_room(self):
+        already = self.dir / "data"
+        present = already.stat().st_blocks * 512 if already.exists() else 0
+        need = self.manifest.total_size - present + DISK_MARGIN
+        free = shutil.disk_usage(self.store.root).free
+        if need > free:
+            raise WireError(Code.INSUFFICIENT_STORAGE,
+                            f"blob needs {need >> 20} MiB (with margin), {free >> 20} MiB free here")
+
+    def missing(self):
+        return [i for i, v in enumerate(self.have) if not v]
+
+    @property
+    def bytes_done(self):
+        return sum(n for (_, n), v in zip(self.manifest.chunks, self.have) if v)
+
+    def write(self, index, data):
+        """Verify chunk ``index`` against the manifest and write it.
+        Raises WireError(bad_chunk) when it does not match."""
+        digest, length = self.manifest.chunks[index]
+        if len(data) != length or blake3.blake3(data).digest() != digest:
+            raise WireError(Code.BAD_CHUNK, f"chunk {index} does not match its manifest hash")
+        with self._lock:
+            if self.complete or self.have[index]:
+                return  # another transfer of this blob got there first
+            if self._data_fd is None:
+                raise WireError(Code.INCOMPLETE, "this transfer was closed")
+            try:
+                _pwrite_all(self._data_fd, data, self.manifest.chunk_offset(index))
+                os.pwrite(self._have_fd, b"\x01", index)  # only after the data is written
+            except OSError as e:
+                raise storage_error(e, self.dir / "data") from None
+            self.have[index] = 1
+
+    def finish(self, alias=None, kind=None):
+        """Verify the whole file and publish it under objects/ (atomic rename).
+
+        Chunks that no longer verify are marked missing again and WireError(bad_chunk)
+        is raised. Several transfers of one blob may call this; one publishes.
+        ``kind`` applies only to a blob new to this store. Returns BlobInfo."""
+        with self._lock:
+            if not self.complete:
+                if self.missing():
+                    raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
+                if self._data_fd is None:
+                    raise WireError(Code.INCOMPLETE, "this transfer was closed")
+                try:
+                    os.fsync(self._data_fd)
+                except OSError as e:
+                    raise storage_error(e, self.dir / "data") from None
+                bad = self._verify_all()
+                if bad:
+                    for index in bad:
+                        self.have[index] = 0
+                        os.pwrite(self._have_fd, b"\x00", index)
+                    raise WireError(Code.BAD_CHUNK, f"chunks {bad[:8]} failed the final check")
+                self._close_files()
+                try:
+                    check_content(self.dir / "data", kind)
+                except WireError:
+                    shutil.rmtree(self.dir, ignore_errors=True)  # verified, but not what it claims to be
+                    self.have = bytearray(len(self.have))
+                    raise
+                self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.complete = True
+        if alias:
+            self.store.set_alias(alias, self.blob_id, kind)
+        elif kind:
+            self.store.set_kind_if_new(self.blob_id, kind)
+        return self.store.info(self.blob_id)
+
+    def _verify_all(self):
+        bad = []
+        with open(self.dir / "data", "rb") as f:
+            for index, (digest, length) in enumerate(self.manifest.chunks):
+                if blake3.blake3(f.read(length)).digest() != digest:
+                    bad.append(index)
+        return bad
+
+    @property
+    def closed(self):
+        return self.complete or self._data_fd is None
+
+    def release(self):
+        """A transfer is done with this Partial; the last one closes its files
+        (after the store stops handing it out, so none is given a closed one)."""
+        with self.store._lock:
+            self.users -= 1
+            last = self.users <= 0
+            if last and self.store._receiving.get(self.blob_id) is self:
+                del self.store._receiving[self.blob_id]
+        if last:
+            with self._lock:
+                self._close_files()
+
+    def _close_files(self):
+        for name in ("_data_fd", "_have_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)

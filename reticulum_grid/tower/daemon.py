@@ -1,0 +1,325 @@
+"""The tower daemon: one RNS destination serving commands for the models it holds.
+
+Request handlers run on RNS's thread for the Link and return at once (rns
+0.9.4 runs one Link's handlers one after another); generation and transfers
+run on their own threads and talk over the Link's Channel, so a cancel is
+never stuck behind them.
+
+Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
+``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
+(sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
+``jobs/watch``, ``jobs/cancel`` (train).
+"""
+
+import logging
+import threading
+import time
+
+import RNS
+
+from announce import caps as capscodec
+from announce.announcer import APP_NAME, RADIO_ANNOUNCES_PER_H, TOWER_ASPECT, Announcer, PingListener
+from links import auth, wire
+from links.channel import ChannelRouter
+from links.chunks import ChunkFetcher, ChunkServer
+from links.stream import StreamRoutes, StreamSender
+from links.wire import Code, WireError
+from reticulum_grid.node import hardware, identity, rnsnet
+from reticulum_grid.inference import request as inference_request
+from reticulum_grid.inference.admission import Cancelled
+from reticulum_grid.store.blobstore import BlobStore
+from reticulum_grid.store.collect import Collector
+from reticulum_grid.node.config import LiveAllowList
+from reticulum_grid.inference.llama_backend import AdapterError, ContextLengthExceeded, Generation
+from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.training.notify import Notifier
+from reticulum_grid.tower.blobs import TowerBlobs
+from reticulum_grid.tower.jobs import TowerJobs
+from reticulum_grid.tower.split import TowerSplit
+
+log = logging.getLogger("rngrid.tower")
+
+
+class LinkSession:
+    """A client's Link: stream routes, chunk server and fetcher, and the cancel
+    events of its streams."""
+
+    def __init__(self, link, tower):
+        self.link = link
+        self.streams = {}
+        self.router = ChannelRouter(link)
+        self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
+        self.fetcher = ChunkFetcher(self.router)
+        self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
+        self._tower = tower
+        self._on_close = []
+        link.set_link_closed_callback(self._closed)
+
+    def on_close(self, callback):
+        """Run ``callback()`` when this Link closes."""
+        self._on_close.append(callback)
+
+    @property
+    def identity(self):
+        return self.link.get_remote_identity()
+
+    def _authorize_read(self, blob_id):
+        auth.require(self.identity, "sync", self._tower.allow.roles_of)
+        if not self._tower.store.has(blob_id):
+            raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not on this tower")
+
+    def cancel(self, stream_id):
+        event = self.streams.get(stream_id)
+        if event is not None:
+            event.set()
+
+    def _closed(self, link):
+        for event in list(self.streams.values()):
+            event.set()
+        self.fetcher.link_closed()
+        for callback in self._on_close:
+            callback()
+        self._tower.link_closed(link)
+
+
+class Tower:
+    """Start with ``start()``; stop with ``stop()``. ``config`` is a TowerConfig."""
+
+    def __init__(self, config):
+        self.config = config
+        self.sessions = {}
+        self.hardware = hardware.CachedProbe()
+        self.tokens_per_s = 0.0
+        self.store = BlobStore(config.directory / "blobs")
+        self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
+        self.registry = None
+        self.jobs = None
+        self.collector = None
+        self.destination = None
+        self.announcer = None
+        self._lock = threading.Lock()
+
+    # -- life cycle -------------------------------------------------------
+    def start(self):
+        self.identity = identity.load_or_create(self.config.directory / "identity")
+        net = self.config.network
+        if net.listen and not net.rns_config:
+            rnsnet.check_listen(net.listen)
+        configdir = net.rns_config or rnsnet.write_config(
+            self.config.directory / "rns", listen=net.listen, connect=net.connect,
+            transport=net.transport, bitrate=net.bitrate)
+        rnsnet.start(configdir)
+        self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
+                                      on_tokens_per_s=self._record_tokens_per_s)
+        if (warning := hardware.unused_gpu_warning()) is not None:
+            log.warning("%s", warning)
+        self.registry.load_configured()
+        self.jobs = TowerJobs(self)
+        self.split = TowerSplit(self)
+        self.split.warm()
+        self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
+        self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
+                                           APP_NAME, TOWER_ASPECT)
+        self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
+        blobs = TowerBlobs(self)
+        # ping: an empty reply, so clients time a small round trip (their RTT).
+        commands = {"ping": (None, lambda session, request: {}),
+                    "caps/full": (None, self._caps_full), "ai/inference": ("infer", self._inference),
+                    "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
+                    "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
+                    "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
+                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train", self.jobs.dp.join),
+                    **self.split.commands()}
+        for path, (role, command) in commands.items():
+            self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
+                                                      allow=RNS.Destination.ALLOW_ALL)
+        self.announcer = Announcer(self.destination, self.caps, heartbeat_s=self.config.heartbeat_s,
+                                   floor_s=self.config.floor_s,
+                                   budget=RADIO_ANNOUNCES_PER_H if rnsnet.on_radio() else None)
+        # Path responses (RNS answers path requests for us) carry the live caps.
+        self.destination.set_default_app_data(self.announcer.app_data)
+        RNS.Transport.register_announce_handler(PingListener(self.announcer))
+        self.jobs.start(Notifier(self.identity, self.config.directory / "lxmf", self.config.name,
+                                 propagation_node=self.config.propagation_node, on_delivered=self.jobs.notified))
+        self.announcer.start()
+        log.info("tower %s up: destination %s, models %s", self.config.name,
+                 RNS.prettyhexrep(self.destination.hash), ", ".join(self.registry.aliases()) or "none")
+
+    def stop(self):
+        if self.announcer:
+            self.announcer.stop()
+        if self.jobs:
+            self.jobs.manager.stop()
+        if getattr(self, "split", None):
+            self.split.stop()
+        if self.collector:
+            self.collector.stop()
+        for session in list(self.sessions.values()):
+            session.link.teardown()
+        rnsnet.stop()
+
+    def _record_tokens_per_s(self, value):
+        self.tokens_per_s = value if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * value
+
+    # -- commands ---------------------------------------------------------
+    def _handler(self, path, role, command):
+        """An RNS request handler: auth, msgpack map in, reply map out, every
+        failure answered with a coded error."""
+
+        def handle(_path, data, request_id, link_id, remote_identity, requested_at):
+            try:
+                if role:
+                    auth.require(remote_identity, role, self.allow.roles_of)
+                return wire.ok(**command(self._session(link_id), wire.unpack_map(data)))
+            except WireError as e:
+                log.info("%s refused: %s", path, e)
+                return wire.error(e.code, e.message, e.retry_after)
+            except Exception as e:
+                log.exception("%s failed", path)
+                return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}")
+
+        return handle
+
+    def caps(self):
+        slots = self.registry.slots()
+        hardware = self.registry.truthful(self.hardware())  # cpu when llama.cpp kept a model off the GPU
+        return capscodec.Caps(
+            name=self.config.name,
+            hardware=hardware,
+            models=self.registry.caps_models(),
+            adapters=tuple(capscodec.AdapterCap(alias, info.blob_id[:capscodec.SHORT_ID_BYTES])
+                           for info in self.store.list() if info.kind == "adapter" for alias in info.aliases[:1]),
+            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=self.jobs.manager.running_count(),
+                                queue=sum(s.queue.waiting for s in slots)),
+            tokens_per_s=round(self.tokens_per_s, 1),
+            heartbeat_s=int(self.config.heartbeat_s),
+            lend_mib=self.split.lend_mib(hardware),
+        )
+
+    def remote_alias(self, alias, kind):
+        """``alias`` if a client may point it at a blob of ``kind`` here: not one
+        of the config's models, not one naming another kind of blob. None stays
+        None. Raises WireError (not_allowed, bad_request)."""
+        if alias is None:
+            return None
+        if alias in {m.alias for m in self.config.models}:
+            raise WireError(Code.NOT_ALLOWED, f"alias {alias!r} is set by this tower's config")
+        self.store.check_alias_kind(alias, kind)
+        return alias
+
+    def _caps_full(self, session, request):
+        loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
+        known = session.identity is not None and self.allow.roles_of(session.identity.hash)
+        # Models and adapters are in the public caps anyway; datasets and files
+        # are listed only to identities on the allow-list.
+        blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
+                 for i in self.store.list() if known or i.kind in ("model", "adapter") for a in (i.aliases or [""])]
+        for blob in blobs:
+            if blob["kind"] == "model":
+                try:
+                    blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
+                    blob.update(self.registry.placement_info(self.registry.slot(blob["blob_id"])))
+                    layers = self.split.known_layers(self.registry.slot(blob["blob_id"]))
+                    if layers is not None:  # read in the background; a handler must not wait on it
+                        blob["n_layers"] = layers
+                except Exception as e:  # one unreadable GGUF must not hide the rest
+                    log.warning("model %s: cannot estimate its memory: %s", blob["alias"] or blob["blob_id"].hex(), e)
+        caps = self.caps()
+        reply = {"caps": capscodec.encode(caps, budget=1 << 20), "blobs": blobs,
+                 "gpus": [] if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
+                 [{"index": g.index, "name": g.name, "total_mib": g.total_mib, "free_mib": g.free_mib}
+                  for g in self.hardware.gpus]}
+        reply["dataplane"] = bool(self.config.dataplane)  # offered for multi-tower training (not the address)
+        if session.identity is not None:
+            reply["you"] = {"identity": session.identity.hash.hex(),
+                            "roles": sorted(self.allow.roles_of(session.identity.hash))}
+        return reply
+
+    # -- links ------------------------------------------------------------
+    def _session(self, link_id, link=None):
+        with self._lock:
+            session = self.sessions.get(link_id)
+            if session is None:
+                link = link or next((l for l in self.destination.links if l.link_id == link_id), None)
+                if link is None:
+                    raise WireError(Code.INTERNAL, "link not found")
+                session = self.sessions[link_id] = LinkSession(link, self)
+            return session
+
+    def link_closed(self, link):
+        with self._lock:
+            self.sessions.pop(link.link_id, None)
+
+    # -- ai/inference -----------------------------------------------------
+    def _inference(self, session, request):
+        if "split" in request:  # a model split over towers (tower/split.py)
+            return self.split.inference(session, request)
+        request = inference_request.parse(request)
+        slot = self.registry.find(request.model)
+        adapter = self._adapter_path(request.adapter)
+        if request.stream_id in session.streams:
+            raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
+        ticket = slot.queue.admit()
+        cancel = session.streams[request.stream_id] = threading.Event()
+        # Tokenizing (a prompt may be 512K characters) happens on the stream's own
+        # thread, after admission: this handler must return at once.
+        threading.Thread(target=self._run_stream, args=(session, slot, request, cancel, adapter, ticket),
+                         name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
+        return {"stream_id": request.stream_id, "queued": ticket.ahead}
+
+    def _adapter_path(self, name):
+        if not name:
+            return None
+        try:
+            info = self.store.info(self.store.resolve(name))
+        except WireError:
+            info = None
+        if info is None or info.kind != "adapter":
+            raise WireError(Code.UNKNOWN_ADAPTER, f"no GGUF LoRA adapter {name!r} on tower {self.config.name}")
+        return str(info.path)
+
+    @staticmethod
+    def _tokenize(backend, request):
+        try:
+            return backend.tokenize_prompt(prompt=request.prompt, messages=request.messages,
+                                           continued=request.continue_tokens)
+        except ContextLengthExceeded as e:
+            raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
+        except ValueError as e:
+            raise WireError(Code.BAD_REQUEST, str(e)) from None
+
+    def _run_stream(self, session, slot, request, cancel, adapter, ticket):
+        sender = StreamSender(session.router, request.stream_id)
+        started = time.perf_counter()
+        try:
+            with slot.queue.turn(ticket, cancel):
+                queued_s = time.perf_counter() - started
+                backend = self.registry.backend(slot)
+                backend.set_adapter(adapter, request.adapter_scale)
+                tokens = self._tokenize(backend, request)
+                result = Generation()
+                for piece, ids in backend.generate(tokens, request.sampling, cancel, result,
+                                                   continued=len(request.continue_tokens)):
+                    sender.push(piece, ids)
+            if result.finish_reason == "cancelled":
+                sender.fail(Code.CANCELLED, "cancelled by the client")
+            else:
+                sender.end(result.finish_reason, self._usage(result, queued_s))
+                self._record_tokens_per_s(result.tokens_per_s)
+            slot.queue.record(time.perf_counter() - started)
+        except Cancelled:
+            sender.fail(Code.CANCELLED, "cancelled while queued")
+        except WireError as e:
+            sender.fail(e.code, e.message)
+        except AdapterError as e:
+            sender.fail(Code.UNKNOWN_ADAPTER, str(e))
+        except Exception as e:
+            log.exception("generation failed")
+            sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")
+        finally:
+            session.streams.pop(request.stream_id, None)
+
+    def _usage(self, result, queued_s):
+        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                "ttft_s": round(result.ttft_s, 4), "tokens_per_s": round(result.tokens_per_s, 2),
+                "queued_s": round(queued_s, 4), "tower": self.config.name}

@@ -1,0 +1,236 @@
+"""Split inference on a tower (reticulum_grid.split): both ends.
+
+Worker end: ``split/tunnel`` (role ``shard``) starts this tower's RPC server
+child (127.0.0.1 only) and lets the calling Link carry tunnels to it.
+Coordinator end: an ``ai/inference`` request with a ``split`` plan (the
+client planned it, see split/plan.py) runs on a split model in a child
+process, its first layers on the plan's workers, reached through tunnels
+over Links this tower opens (identified with its own identity). The stream
+goes to the client through the usual token stream: stop strings, usage,
+cancel and continue_tokens work as for a whole model.
+
+``split`` request field::
+
+    {"parts": [{"key": worker destination hash (16 bytes), "first": int, "end": int}, ...,
+               {"key": this tower's destination hash, "first": int, "end": n_layers}],
+     "experts": bool}     # MoE: expert tensors on the workers, the rest here
+"""
+
+import logging
+import threading
+import time
+
+import gguf
+
+from links.stream import StreamSender
+from links.wire import Code, WireError
+from reticulum_grid.inference import request as inference_request
+from reticulum_grid.inference.admission import Cancelled, ModelQueue
+from reticulum_grid.inference.llama_backend import Generation
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.split import experts, ggml
+from reticulum_grid.split.rpcworker import RpcWorker
+from reticulum_grid.split.supervisor import SplitModel
+from reticulum_grid.split.tunnel import TunnelListener, Tunnels
+
+log = logging.getLogger("rngrid.tower.split")
+
+MAX_PARTS = 8
+#: Memory a tower keeps for itself when it lends the rest (MiB, or 10% of the total if more).
+HEADROOM_MIB = 1024
+
+
+class TowerSplit:
+    def __init__(self, tower):
+        self.tower = tower
+        directory = tower.config.directory
+        self.worker = RpcWorker(directory / "rpc-cache", directory / "rpc-worker.log", threads=tower.config.shard_threads)
+        self.queue = ModelQueue(tower.config.queue_depth)
+        self.model = None
+        self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
+        self._layers = {}
+        self._lock = threading.Lock()
+
+    def warm(self):
+        """Read every model's layer count and memory need in the background:
+        the gguf library takes seconds per file, and caps/full answers with
+        both (a client that plans a split waits on it)."""
+        def run():
+            registry = self.tower.registry
+            for blob_id in set(registry.aliases().values()):
+                try:
+                    slot = registry.slot(blob_id)
+                    registry.need_mib(slot)
+                    self.n_layers(slot.path)
+                except Exception as e:  # an unreadable GGUF is reported when it is asked for
+                    log.debug("cannot read model %s: %s", blob_id.hex()[:16], e)
+
+        threading.Thread(target=run, name="rngrid-split-warm", daemon=True).start()
+
+    def commands(self):
+        return {"split/tunnel": ("shard", self.tunnel)}
+
+    def stop(self):
+        self._drop_model()
+        self.worker.stop()
+
+    def lend_mib(self, hardware):
+        """MiB this tower lends to split models: free memory (VRAM, else RAM)
+        minus a headroom, capped by ``[shard] lend_mib``; 0 without RPC."""
+        if not ggml.rpc_available():
+            return 0
+        spare = max(0, hardware.memory_free_mib - max(HEADROOM_MIB, hardware.memory_total_mib // 10))
+        cap = self.tower.config.lend_mib
+        return spare if cap is None else min(cap, spare)
+
+    def known_layers(self, slot):
+        """The layer count of ``slot``'s model when known without reading its file:
+        from the loaded model's own metadata, else from the background read
+        (``warm``); None until then. RNS handlers use this: a GGUF read takes
+        seconds and would hold up every packet on the interface meanwhile."""
+        if slot.path not in self._layers and slot.backend is not None:
+            meta = slot.backend.llm.metadata
+            count = meta.get(f"{meta.get('general.architecture')}.block_count")
+            if count is not None and str(count).isdigit():
+                self._layers[slot.path] = int(count)
+        return self._layers.get(slot.path)
+
+    def n_layers(self, path):
+        """Repeating layers (block count) of the GGUF at ``path``, cached."""
+        if path not in self._layers:
+            reader = gguf.GGUFReader(path)
+            arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
+            self._layers[path] = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+        return self._layers[path]
+
+    # -- worker end -------------------------------------------------------
+    def tunnel(self, session, request):
+        if not ggml.rpc_available():
+            raise WireError(Code.UNSUPPORTED, "this tower's llama.cpp was built without RPC (-DGGML_RPC=on)")
+        try:
+            port = int(self.worker.endpoint().rsplit(":", 1)[1])
+        except RuntimeError as e:
+            raise WireError(Code.INTERNAL, str(e)) from None
+        tunnels = getattr(session, "tunnels", None)
+        if tunnels is None:
+            session.tunnels = Tunnels(session.router, target_port=port)
+            session.on_close(session.tunnels.close_all)
+        else:
+            tunnels.target_port = port
+        return {"tower": self.tower.config.name}
+
+    # -- coordinator end --------------------------------------------------
+    def inference(self, session, request):
+        split = request.pop("split")
+        request = inference_request.parse(request)
+        if request.adapter:
+            raise WireError(Code.UNSUPPORTED, "a split model runs without LoRA adapters")
+        slot = self.tower.registry.find(request.model)
+        parts = self._parse_parts(split, self.n_layers(slot.path))
+        if request.stream_id in session.streams:
+            raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
+        ticket = self.queue.admit()
+        cancel = session.streams[request.stream_id] = threading.Event()
+        want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
+        threading.Thread(target=self._run_stream, args=(session, slot, want, request, cancel, ticket),
+                         name=f"rngrid-split-{request.stream_id}", daemon=True).start()
+        return {"stream_id": request.stream_id, "queued": ticket.ahead}
+
+    def _parse_parts(self, split, n_layers):
+        parts = split.get("parts") if isinstance(split, dict) else None
+        if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
+            raise WireError(Code.BAD_REQUEST, f"split.parts must list 1..{MAX_PARTS} parts")
+        out, first = [], 0
+        for part in parts:
+            if not isinstance(part, dict) or not isinstance(part.get("key"), bytes) or len(part["key"]) != 16:
+                raise WireError(Code.BAD_REQUEST, "each split part needs a 16-byte destination hash 'key'")
+            if part.get("first") != first or not isinstance(part.get("end"), int) or part["end"] <= first:
+                raise WireError(Code.BAD_REQUEST, "split parts must cover the layers in order, from 0")
+            out.append((part["key"], first, part["end"]))
+            first = part["end"]
+        if first != n_layers:
+            raise WireError(Code.BAD_REQUEST, f"split parts cover {first} layers; the model has {n_layers}")
+        if out[-1][0] != self.tower.destination.hash:
+            raise WireError(Code.BAD_REQUEST, "the last split part must be this tower (the coordinator)")
+        if len({key for key, _, _ in out}) != len(out):
+            raise WireError(Code.BAD_REQUEST, "a tower appears twice in the split plan")
+        return out
+
+    def _ensure_model(self, slot, want):
+        """The split model for ``want`` (blob, parts, experts), built if needed."""
+        with self._lock:
+            if self.model is not None and self.model.key == want and self.model.alive and all(
+                    c.link is not None and c.router.link_usable() for c, _ in self.links):
+                return self.model
+            self._drop_model()
+            _, parts, expert_mode = want
+            if expert_mode and not experts.has_experts(slot.path):
+                raise WireError(Code.BAD_REQUEST, "expert placement needs a model with expert tensors")
+            try:
+                self.model = self._build(slot, want, parts, expert_mode)
+            except BaseException:
+                self._drop_model()  # the Links and tunnels made so far
+                raise
+            return self.model
+
+    def _build(self, slot, want, parts, expert_mode):
+        endpoints = []
+        for key, _, _ in parts[:-1]:
+            conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
+            self.links.append((conn, None))
+            try:
+                conn.request("split/tunnel", {}, timeout=15.0)
+            except WireError as e:
+                raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
+            listener = TunnelListener(Tunnels(conn.router))
+            self.links[-1] = (conn, listener)
+            endpoints.append(listener.endpoint)
+        counts = [end - first for _, first, end in parts]
+        model = SplitModel(want, slot.path, slot.settings.n_ctx, endpoints, counts,
+                           self.tower.config.directory / "split-model.log", threads=slot.settings.threads,
+                           experts=expert_mode)
+        started = time.perf_counter()
+        model.start(moved=lambda: sum(l.tunnels.sent_bytes + l.tunnels.received_bytes for _, l in self.links))
+        log.info("split model loaded in %.1f s over %d worker(s)", time.perf_counter() - started, len(endpoints))
+        return model
+
+    def _drop_model(self):
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+        for conn, listener in self.links:
+            if listener is not None:
+                listener.close()
+            conn.close()
+        self.links = []
+
+    def _run_stream(self, session, slot, want, request, cancel, ticket):
+        sender = StreamSender(session.router, request.stream_id)
+        started = time.perf_counter()
+        try:
+            with self.queue.turn(ticket, cancel):
+                queued_s = time.perf_counter() - started
+                model = self._ensure_model(slot, want)
+                result = Generation()
+                for piece, ids in model.generate(request, cancel, result):
+                    sender.push(piece, ids)
+            if result.finish_reason == "cancelled":
+                sender.fail(Code.CANCELLED, "cancelled by the client")
+            else:
+                usage = self.tower._usage(result, queued_s)
+                usage["split"] = [key.hex() for key, _, _ in want[1]]
+                sender.end(result.finish_reason, usage)
+            self.queue.record(time.perf_counter() - started)
+        except Cancelled:
+            sender.fail(Code.CANCELLED, "cancelled while queued")
+        except WireError as e:
+            log.info("split stream failed: %s", e)
+            if e.code in (Code.UNREACHABLE, Code.TIMEOUT):
+                with self._lock:
+                    self._drop_model()
+            sender.fail(e.code, e.message)
+        except Exception as e:
+            log.exception("split generation failed")
+            sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")
+        finally:
+            session.streams.pop(request.stream_id, None)

@@ -1,0 +1,270 @@
+"""Data-parallel LoRA worker: ``python -m reticulum_grid.training.distributed JOB_DIR``.
+
+One process per tower (rank) of a multi-tower job. ``JOB_DIR/spec.json`` is a
+training spec (trainer.py) plus ``dp``::
+
+    {"world_size": N, "rank": r, "units": M,          # M: see below; fixed for the job's life
+     "host": rank 0's data-plane address, "port": its store front's port,
+     "secret": hex, "dataplane": this tower's data-plane address, "attempt": int}
+
+Every rank builds the same global batch of ``batch_size`` examples per step
+(the same seeded order as a one-tower job). The global batch is cut into M
+accumulation units, rows ``u, u+M, ...`` (torch's DistributedSampler split of the
+batch, without the repeats it pads uneven shards with, which would change the
+global batch); rank r computes units ``r, r+N, ...``, accumulating gradients,
+and DDP all-reduces them over the PEFT model once per step. The loss is the sum
+over the global batch's tokens divided by their count, so the gradient is the
+same whatever N is, and with M fixed the arithmetic is the same too: a job
+resumed on fewer ranks, or run on one, follows the same trajectory.
+
+Rank 0 owns the job: it reads the checkpoint and sends it to the others,
+writes checkpoints and the adapter, and emits the job's events: ``started``
+(world_size, units, grad_bytes: the LoRA gradient bytes all-reduced per step,
+allreduce_s: one such all-reduce, timed before training), ``step`` (as
+trainer.py's, plus ``ranks``: every rank's step and samples/s), ``checkpoint``,
+``done`` (plus ``store_front``: connections admitted and refused) or ``error``. Tensors travel over
+gloo (CPU) or NCCL (CUDA) bound to the data-plane interface; the store behind
+rendezvous.py's authenticating front. A collective that does not complete
+within ``COLLECTIVE_TIMEOUT_S`` (a rank died or was cut off) ends every rank
+with an ``error`` event marked ``peer_lost``, exit code ``EXIT_PEER_LOST``.
+The worker also ends when its tower does (trainer.die_with_parent).
+"""
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from reticulum_grid.training import rendezvous, trainer
+
+#: Seconds a collective may take before the job counts a rank as lost.
+COLLECTIVE_TIMEOUT_S = 30
+#: Seconds the ranks wait for each other at the start (model loading included).
+JOIN_TIMEOUT_S = 180
+EXIT_PEER_LOST = 3
+
+
+class PeerLost(RuntimeError):
+    pass
+
+
+def main():
+    job_dir = Path(sys.argv[1])
+    trainer.die_with_parent()
+    events = trainer.Events()
+    try:
+        run(job_dir, json.loads((job_dir / trainer.SPEC).read_text()), events)
+    except PeerLost as e:
+        events.emit("error", message=str(e), peer_lost=True)
+        os._exit(EXIT_PEER_LOST)  # a broken process group may hang at interpreter exit
+    except Exception as e:
+        events.emit("error", message=f"{type(e).__name__}: {e}")
+        os._exit(1)
+    os._exit(0)
+
+
+def run(job_dir, spec, events):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+
+    from reticulum_grid.training.datasets import read_examples
+
+    dp = spec["dp"]
+    world, rank, units = dp["world_size"], dp["rank"], dp["units"]
+    if not 1 <= world <= units <= spec["batch_size"]:
+        raise ValueError(f"{world} ranks, {units} units and a batch of {spec['batch_size']} do not fit")
+    device, _, precision = trainer.pick_device(torch)
+    if device == "mps" or precision == "fp16":
+        # gloo has no MPS tensors; fp16 would need one loss scaler agreed by every rank.
+        device, precision = ("cpu", "fp32") if device == "mps" else (device, "fp32")
+    tokenizer, model = trainer.load_base(spec["base_path"], device, trainer.DTYPES[precision])
+    examples, cut = trainer.tokenize(read_examples(spec["dataset_path"]), tokenizer, spec["seq_len"])
+    torch.manual_seed(spec["seed"])  # the same LoRA initialisation on every rank and in every run
+    model = trainer.add_lora(model, spec)
+    steps_per_epoch = math.ceil(len(examples) / spec["batch_size"])
+    total = spec.get("max_steps") or steps_per_epoch * (spec.get("epochs") or 1)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["learning_rate"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1 - step / total))
+    group = front = None
+    try:
+        if world > 1:
+            group, front = join(dp, device)
+        step = restore(job_dir, spec, model, optimizer, scheduler, rank, group)
+        net = model
+        if group is not None:
+            net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        probe_s = allreduce_time(grad_bytes, group)  # a collective: every rank takes part
+        if rank == 0:
+            events.emit("started", total_steps=total, resumed_from=step, device=device, examples=len(examples),
+                        truncated=cut, seq_len=spec["seq_len"], world_size=world, units=units,
+                        grad_bytes=grad_bytes, allreduce_s=probe_s)
+        final_loss = loop(job_dir, spec, events, net, model, optimizer, scheduler, examples, tokenizer, step, total,
+                          steps_per_epoch, dp)
+    except Exception as e:
+        if world > 1 and _is_comm_error(e):
+            raise PeerLost(f"rank {rank}: a collective failed or timed out ({COLLECTIVE_TIMEOUT_S} s): "
+                           f"{type(e).__name__}: {str(e)[:300]}") from None
+        raise
+    if rank == 0:
+        trainer.write_outputs(job_dir, model, spec)
+        events.emit("done", final_loss=final_loss, total_steps=total, device=device,
+                    store_front=front and {"admitted": front.admitted, "refused": front.refused})
+
+
+def _is_comm_error(e):
+    import torch.distributed as dist
+
+    return isinstance(e, (dist.DistError, RuntimeError, ConnectionError, TimeoutError))
+
+
+def loop(job_dir, spec, events, net, model, optimizer, scheduler, examples, tokenizer, step, total,
+         steps_per_epoch, dp):
+    """Train from ``step`` to ``total``. Returns the last step's loss."""
+    import torch
+
+    world, rank, units = dp["world_size"], dp["rank"], dp["units"]
+    mine = list(range(rank, units, world))
+    samples = sum(len(range(unit, spec["batch_size"], units)) for unit in mine)
+    first, started, tokens, loss = step, time.monotonic(), 0, None
+    device = next(model.parameters()).device
+    net.train()
+    while step < total:
+        begun = time.monotonic()
+        batch = trainer.make_batch(examples, spec, step, steps_per_epoch, tokenizer.pad_token_id, "cpu")
+        targets = batch["labels"][:, 1:]
+        count = int((targets != -100).sum())
+        loss_sum = 0.0
+        for i, unit in enumerate(mine):
+            rows = slice(unit, spec["batch_size"], units)
+            last = i == len(mine) - 1
+            with contextlib.nullcontext() if world == 1 or last else net.no_sync():
+                logits = net(input_ids=batch["input_ids"][rows].to(device),
+                             attention_mask=batch["attention_mask"][rows].to(device)).logits
+                part = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets[rows].reshape(-1).to(device),
+                    ignore_index=-100, reduction="sum")
+                # DDP averages over the ranks: times world so the result is the global sum / count.
+                (part * (world / count)).backward()
+            loss_sum += part.item()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        step += 1
+        elapsed = time.monotonic() - begun
+        ranks = gather(torch.tensor([step, samples / elapsed, loss_sum], dtype=torch.float64, device=device), world)
+        loss = sum(r[2] for r in ranks) / count
+        tokens += int(batch["attention_mask"].sum())
+        if rank != 0:
+            continue
+        so_far = time.monotonic() - started
+        events.emit("step", step=step, total_steps=total, loss=round(loss, 5),
+                    lr=scheduler.get_last_lr()[0], tokens_per_s=round(tokens / so_far, 1),
+                    eta_s=round((total - step) * so_far / (step - first), 1), elapsed_s=round(so_far, 4),
+                    ranks=[{"rank": r, "step": int(s), "samples_per_s": round(v, 2)} for r, (s, v, _) in
+                           enumerate(ranks)])
+        if step % spec["checkpoint_every"] == 0 and step < total:
+            trainer.save_checkpoint(job_dir, model, optimizer, scheduler, step)
+            events.emit("checkpoint", step=step)
+    return loss
+
+
+def gather(row, world):
+    """Every rank's ``row`` (a small float64 tensor on the group's device), as lists, in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    if world == 1:
+        return [row.tolist()]
+    rows = [torch.zeros_like(row) for _ in range(world)]
+    dist.all_gather(rows, row)
+    return [r.tolist() for r in rows]
+
+
+def join(dp, device):
+    """Meet the other ranks through the store (behind its front on rank 0) and
+    start the process group on the data-plane interface. Returns (the group,
+    rank 0's Front or another rank's Forwarder)."""
+    import torch.distributed as dist
+
+    secret = bytes.fromhex(dp["secret"])
+    interface = rendezvous.interface_of(dp["dataplane"])
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface
+    join_timeout = timedelta(seconds=JOIN_TIMEOUT_S)
+    if dp["rank"] == 0:
+        store = dist.TCPStore("127.0.0.1", 0, dp["world_size"], is_master=True, timeout=join_timeout,
+                              wait_for_workers=False, master_listen_fd=_loopback_listener())
+        link = rendezvous.Front(dp["host"], dp["port"], secret, store.port)
+    else:
+        link = rendezvous.Forwarder(dp["host"], dp["port"], secret, JOIN_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", link.port, dp["world_size"], is_master=False, timeout=join_timeout)
+    store = dist.PrefixStore(f"attempt-{dp.get('attempt', 0)}", store)
+    # Everyone loads the model first: wait for all here, then the short collective timeout applies.
+    store.set(f"ready/{dp['rank']}", "1")
+    store.wait([f"ready/{r}" for r in range(dp["world_size"])], join_timeout)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=store, rank=dp["rank"],
+                            world_size=dp["world_size"], timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    return dist.group.WORLD, link
+
+
+def _loopback_listener():
+    """A listening socket on 127.0.0.1 for the store (torch's own would listen on
+    every interface). Its fd is handed to the TCPStore, which owns it from then on."""
+    import socket
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    fd = sock.detach()
+    return fd
+
+
+def restore(job_dir, spec, model, optimizer, scheduler, rank, group):
+    """Rank 0 reads the last checkpoint, if any, and every rank loads it.
+    Returns the step to continue from."""
+    import torch
+    import torch.distributed as dist
+    from peft import set_peft_model_state_dict
+
+    state = None
+    if rank == 0 and (job_dir / trainer.CHECKPOINT).exists():
+        state = torch.load(job_dir / trainer.CHECKPOINT, weights_only=False)
+    if group is not None:
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+    if state is None:
+        torch.manual_seed(spec["seed"])
+        return 0
+    set_peft_model_state_dict(model, state["adapter"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    return state["step"]
+
+
+def allreduce_time(grad_bytes, group, repeats=3):
+    """Median seconds of one all-reduce of ``grad_bytes`` of float32 (what DDP
+    moves per step), measured before training; 0 with one rank."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None:
+        return 0.0
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    buffer = torch.zeros(grad_bytes // 4, dtype=torch.float32, device=device)
+    times = []
+    for _ in range(repeats):
+        begun = time.monotonic()
+        dist.all_reduce(buffer)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.monotonic() - begun)
+    return round(sorted(times)[len(times) // 2], 5)
+
+
+if __name__ == "__main__":
+    main()

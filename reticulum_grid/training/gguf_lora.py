@@ -1,0 +1,50 @@
+"""PEFT adapter -> GGUF LoRA.
+
+The GGUF LoRA layout is llama.cpp's (its convert_lora_to_gguf.py): general.type
+"adapter", adapter.type "lora", adapter.lora.alpha, and for each adapted weight
+``<gguf tensor name>.lora_a`` (rank x in) and ``.lora_b`` (out x rank), the
+names mapped from Hugging Face module names with the ``gguf`` library's own
+tensor-name map. llama.cpp scales an adapter by alpha / rank.
+"""
+
+import gguf
+import numpy as np
+
+from reticulum_grid.store.gguf_info import LoraError, architecture, name_map
+
+
+def peft_to_gguf(tensors, alpha, base_path, out_path):
+    """Write ``tensors`` (PEFT state dict: name -> numpy array) as a GGUF LoRA for
+    the base model at ``base_path``. Raises LoraError for a tensor it cannot map
+    or an adapter without LoRA pairs."""
+    arch, blocks, _ = architecture(base_path)
+    names = name_map(arch, blocks)
+    writer = gguf.GGUFWriter(str(out_path), arch)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(alpha))
+    pairs = 0
+    for name, tensor in sorted(tensors.items()):
+        module, part = _split_peft_name(name)
+        mapped = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if mapped is None:
+            raise LoraError(f"no GGUF tensor for adapter tensor {name}")
+        writer.add_tensor(f"{mapped}.lora_{part}", np.ascontiguousarray(tensor, dtype=np.float32))
+        pairs += part == "a"
+    if not pairs:
+        raise LoraError("the adapter holds no LoRA tensors")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return pairs
+
+
+def _split_peft_name(name):
+    # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight -> (model.layers.0..., "a")
+    stem = name.removeprefix("base_model.model.")
+    if ".lora_A." in stem:
+        return stem.split(".lora_A.")[0], "a"
+    if ".lora_B." in stem:
+        return stem.split(".lora_B.")[0], "b"
+    raise LoraError(f"{name} is not a LoRA A/B tensor (only LoRA on linear layers converts)")

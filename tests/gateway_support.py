@@ -1,0 +1,57 @@
+"""Shared by the gateway tests: a tower process with its own model alias, the
+gateway served in-process on a free loopback port, and the tower's live load."""
+
+import time
+
+import tomlkit
+
+from announce.caps import decode_full
+from reticulum_grid.gateway.server import BackgroundServer
+from reticulum_grid.inference.default_model import default_model_path
+from reticulum_grid.node.localgrid import TowerProcess, free_port
+
+
+def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, **sections):
+    """A tower serving the default model as ``alias`` (only it has that alias, so
+    routing is deterministic even when other test modules' towers are live)."""
+    tower = TowerProcess(hub.root, name, {alias: default_model_path()}, allow={hub.grid.identity_hash: list(roles)},
+                         connect=[hub.address], **sections)
+    if n_ctx:
+        doc = tomlkit.parse(tower.config_path.read_text())
+        doc["models"][alias]["n_ctx"] = n_ctx
+        tower.config_path.write_text(tomlkit.dumps(doc))
+    hub.towers.append(tower)
+    tower.start()
+    hub.wait_tower(name)
+    return tower
+
+
+def serve(hub, **options):
+    """The gateway on a free 127.0.0.1 port: a context manager giving its URL."""
+    return BackgroundServer(hub.grid, port=free_port(), **options)
+
+
+def live_load(hub, tower):
+    entry = hub.wait_tower(tower.name)
+    return decode_full(hub.grid.connection(entry).request("caps/full", {})["caps"]).load
+
+
+def wait_idle(hub, tower, timeout=5.0):
+    """Seconds until the tower runs and queues nothing (None after ``timeout``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        load = live_load(hub, tower)
+        if load.streams == 0 and load.queue == 0:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return None
+
+
+def wait_streaming(hub, tower, timeout=10.0):
+    """True once the tower runs a stream."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if live_load(hub, tower).streams:
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,186 @@
+"""Field cases on real tower processes: context windows that are not a
+multiple of 256, empty prompts, max_tokens inside a character, continuation
+on a cold tower, and leftovers a store collects."""
+
+import os
+import time
+
+import pytest
+import tomlkit
+
+from links.wire import Code, WireError
+from reticulum_grid.client import Usage
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.store.blobstore import BlobStore
+from links import manifest as mf
+
+FOX = "The quick brown fox jumps over the lazy dog. "
+ESSAY = "Write a short essay about why the sea is salty, with an introduction, three arguments and a conclusion."
+#: The window a user wrote for the tiny tower: not a multiple of llama.cpp's 256.
+TINY_CTX = 128
+
+
+def start_tower(hub, name, models, n_ctx=None, roles=("infer",), **sections):
+    tower = TowerProcess(hub.root, name, models, allow={hub.grid.identity_hash: list(roles)},
+                         connect=[hub.address], **sections)
+    if n_ctx is not None:
+        doc = tomlkit.parse(tower.config_path.read_text())
+        for model in doc["models"].values():
+            model["n_ctx"] = n_ctx
+        tower.config_path.write_text(tomlkit.dumps(doc))
+    hub.towers.append(tower)
+    tower.start()
+    hub.wait_tower(name)
+    return tower
+
+
+@pytest.fixture(scope="module")
+def tiny(hub, model_path, tmp_path_factory):
+    """A tower serving the bundled model as "tiny" with a 128-token window; it
+    collects unreferenced blobs after 6 s (longer than validating a job takes). Before it starts, its store gets an
+    abandoned partial transfer and an old blob without an alias."""
+    scratch = tmp_path_factory.mktemp("leftovers")
+    store = BlobStore(hub.root / "field-tiny" / "blobs")
+    orphan = scratch / "orphan.txt"
+    orphan.write_bytes(os.urandom(3000))
+    kept = scratch / "kept.txt"
+    kept.write_bytes(os.urandom(3000))
+    orphan_hex = store.add_file(orphan, kind="file", copy=True).hex
+    kept_hex = store.add_file(kept, alias="kept", kind="file", copy=True).hex
+    abandoned = scratch / "abandoned.bin"
+    abandoned.write_bytes(os.urandom(5000))
+    manifest = mf.build(abandoned)
+    store.receive(manifest.blob_id, manifest.pack()).release()
+    old = time.time() - 3600
+    for directory in (store.root / "objects" / orphan_hex, store.root / "objects" / kept_hex,
+                      store.root / "partial" / manifest.blob_id.hex()):
+        for path in [directory, *directory.iterdir()]:
+            os.utime(path, (old, old))
+    tower = start_tower(hub, "field-tiny", {"tiny": model_path}, n_ctx=TINY_CTX, roles=("infer", "sync", "train"),
+                        limits={"unreferenced_s": 6})
+    tower.leftovers = {"orphan": orphan_hex, "kept": kept_hex, "partial": manifest.blob_id.hex()}
+    return tower
+
+
+@pytest.fixture(scope="module")
+def warm(hub):
+    return start_tower(hub, "field-warm", {DEFAULT_ALIAS: _model()})
+
+
+@pytest.fixture(scope="module")
+def cold(hub):
+    return start_tower(hub, "field-cold", {DEFAULT_ALIAS: _model()})
+
+
+def _model():
+    from reticulum_grid.inference.default_model import default_model_path
+    return default_model_path()
+
+
+def run(hub, tower, model=DEFAULT_ALIAS, **payload):
+    stream = hub.grid.execute("ai/inference", {"model": model, **payload}, tower=tower.name)
+    pieces = list(stream)
+    assert isinstance(pieces[-1], Usage)
+    return "".join(pieces[:-1]), pieces[-1], stream.ids
+
+
+def refusal(hub, tower, model=DEFAULT_ALIAS, **payload):
+    with pytest.raises(WireError) as e:
+        run(hub, tower, model, **payload)
+    return e.value
+
+
+# -- case 2: context windows that are not a multiple of 256 ------------------
+@pytest.mark.parametrize("repeat", [14, 30])
+def test_prompt_beyond_an_odd_window_is_refused_against_it(hub, tiny, repeat):
+    error = refusal(hub, tiny, "tiny", prompt=FOX * repeat, max_tokens=8)
+    assert error.code == Code.CONTEXT_LENGTH_EXCEEDED, error
+    assert f"the context window is {TINY_CTX} tokens" in error.message
+
+
+def test_generation_stops_at_an_odd_window(hub, tiny):
+    text, usage, _ = run(hub, tiny, "tiny", prompt=FOX * 9, max_tokens=500, temperature=0.0)
+    assert usage.finish_reason == "length" and usage.prompt_tokens + usage.completion_tokens == TINY_CTX
+
+
+def test_every_window_a_user_may_write(model_path):
+    from reticulum_grid.inference.llama_backend import ContextLengthExceeded, LlamaBackend
+    for n_ctx in (1, 100, 257):
+        backend = LlamaBackend(model_path, n_ctx=n_ctx, n_threads=1)
+        try:
+            assert backend.n_ctx == n_ctx
+            with pytest.raises(ContextLengthExceeded, match=f"context window is {n_ctx} tokens"):
+                backend.tokenize_prompt(prompt=FOX * 40)
+        finally:
+            backend.close()
+
+
+# -- case 3: input llama.cpp cannot start from -------------------------------
+@pytest.mark.parametrize("payload", [{"prompt": ""}, {"messages": []}, {"prompt": "", "continue_tokens": [42]}])
+def test_empty_prompt_is_a_bad_request(hub, tiny, payload):
+    error = refusal(hub, tiny, "tiny", **payload)
+    assert error.code == Code.BAD_REQUEST, error
+    assert "empty" in error.message or "length 0" in error.message, error
+    text, usage, _ = run(hub, tiny, "tiny", prompt="Hello", max_tokens=2)
+    assert usage.completion_tokens > 0, "the tower keeps serving"
+    assert "generation failed" not in tiny.log() and "AssertionError" not in tiny.log()
+
+
+# -- case 10: max_tokens that ends inside a character -------------------------
+EMOJI_PROMPT = "Repeat this emoji five times: 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦"
+
+
+def test_max_tokens_never_ends_inside_a_character(hub, warm, local_llama):
+    text, usage, ids = run(hub, warm, prompt=EMOJI_PROMPT, max_tokens=1, temperature=0.0)
+    local = local_llama.llm.create_completion(EMOJI_PROMPT, max_tokens=1, temperature=0.0)
+    assert local["usage"]["completion_tokens"] > 1, "the prompt must make the first token a partial character"
+    assert text == local["choices"][0]["text"] and text and "\ufffd" not in text
+    assert usage.completion_tokens == local["usage"]["completion_tokens"] == len(ids)
+
+
+# -- case 11: continuation on a tower that never ran the request ---------------
+def test_continuation_equals_the_uninterrupted_run_on_a_cold_tower(hub, warm, cold):
+    request = {"messages": [{"role": "user", "content": ESSAY}], "temperature": 0.0, "seed": 42}
+    full_text, usage, ids = run(hub, warm, max_tokens=200, **request)
+    assert len(ids) == usage.completion_tokens > 100
+    plan = [(warm, 100)]  # its cache holds this very run: entries made the same way are reused
+    plan += [(None, 0), (cold, 44), (warm, 60), (cold, 80)]
+    for tower, k in plan:
+        if tower is None:
+            run(hub, warm, prompt="Name a colour.", max_tokens=5)  # the warm tower's cache now holds something else
+            continue
+        text, _, more = run(hub, tower, max_tokens=len(ids) - k, continue_tokens=ids[:k], **request)
+        assert more == ids[k:], f"continuing at {k} on {tower.name} differs from token {k + _first_diff(more, ids[k:])}"
+        assert full_text.endswith(text)
+
+
+def _first_diff(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# -- case 9: leftovers --------------------------------------------------------
+def test_leftovers_are_collected_after_the_stated_time(hub, tiny, tmp_path):
+    blobs = hub.root / tiny.name / "blobs"
+    left = tiny.leftovers
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and ((blobs / "objects" / left["orphan"]).exists() or
+                                           (blobs / "partial" / left["partial"]).exists()):
+        time.sleep(0.2)
+    assert not (blobs / "objects" / left["orphan"]).exists(), "a blob without an alias stays"
+    assert not (blobs / "partial" / left["partial"]).exists(), "an abandoned partial transfer stays"
+    assert (blobs / "objects" / left["kept"] / "data").exists(), "an aliased blob must stay"
+
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(WireError) as e:
+        hub.grid.train({"base": "tiny", "output_alias": "never", "max_steps": 1}, data_path=bad, tower=tiny.name)
+    assert e.value.code in (Code.BAD_REQUEST, Code.UNSUPPORTED), e.value
+    pushed = mf.build(bad).blob_id.hex()
+    assert hub.grid.store.info(bytes.fromhex(pushed)) is None, "the client keeps the refused dataset"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (blobs / "objects" / pushed).exists():
+        time.sleep(0.2)
+    assert not (blobs / "objects" / pushed).exists(), "the tower keeps the refused dataset"
+    text, usage, _ = run(hub, tiny, "tiny", prompt="Hello", max_tokens=2)
+    assert usage.completion_tokens > 0

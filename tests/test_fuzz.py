@@ -1,0 +1,70 @@
+"""Every decoder of wire or disk input, fuzzed briefly (bench/fuzz.py runs the
+same targets with 100,000 inputs each), and the inputs fuzzing found, kept as
+regression tests."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from links.jobevents import JobEvent
+from reticulum_grid.node import config
+from reticulum_grid.training import datasets, notify
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Inputs per decoder here; the bench run uses 100,000.
+SHORT_PROFILE = 300
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("rngrid_fuzz", ROOT / "bench" / "fuzz.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FUZZ = _bench()
+
+
+@pytest.mark.parametrize("name", sorted(FUZZ.targets("/nonexistent")))
+def test_decoder_survives_generated_input(name, tmp_path):
+    strategy, function, allowed = FUZZ.targets(tmp_path)[name]
+    stats = FUZZ.fuzz(name, strategy, function, allowed, SHORT_PROFILE, seed=0)
+    assert stats["inputs"] >= SHORT_PROFILE // 2
+    assert stats["uncaught"] == 0 and stats["hangs"] == 0, stats["first"]
+
+
+# -- found by fuzzing -------------------------------------------------------------
+def test_deeply_nested_dataset_line_is_a_dataset_error(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(datasets.DatasetError, match="line 1"):
+        datasets.read_examples(path)
+
+
+@pytest.mark.parametrize("text", [
+    "network = 5", "limits = []", "lxmf = 1", "announce = 'x'", "models = 3", "allow = 1",
+    "[models.m]\npath = 'x'\nn_ctx = -5", "[models.m]\npath = 'x'\nthreads = -1",
+    "[limits]\nqueue_depth = -1", "[announce]\nfloor_s = nan", "[announce]\nheartbeat_s = -1",
+    "[network]\nlisten = 5", "[network]\nconnect = [5]", "[allow]\n\"zz\" = ['infer']", "[limits]\nunreferenced_s = -1",
+])
+def test_bad_config_is_a_config_error(tmp_path, text):
+    path = tmp_path / "tower.toml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError):
+        config.load_tower(path)
+
+
+def test_lxmf_message_of_any_shape_prints_as_json():
+    entry = notify.inbox_entry(b"\xff\xfe title", b"\x80", {1: b"\x00", "x": [float("inf"), msgpack.ExtType(1, b"")]},
+                               b"\x01\x02", float("nan"))
+    assert entry["title"].endswith("title") and entry["timestamp"] is None
+    json.dumps(entry)
+
+
+def test_job_event_values_json_cannot_carry_are_made_text():
+    event = JobEvent()
+    event.unpack(msgpack.packb([7, {"type": "progress", "loss": b"\x01", "r": [b"\x02"]}], use_bin_type=True))
+    assert json.loads(json.dumps(event.event)) == {"type": "progress", "loss": "01", "r": ["02"]}

@@ -1,0 +1,229 @@
+"""One model over several towers (reticulum_grid.split), on loopback with real
+tower processes, llama.cpp's RPC backend and the real model.
+
+Towers A, B and C each lend 200 MiB and the model needs ~316 MiB, so no tower
+runs it alone and a plan takes two: A (which holds the GGUF) coordinates.
+The client is its own process connected to these towers only, so towers of
+other tests never enter the plan.
+"""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from links.wire import Code, WireError
+from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.store.blobstore import BlobStore
+from reticulum_grid.split import ggml
+
+pytestmark = pytest.mark.skipif(not ggml.rpc_available(), reason="llama-cpp-python was built without GGML_RPC")
+
+ALIAS = "split-smol"
+LEND = {"lend_mib": 200, "threads": 1}
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
+HERE = Path(__file__).resolve().parent
+
+
+class Client:
+    """tests/split_client.py in its own process (its own RNS instance)."""
+
+    def __init__(self, home, connect):
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "split_client.py"), str(home), *connect],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def send(self, max_tokens, wait_towers=3):
+        payload = {"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0}
+        self.proc.stdin.write(json.dumps({"payload": payload, "wait_towers": wait_towers}) + "\n")
+        self.proc.stdin.flush()
+
+    def next(self, timeout=180):
+        item = self.lines.get(timeout=timeout)
+        assert item is not None, "the client process ended"
+        return item
+
+    def result(self, timeout=180):
+        """(text, usage or None, error or None, plan) of the request in flight."""
+        text, usage, error, plan = "", None, None, None
+        while not (item := self.next(timeout)).get("done"):
+            text += item.get("text", "")
+            usage, error = item.get("usage", usage), item.get("error", error)
+            plan = item.get("plan") or plan
+        return text, usage, error, plan
+
+    def close(self):
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def split_grid(hub, model_path, tmp_path_factory):
+    home = tmp_path_factory.mktemp("split-client")
+    client_id = load_or_create(home / "identity").hash.hex()
+    names = ["split-a", "split-b", "split-c", "split-d"]
+    ids = {n: hub.tower_identity(n) for n in names}
+
+    def tower(name, connect, holds_model=False):
+        allow = {client_id: ["infer"], hub.grid.identity_hash: ["infer"]}
+        allow.update({ids[other]: ["shard"] for other in names if other != name})
+        made = TowerProcess(hub.root, name, {}, allow=allow, connect=[hub.address, *connect], shard=LEND)
+        if holds_model:
+            BlobStore(made.dir / "blobs").add_file(model_path, alias=ALIAS, kind="model")
+        hub.towers.append(made)  # the hub stops it at the end, whatever happens here
+        return made
+
+    a = tower("split-a", [], holds_model=True).start()
+    b = tower("split-b", [a.address]).start()
+    c = tower("split-c", [a.address, b.address]).start()
+    d = tower("split-d", [a.address])  # joins later; the client dials it from the start
+    # A new tower reads the GGUF's metadata once (seconds on a busy machine) before its caps/full is quick.
+    hub.grid.caps_full([hub.wait_tower(n) for n in ("split-a", "split-b", "split-c")], timeout=60)
+    client = Client(home, [a.address, b.address, c.address, d.address])
+    towers = {"split-a": a, "split-b": b, "split-c": c, "split-d": d}
+    yield towers, client, home
+    client.close()
+    for made in towers.values():
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(local_llama):
+    """What one process makes of PROMPT at temperature 0, as text, per max_tokens."""
+    from reticulum_grid.inference.llama_backend import Generation, Sampling
+
+    def run(max_tokens):
+        tokens = local_llama.tokenize_prompt(messages=PROMPT)
+        pieces = local_llama.generate(tokens, Sampling(max_tokens=max_tokens, temperature=0.0),
+                                      threading.Event(), Generation())
+        return b"".join(p for p, _ in pieces).decode("utf-8")
+
+    return run
+
+
+def test_route_shows_the_split_plan(split_grid, hub):
+    towers, client, home = split_grid
+    from tests.conftest import rngrid
+    hub.wait_tower("split-c")
+    connect = [a for n in ("split-a", "split-b", "split-c") for a in ("--connect", towers[n].address)]
+    done = rngrid("route", "-m", ALIAS, "--json", *connect, home=home.parent / "route-home", timeout=120)
+    assert done.returncode == 0, done.stderr
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(last, dict) and "split" in last, (done.stdout, done.stderr)
+    plan = last["split"]
+    parts = plan["parts"]
+    assert len(parts) == 2 and parts[-1]["tower"] == "split-a" and parts[-1]["role"] == "coordinator", plan
+    assert parts[0]["first"] == 0 and parts[0]["end"] == parts[1]["first"] and parts[1]["end"] == plan["n_layers"]
+    assert all(p["mib"] <= 200 for p in parts) and plan["reasons"]
+
+
+def test_split_answer_is_identical_to_one_process(split_grid, reference):
+    _, client, _ = split_grid
+    client.send(max_tokens=48)
+    text, usage, error, plan = client.result()
+    assert error is None, error
+    assert len(plan) == 2 and plan[-1] == "split-a"
+    assert text == reference(48)
+    assert usage["completion_tokens"] == 48 and usage["tower"].startswith("split-a + ")
+
+
+def test_a_stranger_without_shard_reaches_no_rpc(split_grid, hub):
+    towers, _, _ = split_grid
+    worker = hub.wait_tower("split-b")
+    with pytest.raises(WireError) as refused:
+        hub.grid.connection(worker).request("split/tunnel", {})
+    assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
+    # Every socket the towers' children (RPC server, split model) listen on is on 127.0.0.1.
+    listening = [addr for t in towers.values() if t.proc for pid in _children(t.proc.pid) for addr in _listening(pid)]
+    assert listening, "no RPC server or tunnel is listening: the split test above did not run"
+    assert all(host == "127.0.0.1" for host, _ in listening), listening
+
+
+def test_killed_worker_fails_over_with_identical_text(split_grid, reference):
+    towers, client, _ = split_grid
+    client.send(max_tokens=160)
+    plan = client.next()["plan"]
+    worker = towers[plan[0]]
+    first = client.next()["text"]  # mid-stream
+    worker.kill()
+    killed_at = time.monotonic()
+    text, usage, error, new_plan = client.result()
+    text = first + text
+    assert error is None, error
+    assert usage["failovers"] >= 1 and plan[0] not in new_plan and "split-a" in new_plan
+    assert time.monotonic() - killed_at < 60  # includes loading the new split (weights through the tunnel)
+    assert text == reference(160)
+
+
+def test_no_plan_is_a_clear_error_then_a_joining_tower_is_used(split_grid, hub):
+    towers, client, _ = split_grid
+    for name in [n for n in ("split-b", "split-c") if towers[n].proc.poll() is None]:
+        towers[name].kill()
+    started = time.monotonic()
+    client.send(max_tokens=8)
+    _, _, error, _ = client.result()
+    assert error is not None and error["code"] == Code.NO_TOWER and "does not fit" in error["message"]
+    assert time.monotonic() - started < 30
+    towers["split-d"].start()
+    hub.wait_tower("split-d")
+    client.send(max_tokens=8, wait_towers=4)
+    text, usage, error, plan = client.result()
+    assert error is None, error
+    assert plan == ["split-d", "split-a"] and text
+
+
+def _children(pid):
+    """Process ids of ``pid``'s children (one level)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _listening(pid):
+    """(host, port) of the TCP sockets ``pid`` listens on (IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                host_hex, port_hex = fields[1].split(":")
+                found.append((_host(host_hex, v6), int(port_hex, 16)))
+    return found
+
+
+def _host(hex_addr, v6):
+    import ipaddress
+    raw = bytes.fromhex(hex_addr)
+    if not v6:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return str(ipaddress.IPv6Address(words))

@@ -1,0 +1,211 @@
+"""Expert placement (split/experts.py) and the supervised split model
+(split/supervisor.py) against real llama.cpp RPC servers, without towers:
+a tiny mixture-of-experts GGUF written here with the gguf library (random
+weights, the real tokenizer of the bundled model) runs with its expert
+tensors on an RPC worker and must give the same text as one process."""
+
+import threading
+
+import gguf
+import numpy as np
+import pytest
+
+from links.wire import WireError
+from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
+from reticulum_grid.inference.request import parse
+from reticulum_grid.split import experts, ggml
+from reticulum_grid.split.rpcworker import RpcWorker
+from reticulum_grid.split.supervisor import SplitModel
+
+pytestmark = pytest.mark.skipif(not ggml.rpc_available(), reason="llama-cpp-python was built without GGML_RPC")
+
+LAYERS, DIM, FF, HEADS, EXPERTS = 4, 64, 128, 4, 4
+PROMPT = "The lighthouse keeper"
+
+
+def write_tiny_moe(path, tokenizer_source):
+    """A llama-architecture GGUF with EXPERTS experts per layer (2 used),
+    random f32 weights and the tokenizer of ``tokenizer_source``."""
+    src = gguf.GGUFReader(tokenizer_source)
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(LAYERS)
+    w.add_context_length(512)
+    w.add_embedding_length(DIM)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(HEADS)
+    w.add_rope_dimension_count(DIM // HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_expert_count(EXPERTS)
+    w.add_expert_used_count(2)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer.ggml."):
+            value = field.contents()
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, value, field.types[0], sub_type=sub)
+    rng = np.random.default_rng(7)
+
+    def tensor(name, *shape, scale=0.2):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    tensor("token_embd.weight", vocab, DIM, scale=1.0)
+    tensor("output_norm.weight", DIM)
+    for i in range(LAYERS):
+        tensor(f"blk.{i}.attn_norm.weight", DIM)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            tensor(f"blk.{i}.{name}.weight", DIM, DIM)
+        tensor(f"blk.{i}.ffn_norm.weight", DIM)
+        tensor(f"blk.{i}.ffn_gate_inp.weight", EXPERTS, DIM)
+        tensor(f"blk.{i}.ffn_gate_exps.weight", EXPERTS, FF, DIM)
+        tensor(f"blk.{i}.ffn_up_exps.weight", EXPERTS, FF, DIM)
+        tensor(f"blk.{i}.ffn_down_exps.weight", EXPERTS, DIM, FF)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory, model_path):
+    path = tmp_path_factory.mktemp("moe") / "tiny-moe.gguf"
+    write_tiny_moe(path, model_path)
+    return path
+
+
+@pytest.fixture
+def workers(tmp_path):
+    made = []
+
+    def start(count):
+        for i in range(count):
+            made.append(RpcWorker(tmp_path / f"cache{i}", tmp_path / f"rpc{i}.log", threads=1))
+        return [w.endpoint() for w in made]
+
+    start.made = made
+
+    yield start
+    for worker in made:
+        worker.stop()
+
+
+def single(path, max_tokens):
+    backend = LlamaBackend(path, n_ctx=512, n_threads=1)
+    try:
+        pieces = backend.generate(backend.tokenize_prompt(prompt=PROMPT), Sampling(max_tokens=max_tokens, temperature=0.0),
+                                  threading.Event(), Generation())
+        return b"".join(p for p, _ in pieces)
+    finally:
+        backend.close()
+
+
+def split(path, endpoints, counts, tmp_path, experts_on_workers, max_tokens):
+    model = SplitModel("k", path, 512, endpoints, counts, tmp_path / "split.log", threads=1,
+                       experts=experts_on_workers).start(timeout=120)
+    try:
+        request = parse({"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "stream_id": 1})
+        result = Generation()
+        text = b"".join(p for p, _ in model.generate(request, threading.Event(), result))
+        return text, result, model.weights_mib
+    finally:
+        model.close()
+
+
+def test_tiny_moe_gguf_has_experts(moe_path):
+    assert experts.has_experts(moe_path)
+    assert experts.expert_layers([3, 1, 1], 2) == [(0, 4), (4, 5)]
+
+
+def test_expert_placement_matches_one_process(moe_path, workers, tmp_path):
+    endpoints = workers(2)
+    text, result, weights = split(moe_path, endpoints, [1, 1, 2], tmp_path, True, 24)
+    assert result.completion_tokens == 24 and text
+    assert text == single(moe_path, 24)
+    remote = sum(mib for buffer, mib in weights.items() if buffer.startswith("RPC"))
+    # Expert tensors (3 per layer x EXPERTS x FF x DIM x 4 bytes) went to the workers, nothing else did.
+    assert remote == pytest.approx(LAYERS * 3 * EXPERTS * FF * DIM * 4 / 2**20, abs=0.1)
+    assert sum(1 for buffer in weights if buffer.startswith("RPC")) == 2
+
+
+def test_layer_split_matches_one_process(model_path, workers, tmp_path):
+    endpoints = workers(1)
+    text, result, weights = split(model_path, endpoints, [12, 18], tmp_path, False, 24)
+    assert text == single(model_path, 24)
+    assert any(b.startswith("RPC") and mib > 10 for b, mib in weights.items())
+
+
+def test_dead_worker_ends_the_split_model_not_the_caller(model_path, workers, tmp_path):
+    endpoints = workers(1)
+    model = SplitModel("k", model_path, 512, endpoints, [15, 15], tmp_path / "split.log", threads=1).start(timeout=120)
+    try:
+        request = parse({"model": "m", "prompt": PROMPT, "max_tokens": 200, "temperature": 0.0, "stream_id": 1})
+        stream = model.generate(request, threading.Event(), Generation())
+        next(stream)
+        workers.made[0].proc.kill()  # llama.cpp's RPC client aborts its process when its server goes away
+        with pytest.raises(WireError) as failed:
+            for _ in stream:
+                pass
+        assert failed.value.code == "unreachable" and "ended" in failed.value.message
+        assert not model.alive
+    finally:
+        model.close()
+
+
+def test_frozen_worker_is_stopped_within_the_bound(model_path, workers, tmp_path):
+    import os
+    import signal
+    import time
+    endpoints = workers(1)
+    model = SplitModel("k", model_path, 512, endpoints, [15, 15], tmp_path / "split.log", threads=1,
+                       freeze_s=3.0).start(timeout=120)
+    worker = workers.made[0].proc
+    try:
+        request = parse({"model": "m", "prompt": PROMPT, "max_tokens": 400, "temperature": 0.0, "stream_id": 1})
+        stream = model.generate(request, threading.Event(), Generation())
+        next(stream)
+        os.kill(worker.pid, signal.SIGSTOP)  # RPC sets no socket timeouts: only our bound ends this
+        stopped = time.monotonic()
+        with pytest.raises(WireError) as failed:
+            for _ in stream:
+                pass
+        assert failed.value.code == "timeout" and time.monotonic() - stopped < 10
+        assert not model.alive
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        model.close()
+
+
+def test_a_load_that_moves_nothing_is_stopped(model_path, tmp_path):
+    import socket
+    import time
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers: like a stuck tunnel
+    try:
+        model = SplitModel("k", model_path, 512, [f"127.0.0.1:{silent.getsockname()[1]}"], [15, 15],
+                           tmp_path / "split.log")
+        started = time.monotonic()
+        with pytest.raises(WireError) as stuck:
+            model.start(moved=lambda: 0, quiet_s=2.0)
+        assert stuck.value.code == "timeout" and time.monotonic() - started < 10
+        assert not model.alive
+    finally:
+        silent.close()
+
+
+def test_cancel_stops_a_split_generation_and_the_model_serves_on(model_path, workers, tmp_path):
+    endpoints = workers(1)
+    model = SplitModel("k", model_path, 512, endpoints, [15, 15], tmp_path / "split.log", threads=1).start(timeout=120)
+    try:
+        request = parse({"model": "m", "prompt": PROMPT, "max_tokens": 300, "temperature": 0.0, "stream_id": 1})
+        cancel, result = threading.Event(), Generation()
+        for count, _ in enumerate(model.generate(request, cancel, result), 1):
+            cancel.set()
+        assert result.finish_reason == "cancelled" and count < 20 and model.alive
+        again = Generation()
+        assert b"".join(p for p, _ in model.generate(parse({**{"model": "m", "prompt": PROMPT, "stream_id": 2},
+                                                             "max_tokens": 8, "temperature": 0.0}),
+                                                       threading.Event(), again))
+        assert again.completion_tokens == 8
+    finally:
+        model.close()

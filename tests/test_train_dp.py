@@ -1,0 +1,264 @@
+"""Data-parallel LoRA over several towers: real worker processes on gloo (CPU),
+the real SmolLM2 GGUF, torch.distributed's real TCPStore behind our front,
+real towers over RNS for dispatch, fault and refusal."""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from links.wire import Code, WireError
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.localgrid import wait_port
+from reticulum_grid.training import rendezvous
+
+DATA = Path(__file__).parent / "data" / "secret.jsonl"
+SPEC = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "learning_rate": 4e-3,
+        "max_steps": 3, "seq_len": 32, "batch_size": 4, "seed": 1, "checkpoint_every": 100,
+        "output_alias": "dp-test"}
+WORKER = [sys.executable, "-m", "reticulum_grid.training.distributed"]
+#: Ranks here share 2 cores with each other and the towers: torch's OpenMP threads
+#: spinning against each other made a step 20x slower than one thread per rank.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def worker(tmp, name, dp):
+    job_dir = tmp / name
+    job_dir.mkdir()
+    spec = {**SPEC, "base_path": str(default_model_path()), "dataset_path": str(DATA), "dp": dp}
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    log = open(job_dir / "worker.log", "wb")
+    proc = subprocess.Popen(WORKER + [str(job_dir)], stdout=subprocess.PIPE, stderr=log, text=True,
+                            env={**os.environ, **ONE_THREAD})
+    proc.job_dir = job_dir
+    return proc
+
+
+def finish(proc, timeout=240):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, (events[-3:], (proc.job_dir / "worker.log").read_text()[-2000:])
+    return events
+
+
+def adapter(proc):
+    from safetensors.numpy import load_file
+    return load_file(str(proc.job_dir / "adapter.safetensors"))
+
+
+def listening_ips(pid):
+    try:
+        return {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet") if c.status == "LISTEN"}
+    except psutil.Error:
+        return set()
+
+
+def closed_on_us(s):
+    """True when the peer closes (or resets) the connection rather than answering."""
+    try:
+        return s.recv(64) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:  # still open: it was let through
+        return False
+
+
+def intruders(port):
+    """Connections that do not know the secret, as an outsider would try them.
+    Returns what each saw (seconds until the front closed on it)."""
+    seen = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # a wrong answer
+        begun = time.monotonic()
+        s.recv(64)
+        s.sendall(b"\0" * rendezvous.MAC_BYTES + b"set key value\n")
+        seen["wrong_answer_closed_s"] = time.monotonic() - begun if closed_on_us(s) else None
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # silence
+        begun = time.monotonic()
+        s.recv(64)
+        seen["silent_closed_s"] = time.monotonic() - begun if closed_on_us(s) else None
+    import torch.distributed as dist
+    from datetime import timedelta
+    try:  # torch's own store client, straight at the front
+        dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=3))
+        seen["tcpstore_client"] = "joined"
+    except Exception as e:
+        seen["tcpstore_client"] = f"refused: {type(e).__name__}"
+    return seen
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One job on 2 ranks (attacked before rank 1 joins) and the same job on 1 rank."""
+    tmp = tmp_path_factory.mktemp("dp")
+    port = rendezvous.free_port("127.0.0.1")
+    dp = {"world_size": 2, "units": 2, "host": "127.0.0.1", "dataplane": "127.0.0.1", "port": port,
+          "secret": secrets.token_hex(32)}
+    procs = [worker(tmp, "rank0", {**dp, "rank": 0})]
+    try:
+        assert wait_port(port, 120), "rank 0's store front never listened"
+        seen = intruders(port)
+        procs.append(worker(tmp, "rank1", {**dp, "rank": 1}))
+        procs.append(worker(tmp, "one", {**dp, "world_size": 1, "rank": 0}))
+        ips = set()
+        while procs[0].poll() is None:
+            ips |= listening_ips(procs[0].pid)
+            time.sleep(0.2)
+        events = [finish(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        closed = False
+    except OSError:
+        closed = True
+    return {"two": events[0], "rank1": events[1], "one": events[2], "seen": seen, "ips": ips, "closed": closed,
+            "adapters": (adapter(procs[0]), adapter(procs[2]))}
+
+
+def test_two_ranks_train_the_same_adapter_as_one(runs):
+    two = [e["loss"] for e in runs["two"] if e["event"] == "step"]
+    one = [e["loss"] for e in runs["one"] if e["event"] == "step"]
+    assert len(two) == len(one) == SPEC["max_steps"]
+    assert max(abs(a - b) for a, b in zip(two, one)) <= 1e-4, (two, one)
+    a, b = runs["adapters"]
+    assert a.keys() == b.keys() and a
+    worst = max(float(abs(a[k] - b[k]).max()) for k in a)
+    print(f"max abs adapter difference 2 ranks vs 1: {worst:.3g}; losses {two} vs {one}")
+    assert worst <= 1e-4
+    assert any(float(abs(v).max()) > 0 for k, v in a.items() if "lora_B" in k), "the adapter never moved"
+    started = next(e for e in runs["two"] if e["event"] == "started")
+    assert started["world_size"] == 2 and started["grad_bytes"] > 0 and started["allreduce_s"] > 0
+    step = next(e for e in runs["two"] if e["event"] == "step")
+    assert [r["rank"] for r in step["ranks"]] == [0, 1] and all(r["samples_per_s"] > 0 for r in step["ranks"])
+    assert not [e for e in runs["rank1"] if e["event"] in ("step", "done")], "only rank 0 speaks for the job"
+
+
+def test_a_store_connection_without_the_secret_joins_nothing(runs):
+    seen = runs["seen"]
+    print(f"refusals measured: {seen}")
+    assert seen["wrong_answer_closed_s"] is not None and seen["wrong_answer_closed_s"] < 1.0
+    assert seen["silent_closed_s"] is not None and seen["silent_closed_s"] <= rendezvous.AUTH_TIMEOUT_S + 1
+    assert seen["tcpstore_client"].startswith("refused")
+    front = next(e for e in runs["two"] if e["event"] == "done")["store_front"]
+    assert front["refused"] >= 3 and front["admitted"] >= 1, front
+    # The job was unharmed (it trained as the 1-rank run did: the test above), nothing
+    # listened beyond loopback, and the port closed with the job.
+    assert runs["ips"] and runs["ips"] <= {"127.0.0.1"}, runs["ips"]
+    assert runs["closed"]
+
+
+# -- over RNS: dispatch, a lost rank, refusals -----------------------------------
+
+JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "dp-lora", "rank": 8, "alpha": 16.0,
+       "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "learning_rate": 4e-3, "max_steps": 8,
+       "seq_len": 48, "batch_size": 4, "seed": 3, "checkpoint_every": 3}
+DATAPLANE = {"dataplane": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def pair(hub):
+    roles = ["infer", "sync", "train"]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", ONE_THREAD["OMP_NUM_THREADS"])  # the towers' workers inherit it
+        return start_pair(hub, roles)
+
+
+def start_pair(hub, roles):
+    a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, train=DATAPLANE)
+    # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
+    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train"]},
+                        connect=[hub.address, a.address], train=DATAPLANE)
+    hub.wait_tower(a.name)
+    hub.wait_tower(b.name)
+    return a, b
+
+
+def rank_workers(tower):
+    return [p for p in psutil.Process(tower.proc.pid).children(recursive=True)
+            if "reticulum_grid.training.distributed" in " ".join(p.cmdline())]
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_rank_resumes_on_the_towers_left(hub, pair, tmp_path):
+    a, b = pair
+    entry, job_id = hub.grid.train(dict(JOB), data_path=DATA, towers=[a.name, b.name])
+    assert entry.name == a.name
+    events, before, killed_at, requeued_at = [], {}, None, None
+    for event in hub.grid.watch(job_id, tower=a.name):
+        events.append(event)
+        if event["type"] == "progress" and killed_at is None:
+            before[event["step"]] = event["loss"]
+            assert len(event["ranks"]) == 2
+            if event["step"] >= 4:
+                victims = rank_workers(b)
+                assert len(victims) == 1, victims
+                victims[0].kill()  # kill -9 rank 1
+                killed_at = time.monotonic()
+        if event["type"] == "state" and event["state"] == "queued" and killed_at and requeued_at is None:
+            requeued_at = time.monotonic()
+    end = events[-1]
+    started = [e for e in events if e["type"] == "started"]
+    print(f"rank 1 killed; the job went back to the queue {requeued_at - killed_at:.1f} s later; "
+          f"history {end['history']}")
+    assert end["state"] == "succeeded" and end["error"] is None, end
+    assert requeued_at - killed_at <= 60
+    assert [s["world_size"] for s in started] == [2, 1]
+    resumed = started[-1]["resumed_from"]
+    assert resumed in (3, 6) and resumed < max(before)
+    after = [e for e in events if e["type"] == "progress" and events.index(e) > events.index(started[-1])]
+    assert after[0]["step"] == resumed + 1 and after[-1]["step"] == JOB["max_steps"]
+    assert all(len(e["ranks"]) == 1 for e in after)
+    # Same units, same arithmetic: the steps redone on one rank repeat the 2-rank losses.
+    redone = {e["step"]: e["loss"] for e in after if e["step"] in before}
+    assert redone and all(abs(redone[k] - before[k]) <= 1e-4 for k in redone), (before, redone)
+    assert any("collective" in h for h in end["history"]) and any("1 rank(s)" in h for h in end["history"])
+    job = next(j for _, j in hub.grid.jobs(a.name) if j["id"] == job_id)
+    assert job["error"] is None and job["history"] == end["history"]
+    assert not [j for _, j in hub.grid.jobs(b.name) if j["id"] == job_id], "a participant keeps no job row"
+
+    # One notification, from rank 0's tower.
+    home = tmp_path / "inbox"
+    home.mkdir()
+    (home / "identity").write_bytes((hub.grid.home / "identity").read_bytes())
+    inbox = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "inbox", "--wait", "15",
+                            "--json", "--connect", a.address, "--connect", b.address],
+                           capture_output=True, text=True, timeout=90)
+    notes = [n for n in map(json.loads, inbox.stdout.splitlines()) if job_id in n["title"]]
+    assert len(notes) == 1 and "succeeded" in notes[0]["title"], (notes, inbox.stderr[-1500:])
+
+    # The adapter loads in llama.cpp and changes what the model says.
+    ask = {"model": DEFAULT_ALIAS, "messages": [{"role": "user", "content": "What is the secret word?"}],
+           "max_tokens": 16, "temperature": 0.0}
+    base = "".join(p for p in hub.grid.execute("ai/inference", ask, tower=a.name) if isinstance(p, str))
+    tuned = "".join(p for p in hub.grid.execute("ai/inference", {**ask, "adapter": "dp-lora"}, tower=a.name)
+                    if isinstance(p, str))
+    assert tuned != base, (base, tuned)
+
+
+def test_a_participant_without_train_is_refused(hub, pair):
+    a, b = pair
+    c = hub.start_tower("dp-c", roles=("infer", "sync"), train=DATAPLANE)
+    hub.wait_tower(c.name)
+    with pytest.raises(WireError) as e:
+        hub.grid.train(dict(JOB), data_path=DATA, towers=[a.name, c.name])
+    assert e.value.code == Code.NOT_ALLOWED and c.name in e.value.message
+    join = {"job_id": "x", "owner": hub.grid.identity_hash, "check": True, "spec": {}}
+    with pytest.raises(WireError) as e:  # the tower itself refuses an identity without train
+        hub.grid.execute("train/join", join, tower=c.name)
+    assert e.value.code == Code.NOT_ALLOWED and "train" in e.value.message
+    with pytest.raises(WireError) as e:  # and a job whose owner may not train there
+        hub.grid.execute("train/join", {**join, "owner": "ab" * 16}, tower=b.name)
+    assert e.value.code == Code.NOT_ALLOWED and "owner" in e.value.message
