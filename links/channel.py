@@ -25,6 +25,12 @@ LIVENESS_POLL_S = 0.5
 #: A window that stays shut this long (seconds, or 10 RTTs if longer) means the
 #: peer is gone without a teardown (e.g. killed behind a transport node).
 STALL_S = 10.0
+#: Interfaces at or below this rate (bits/s) are radio-class: RNS itself gives
+#: them its base 500-byte MTU (Interface.optimise_mtu on rns 0.9.4).
+RADIO_BPS = 62_500
+#: On a radio-class interface a window may stay shut through a fade of half a
+#: minute plus the Channel's backed-off resends before the peer counts as gone.
+RADIO_STALL_S = 45.0
 MAX_ID = (1 << 63) - 1
 
 
@@ -127,11 +133,15 @@ class ChannelRouter:
                 self.link.teardown()
             raise WireError(Code.UNREACHABLE, "the link to the peer is gone")
 
+    def _stall_s(self):
+        bitrate = getattr(getattr(self.link, "attached_interface", None), "bitrate", 0) or 0
+        return RADIO_STALL_S if 0 < bitrate <= RADIO_BPS else STALL_S
+
     def wait_window(self):
         """Block until the Channel can take a message. Returns False (after
         tearing the Link down) if the Link is unusable or the window stays shut
-        for STALL_S seconds or 10 RTTs."""
-        deadline = time.monotonic() + max(STALL_S, 10 * (self.link.rtt or 0))
+        for STALL_S seconds (RADIO_STALL_S on a radio-class interface) or 10 RTTs."""
+        deadline = time.monotonic() + max(self._stall_s(), 10 * (self.link.rtt or 0))
         while self.link_usable():
             if self.channel.is_ready_to_send():
                 return True

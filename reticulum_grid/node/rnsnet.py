@@ -15,6 +15,7 @@ from pathlib import Path
 import RNS
 
 from links import rnsfix
+from links.channel import RADIO_BPS
 from reticulum_grid.node.config import parse_hostport
 
 rns_log = logging.getLogger("rngrid.rns")
@@ -64,9 +65,6 @@ def check_listen(listen):
             raise OSError(f"cannot listen on {listen}: {e.strerror} (is a tower already running there?)") from None
 
 
-#: Interfaces at or below this rate (bits/s) are radio-class: RNS itself gives
-#: them its base 500-byte MTU (Interface.optimise_mtu on rns 0.9.4).
-RADIO_BPS = 62_500
 
 
 def on_radio():
