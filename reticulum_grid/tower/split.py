@@ -49,6 +49,7 @@ class TowerSplit:
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
+        self._reading = set()  # paths whose layer count was sent to a background read
         self._lock = threading.Lock()
 
     def warm(self):
@@ -86,14 +87,31 @@ class TowerSplit:
     def known_layers(self, slot):
         """The layer count of ``slot``'s model when known without reading its file:
         from the loaded model's own metadata, else from the background read
-        (``warm``); None until then. RNS handlers use this: a GGUF read takes
-        seconds and would hold up every packet on the interface meanwhile."""
+        (``warm``, or one started here for a model that arrived later); None
+        until then. RNS handlers use this: a GGUF read takes seconds and would
+        hold up every packet on the interface meanwhile."""
         if slot.path not in self._layers and slot.backend is not None:
             meta = slot.backend.llm.metadata
             count = meta.get(f"{meta.get('general.architecture')}.block_count")
             if count is not None and str(count).isdigit():
                 self._layers[slot.path] = int(count)
+        if slot.path not in self._layers:
+            self._read_later(slot.path)
         return self._layers.get(slot.path)
+
+    def _read_later(self, path):
+        with self._lock:
+            if path in self._reading:
+                return
+            self._reading.add(path)
+
+        def run():
+            try:
+                self.n_layers(path)
+            except Exception as e:  # blobs never change: an unreadable one is not read again
+                log.debug("cannot read model %s: %s", path, e)
+
+        threading.Thread(target=run, name="rngrid-split-layers", daemon=True).start()
 
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""
