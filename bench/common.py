@@ -13,13 +13,13 @@ def spread(values, scale=1.0):
     return f"{statistics.median(values):.1f} (range {min(values):.1f}-{max(values):.1f})"
 
 
-def time_stream(pieces, is_text, max_tokens, label):
-    """Consume ``pieces`` (a stream started just now) and return (TTFT s, tokens/s,
-    last piece). ``is_text(piece)`` says whether a piece is generated text; the
+def time_stream(pieces, is_text, max_tokens, label, started=None):
+    """Consume ``pieces`` (a stream started just now, or at perf_counter
+    ``started``) and return (TTFT s, tokens/s, last piece). ``is_text(piece)`` says whether a piece is generated text; the
     last piece must carry ``completion_tokens`` (a usage) equal to ``max_tokens``,
     so both sides of a comparison count the same tokens: (max_tokens - 1) /
     (last text - first text). Raises RuntimeError otherwise."""
-    started = time.perf_counter()
+    started = started or time.perf_counter()
     first = last = usage = None
     for piece in pieces:
         if is_text(piece):

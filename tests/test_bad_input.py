@@ -72,12 +72,13 @@ def test_oversized_request_refused(hub, conn):
 
 
 def test_duplicate_stream_id_refused(hub, conn):
+    # A resend of the same bytes is answered as before (test_resend.py); another request is refused.
     data = request(prompt="Count to fifty: 1, 2,", max_tokens=400, stream_id=77)
     link = conn.ensure_link()
     first = threading.Event()
     link.request("ai/inference", data, response_callback=lambda r: first.set(), timeout=30)
     assert first.wait(30)
-    error = raw_request(conn, data)
+    error = raw_request(conn, request(prompt="Another prompt", stream_id=77))
     assert error.code == Code.BAD_REQUEST and "already in use" in error.message
 
 

@@ -2,18 +2,23 @@
 chat requests, stop strings, and no tower left.
 
 fo-a and fo-b hold the same GGUF as ``fo-model``; only fo-a has ``solo-model``.
-Two edges are not provoked here because a test cannot aim the kill: between
-the bytes of a multibyte character (the client sees decoded text only; the
-decoder itself is in test_stream_codec.py), and after the last token but
-before the end message (tried: the end message had always arrived by the
-time the last text reached the test, so the kill proved nothing)."""
+Two edges cannot be aimed with a real kill (the end message had always
+arrived by the time the last text reached the test), so there the tower's
+death is a test double (``dies_after``) around the client's real stream
+receiver: the tower's messages stop after a chosen one and the Link counts as
+lost, while every tower, request and continuation is real. The edges: the
+tower dies after the last token but before the end message, and it dies
+between the tokens of one multibyte character that the last token began.
+"""
 
 import pytest
 
+from links.stream import StreamReceiver
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
 
+EMOJI_PROMPT = "Repeat this emoji five times: 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦"  # as in test_field_tower.py
 CHAT = [{"role": "user", "content": "List twenty fruits, one per line, with a short note on each."}]
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
@@ -92,3 +97,58 @@ def test_no_tower_left_names_what_arrived(hub, towers):
     assert e.value.code == Code.UNREACHABLE
     assert f"stopped after {len(s.ids)} tokens ({len(s.text)} characters)" in e.value.message and s.ids
     assert "no other tower with 'solo-model'" in e.value.message
+
+
+def dies_after(monkeypatch, data_events):
+    """Test double of a tower that dies once it sent ``data_events`` token
+    messages of the next stream (None: all of them, but not its end message).
+    Returns a dict that gets ``ids``: the token ids sent before the death."""
+    real, seen, cut = StreamReceiver.events, [], {}
+
+    def events(self, idle_timeout, router=None):
+        first, sent, ids = not seen, 0, []
+        seen.append(self)
+        for event in real(self, idle_timeout, router):
+            if first and (event[0] == "end" or sent == data_events):
+                cut["ids"] = ids
+                raise WireError(Code.UNREACHABLE, "test double: the tower died here")
+            if event[0] == "data":
+                sent, ids = sent + 1, ids + list(event[2])
+            yield event
+
+    monkeypatch.setattr(StreamReceiver, "events", events)
+    return cut
+
+
+def served_by(hub, pieces):
+    """The tower that served the end, given back its standing afterwards."""
+    for entry in hub.grid.table.live():
+        hub.grid.health.succeeded(entry.destination_hash)
+    return pieces[-1].tower
+
+
+def test_a_tower_that_dies_after_the_last_token_ends_on_the_next(hub, towers, monkeypatch):
+    request = {"model": "fo-model", "prompt": PROMPT, "max_tokens": 24}
+    reference = list(stream(hub, **request))
+    dies_after(monkeypatch, None)
+    pieces = list(stream(hub, **request))  # without the fix: bad_request (max_tokens 0)
+    usage = pieces[-1]
+    served_by(hub, pieces)
+    assert "".join(pieces[:-1]) == "".join(reference[:-1])
+    assert usage.failovers == 1 and usage.completion_tokens == 24 and usage.finish_reason == "length"
+    assert usage.prompt_tokens == reference[-1].prompt_tokens, "the next tower counts the prompt alone"
+
+
+def test_a_tower_that_dies_inside_a_character_is_finished_by_the_next(hub, towers, monkeypatch):
+    # One token asked for; the first one the model gives begins a multibyte character, so
+    # the tower sends more until the character is whole (as llama-cpp-python does).
+    request = {"model": "fo-model", "prompt": EMOJI_PROMPT, "max_tokens": 1}
+    reference = list(stream(hub, **request))
+    assert reference[-1].completion_tokens > 1, "the first token must not be a whole character here"
+    cut = dies_after(monkeypatch, 1)
+    pieces = list(stream(hub, **request))
+    served_by(hub, pieces)
+    assert len(cut["ids"]) < reference[-1].completion_tokens, "the tower must die inside the character"
+    assert pieces[-1].failovers == 1
+    assert "".join(pieces[:-1]) == "".join(reference[:-1]), "the character is finished, never broken or doubled"
+    assert pieces[-1].completion_tokens == reference[-1].completion_tokens

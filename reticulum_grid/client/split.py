@@ -12,11 +12,12 @@ longer answer and continues from the tokens generated so far
 
 import dataclasses
 import logging
+import time
 
 from announce.caps import CapsError, decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import router
-from reticulum_grid.client.stream import InferenceStream, Usage
+from reticulum_grid.client.stream import InferenceStream, Usage, continued
 from reticulum_grid.split.plan import Offer, PlanError, plan
 from reticulum_grid.store import gguf_info
 
@@ -29,6 +30,11 @@ PROBE_TIMEOUT_S = 8.0
 #: Seconds a tower gets to answer caps/full for a new plan (a tower reads a
 #: model's GGUF metadata the first time it is asked: seconds on a busy machine).
 PLAN_TIMEOUT_S = 20.0
+#: How long a plan waits for a tower holding the model to know its memory need
+#: and layer count (read from the GGUF in the background, seconds per file),
+#: asking again every FACTS_POLL_S seconds.
+FACTS_WAIT_S = 30.0
+FACTS_POLL_S = 0.5
 #: Errors after which a new plan is tried.
 REPLAN_ON = {Code.UNREACHABLE, Code.TIMEOUT, Code.NO_TOWER, Code.INTERNAL}
 
@@ -100,8 +106,13 @@ def make_plan(grid, model, exclude=()):
     if not (holders or grid.local_blob(model) is not None):
         heard = ", ".join(e.name for e in live) or "none"
         raise WireError(Code.NO_TOWER, f"no tower lending memory holds {model!r} (lenders answering: {heard})")
+    deadline = time.monotonic() + FACTS_WAIT_S
+    while fact is None and holders and time.monotonic() < deadline:
+        time.sleep(FACTS_POLL_S)  # a tower reads a model's facts in the background after it starts or gets it
+        fact = _ask(grid, holders, model, PLAN_TIMEOUT_S)[1].get(model)
     if fact is None:
-        raise WireError(Code.NO_TOWER, f"no tower could say how many layers {model!r} has")
+        raise WireError(Code.NO_TOWER, f"no tower could say how many layers {model!r} has "
+                                       f"within {FACTS_WAIT_S:.0f} s")
     offers = [Offer(e.name, e.destination_hash, e.caps.lend_mib, grid.health.get(e.destination_hash).rtt_s,
                     e.hops, e.caps.load.jobs > 0, e.caps.tokens_per_s, e.caps.model(model) is not None)
               for e in live]
@@ -167,11 +178,8 @@ class SplitStream:
 
     def _start(self):
         # "placement": "experts" (a client-side option) puts MoE experts on the workers.
-        payload = {k: v for k, v in self.payload.items() if k != "placement"}
+        payload = continued({k: v for k, v in self.payload.items() if k != "placement"}, self.ids)
         payload["split"] = wire_plan(self.plan, experts=self.payload.get("placement") == "experts")
-        if self.ids:
-            payload["continue_tokens"] = list(payload.get("continue_tokens") or ()) + self.ids
-            payload["max_tokens"] = self.payload.get("max_tokens", 256) - len(self.ids)
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
                            started=self.started)

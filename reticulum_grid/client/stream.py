@@ -42,6 +42,18 @@ SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.UNKNOWN_ADAPTER, Code.UNKNOW
                   Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
 
 
+def continued(payload, ids):
+    """``payload`` (an ai/inference request map) made to continue after the
+    generated token ``ids`` (a copy; the same when there are none)."""
+    payload = dict(payload)
+    if ids:
+        payload["continue_tokens"] = list(payload.get("continue_tokens") or ()) + list(ids)
+        # 0 when the tower died after the last token: the next one only ends the
+        # stream (finishing a character the last tokens began) and counts the prompt.
+        payload["max_tokens"] = max(0, payload.get("max_tokens", 256) - len(ids))
+    return payload
+
+
 @dataclass
 class Usage:
     """Ends an inference stream. Tokens are counts; times in seconds; rate in tokens/s.
@@ -168,10 +180,7 @@ class InferenceStream:
             entry = self.grid.sync_to(entry, model, "model", self.progress)
         if isinstance(adapter, str) and entry.caps.adapter(adapter) is None:
             entry = self.grid.sync_to(entry, adapter, "adapter", self.progress)
-        payload = dict(self.payload)
-        if self.ids:
-            payload["continue_tokens"] = list(self.ids)
-            payload["max_tokens"] = payload.get("max_tokens", 256) - len(self.ids)
+        payload = continued(self.payload, self.ids)
         conn = self.grid.connection(entry)
         stream_id = secrets.randbelow(MAX_STREAM_ID)
         # The tower answers ai/inference at once (generation runs on its own thread).

@@ -3,6 +3,8 @@
 A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 """
 
+import secrets
+
 from links.wire import Code, WireError
 
 
@@ -72,6 +74,9 @@ class JobCommands:
                 self.store.remove(info.hex)
         if len(entries) > 1:
             request = {**request, "towers": [e.destination_hash.hex() for e in entries[1:]]}
+        # A fresh submit_id makes this request distinct, so the tower answers a copy
+        # resent after a lost reply with the same job instead of a second one.
+        request = {**request, "submit_id": secrets.randbelow(1 << 63)}
         return entries[0], self.connection(entries[0]).request("genome/train", request)["job_id"]
 
     def job_tower(self, job_id, tower=None):

@@ -157,7 +157,10 @@ class LlamaBackend:
         generation proceeds. Generation stops after ``sampling.max_tokens``
         tokens, or up to MAX_CHARACTER_TOKENS later when that token ends inside
         a UTF-8 character (as llama-cpp-python's create_completion does), so the
-        text never ends in a broken character. Caller holds the model.
+        text never ends in a broken character. With continued tokens,
+        ``max_tokens`` may be 0 (their tower died after the last token): only a
+        character they began is finished, and a whole one ends the stream at
+        once, without evaluating anything. Caller holds the model.
         """
         started = time.perf_counter()
         result.prompt_tokens = len(tokens)
@@ -168,9 +171,6 @@ class LlamaBackend:
         sampler = self.llm._init_sampler(top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
                                          temp=sampling.temperature, repeat_penalty=sampling.repeat_penalty)
         n_prompt = len(tokens) - continued
-        for token in tokens[n_prompt:]:
-            sampler.accept(token)  # the repeat penalty saw them when they were generated
-        self._evaluate(list(tokens), n_prompt)
         # Bytes of the continued tokens' tail: a character they began is finished here.
         tail = min(continued, MAX_CHARACTER_TOKENS)
         before = self.llm.detokenize(list(tokens[len(tokens) - tail:]), prev_tokens=list(tokens[:len(tokens) - tail]))
@@ -178,6 +178,17 @@ class LlamaBackend:
         produced, sent, history, ids = bytearray(), 0, list(tokens), []
         result.finish_reason = "length"
         first_at = None
+
+        def finished():
+            n = result.completion_tokens
+            return n >= room or n >= max_tokens and (n >= max_tokens + MAX_CHARACTER_TOKENS or
+                                                     not _ends_inside_character(before + produced))
+
+        if finished():  # a continuation with no token left (max_tokens 0) that ends on a whole character
+            return
+        for token in tokens[n_prompt:]:
+            sampler.accept(token)  # the repeat penalty saw them when they were generated
+        self._evaluate(list(tokens), n_prompt)
         while True:
             if cancel.is_set():
                 result.finish_reason = "cancelled"
@@ -203,9 +214,7 @@ class LlamaBackend:
                 yield bytes(produced[sent:safe]), ids
                 sent, ids = safe, []
             result.decode_s = time.perf_counter() - first_at
-            n = result.completion_tokens
-            if n >= room or n >= max_tokens and (n >= max_tokens + MAX_CHARACTER_TOKENS or
-                                                 not _ends_inside_character(before + produced)):
+            if finished():
                 break
             self.llm.eval([token])
         if len(produced) > sent:

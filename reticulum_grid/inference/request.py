@@ -4,13 +4,17 @@ Request map (msgpack)::
 
     {"model": str,                         # alias or blob id prefix (>= 8 hex)
      "prompt": str | "messages": [{"role": "system"|"user"|"assistant", "content": str}, ...],
-     "max_tokens": int = 256, "temperature": float = 0.8, "top_p": float = 0.95,
+     "max_tokens": int = 256 (1..2^20; 0 only with continue_tokens), "temperature": float = 0.8, "top_p": float = 0.95,
      "top_k": int = 40, "min_p": float = 0.05, "repeat_penalty": float = 1.0,
      "seed": int | None, "stop": [str, ...] | None,
      "adapter": str | None,                # GGUF LoRA alias or blob id on the tower
      "adapter_scale": float = 1.0,         # 0 gives the base model's output
      "continue_tokens": [int, ...] | None, # tokens another tower already generated (failover)
-     "stream_id": int}                     # chosen by the client, unique per Link
+     "stream_id": int}                     # chosen by the client (random), unique per Link
+
+The same bytes sent again on a Link (a lost reply) get the first reply and
+start nothing (tower/replies.py); another request with a stream id in use is
+a bad_request.
 
 Reply: ``{"ok": True, "stream_id": int, "queued": int}`` then Channel stream
 messages (links/stream.py). Sampling defaults are llama-cpp-python's.
@@ -30,7 +34,7 @@ SCHEMA = {
     "model": Field(str, required=True, check=max_len(128)),
     "prompt": Field(str, check=lambda v: None if len(v) <= MAX_PROMPT_CHARS else "prompt too long"),
     "messages": Field(list, check=max_len(MAX_MESSAGES)),
-    "max_tokens": Field(int, default=256, check=in_range(1, 1 << 20)),
+    "max_tokens": Field(int, default=256, check=in_range(0, 1 << 20)),
     "temperature": Field(float, default=0.8, check=in_range(0.0, 5.0)),
     "top_p": Field(float, default=0.95, check=in_range(0.0, 1.0)),
     "top_k": Field(int, default=40, check=in_range(0, 100_000)),
@@ -71,6 +75,10 @@ def parse(request):
                         top_k=r["top_k"], min_p=r["min_p"], repeat_penalty=r["repeat_penalty"],
                         seed=r["seed"], stop=stop)
     continued = tuple(r["continue_tokens"] or ())
+    if r["max_tokens"] == 0 and not continued:
+        # 0 is for a stream whose tower died after its last token: the
+        # continuation only finishes a character those tokens began, and ends.
+        raise WireError(Code.BAD_REQUEST, "field 'max_tokens': outside 1..1048576 (0 only with continue_tokens)")
     if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 1 << 31 for t in continued):
         raise WireError(Code.BAD_REQUEST, "continue_tokens must be token ids")
     return InferenceRequest(r["model"], r["prompt"], r["messages"], sampling, r["stream_id"], r["adapter"],

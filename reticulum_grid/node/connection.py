@@ -41,9 +41,10 @@ def wait_until(predicate, timeout, poll_s=0.05):
 ATTEMPT_FLOOR_S = 3.0
 #: A tower whose RTT was measured gets this many RTTs before it counts as silent.
 RTT_FACTOR = 10
-#: Commands that change nothing on the tower, so a lost request or reply may
-#: be made good by sending them again.
-IDEMPOTENT = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status"})
+#: Commands a lost request or reply of which is made good by sending them
+#: again: those that change nothing on the tower, and those it answers once
+#: (wire.ANSWERED_ONCE: a repeat gets the first reply and runs nothing new).
+RESENDABLE = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status"}) | wire.ANSWERED_ONCE
 #: Round trips (at least RESEND_MIN_S seconds) an idempotent command waits before it is sent again.
 RESEND_RTTS = 6
 RESEND_MIN_S = 3.0
@@ -130,16 +131,18 @@ class TowerConnection:
         ``link_timeout`` to set up a Link first). Raises WireError.
 
         An RNS request and its reply are single packets that nothing resends, so
-        on a lossy radio link a command in IDEMPOTENT is sent again after
+        on a lossy radio link a command in RESENDABLE is sent again (the same
+        bytes) after
         RESEND_RTTS round trips without a reply (within ``timeout``), and a
         request refused as unidentified is sent again after identifying again."""
         deadline, identified = time.monotonic() + timeout, False
+        data = wire.pack(payload)
         while True:
             left = deadline - time.monotonic()
             rtt = self.link.rtt if self.link is not None and self.link.status == RNS.Link.ACTIVE else None
-            attempt = min(left, max(RESEND_MIN_S, RESEND_RTTS * rtt)) if path in IDEMPOTENT and rtt else left
+            attempt = min(left, max(RESEND_MIN_S, RESEND_RTTS * rtt)) if path in RESENDABLE and rtt else left
             try:
-                return self._request_once(path, payload, attempt, link_timeout, last=attempt >= left)
+                return self._request_once(path, data, attempt, link_timeout, last=attempt >= left)
             except WireError as e:
                 if e.code == Code.TIMEOUT and attempt < left:
                     log.info("no reply to %s from %s in %.1f s; sending it again", path, self.name, attempt)
@@ -150,7 +153,7 @@ class TowerConnection:
             self.link.identify(self.identity)
             identified = True
 
-    def _request_once(self, path, payload, timeout, link_timeout, last=True):
+    def _request_once(self, path, data, timeout, link_timeout, last=True):
         done, box = threading.Event(), {}
 
         def on_response(receipt):
@@ -159,7 +162,7 @@ class TowerConnection:
 
         for _ in range(2):  # a Link that cannot send any more is replaced once
             link = self.ensure_link(link_timeout)
-            receipt = link.request(path, wire.pack(payload), response_callback=on_response,
+            receipt = link.request(path, data, response_callback=on_response,
                                    failed_callback=lambda _: done.set(), timeout=timeout)
             if receipt:
                 break

@@ -200,6 +200,7 @@ def _round(partial, missing, sources, report, progress):
                     return
                 if e.code == Code.BUSY and busy_tries > 0:
                     busy_tries -= 1
+                    log.info("source %s busy; asking it again in %.1f s", source.name, BUSY_PAUSE_S)
                     time.sleep(BUSY_PAUSE_S)
                     continue
                 with lock:

@@ -13,7 +13,6 @@ Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
 
 import logging
 import threading
-import time
 
 import RNS
 
@@ -22,20 +21,21 @@ from announce.announcer import APP_NAME, RADIO_ANNOUNCES_PER_H, TOWER_ASPECT, An
 from links import auth, wire
 from links.channel import ChannelRouter
 from links.chunks import ChunkFetcher, ChunkServer
-from links.stream import StreamRoutes, StreamSender
+from links.stream import StreamRoutes
 from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.inference import request as inference_request
-from reticulum_grid.inference.admission import Cancelled
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
 from reticulum_grid.node.config import LiveAllowList
-from reticulum_grid.inference.llama_backend import AdapterError, ContextLengthExceeded, Generation
+from reticulum_grid.inference.llama_backend import ContextLengthExceeded
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
+from reticulum_grid.tower.replies import ReplyCache
 from reticulum_grid.tower.split import TowerSplit
+from reticulum_grid.tower.streams import start_stream
 
 log = logging.getLogger("rngrid.tower")
 
@@ -47,6 +47,7 @@ class LinkSession:
     def __init__(self, link, tower):
         self.link = link
         self.streams = {}
+        self.replies = ReplyCache()
         self.router = ChannelRouter(link)
         self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
         self.fetcher = ChunkFetcher(self.router)
@@ -170,7 +171,17 @@ class Tower:
             try:
                 if role:
                     auth.require(remote_identity, role, self.allow.roles_of)
-                return wire.ok(**command(self._session(link_id), wire.unpack_map(data)))
+                session = self._session(link_id)
+                if path not in wire.ANSWERED_ONCE or not isinstance(data, bytes):
+                    return wire.ok(**command(session, wire.unpack_map(data)))
+                key = ReplyCache.key(path, data)
+                reply = session.replies.get(key)
+                if reply is None:
+                    reply = wire.ok(**command(session, wire.unpack_map(data)))
+                    session.replies.put(key, reply)
+                else:
+                    log.info("%s sent again (its reply was lost?): answered as before", path)
+                return reply
             except WireError as e:
                 log.info("%s refused: %s", path, e)
                 return wire.error(e.code, e.message, e.retry_after)
@@ -217,11 +228,10 @@ class Tower:
         for blob in blobs:
             if blob["kind"] == "model":
                 try:
-                    blob["need_mib"] = self.registry.need_mib(self.registry.slot(blob["blob_id"]))
-                    blob.update(self.registry.placement_info(self.registry.slot(blob["blob_id"])))
-                    layers = self.split.known_layers(self.registry.slot(blob["blob_id"]))
-                    if layers is not None:  # read in the background; a handler must not wait on it
-                        blob["n_layers"] = layers
+                    slot = self.registry.slot(blob["blob_id"])
+                    blob.update(self.registry.placement_info(slot))
+                    # read in the background: a handler must not wait on a GGUF read
+                    blob.update(self.split.known_facts(slot))
                 except Exception as e:  # one unreadable GGUF must not hide the rest
                     log.warning("model %s: cannot estimate its memory: %s", blob["alias"] or blob["blob_id"].hex(), e)
         caps = self.caps()
@@ -257,15 +267,17 @@ class Tower:
         request = inference_request.parse(request)
         slot = self.registry.find(request.model)
         adapter = self._adapter_path(request.adapter)
-        if request.stream_id in session.streams:
-            raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
-        ticket = slot.queue.admit()
-        cancel = session.streams[request.stream_id] = threading.Event()
-        # Tokenizing (a prompt may be 512K characters) happens on the stream's own
-        # thread, after admission: this handler must return at once.
-        threading.Thread(target=self._run_stream, args=(session, slot, request, cancel, adapter, ticket),
-                         name=f"rngrid-gen-{request.stream_id}", daemon=True).start()
-        return {"stream_id": request.stream_id, "queued": ticket.ahead}
+
+        def generate(result, cancel):
+            backend = self.registry.backend(slot)
+            backend.set_adapter(adapter, request.adapter_scale)
+            # Tokenizing (a prompt may be 512K characters) runs here, on the
+            # stream's thread after admission: the handler must return at once.
+            tokens = self._tokenize(backend, request)
+            yield from backend.generate(tokens, request.sampling, cancel, result,
+                                        continued=len(request.continue_tokens))
+
+        return start_stream(session, request, slot.queue, generate, self._whole_model_usage)
 
     def _adapter_path(self, name):
         if not name:
@@ -288,38 +300,13 @@ class Tower:
         except ValueError as e:
             raise WireError(Code.BAD_REQUEST, str(e)) from None
 
-    def _run_stream(self, session, slot, request, cancel, adapter, ticket):
-        sender = StreamSender(session.router, request.stream_id)
-        started = time.perf_counter()
-        try:
-            with slot.queue.turn(ticket, cancel):
-                queued_s = time.perf_counter() - started
-                backend = self.registry.backend(slot)
-                backend.set_adapter(adapter, request.adapter_scale)
-                tokens = self._tokenize(backend, request)
-                result = Generation()
-                for piece, ids in backend.generate(tokens, request.sampling, cancel, result,
-                                                   continued=len(request.continue_tokens)):
-                    sender.push(piece, ids)
-            if result.finish_reason == "cancelled":
-                sender.fail(Code.CANCELLED, "cancelled by the client")
-            else:
-                sender.end(result.finish_reason, self._usage(result, queued_s))
-                self._record_tokens_per_s(result.tokens_per_s)
-            slot.queue.record(time.perf_counter() - started)
-        except Cancelled:
-            sender.fail(Code.CANCELLED, "cancelled while queued")
-        except WireError as e:
-            sender.fail(e.code, e.message)
-        except AdapterError as e:
-            sender.fail(Code.UNKNOWN_ADAPTER, str(e))
-        except Exception as e:
-            log.exception("generation failed")
-            sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")
-        finally:
-            session.streams.pop(request.stream_id, None)
+    def _whole_model_usage(self, result, queued_s):
+        if result.completion_tokens:  # announced: what this tower's model runs at
+            self._record_tokens_per_s(result.tokens_per_s)
+        return self.usage(result, queued_s)
 
-    def _usage(self, result, queued_s):
+    def usage(self, result, queued_s):
+        """The end message's usage map of a stream (times in seconds, rate in tokens/s)."""
         return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
                 "ttft_s": round(result.ttft_s, 4), "tokens_per_s": round(result.tokens_per_s, 2),
                 "queued_s": round(queued_s, 4), "tower": self.config.name}

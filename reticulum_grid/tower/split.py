@@ -22,16 +22,15 @@ import time
 
 import gguf
 
-from links.stream import StreamSender
 from links.wire import Code, WireError
 from reticulum_grid.inference import request as inference_request
-from reticulum_grid.inference.admission import Cancelled, ModelQueue
-from reticulum_grid.inference.llama_backend import Generation
+from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.split import experts, ggml
 from reticulum_grid.split.rpcworker import RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
+from reticulum_grid.tower.streams import start_stream
 
 log = logging.getLogger("rngrid.tower.split")
 
@@ -49,24 +48,19 @@ class TowerSplit:
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
-        self._reading = set()  # paths whose layer count was sent to a background read
+        self._reading = set()  # paths sent to a background read (known_facts)
         self._lock = threading.Lock()
 
     def warm(self):
         """Read every model's layer count and memory need in the background:
         the gguf library takes seconds per file, and caps/full answers with
         both (a client that plans a split waits on it)."""
-        def run():
-            registry = self.tower.registry
-            for blob_id in set(registry.aliases().values()):
-                try:
-                    slot = registry.slot(blob_id)
-                    registry.need_mib(slot)
-                    self.n_layers(slot.path)
-                except Exception as e:  # an unreadable GGUF is reported when it is asked for
-                    log.debug("cannot read model %s: %s", blob_id.hex()[:16], e)
-
-        threading.Thread(target=run, name="rngrid-split-warm", daemon=True).start()
+        registry = self.tower.registry
+        slots = [registry.slot(blob_id) for blob_id in set(registry.aliases().values())]
+        with self._lock:
+            self._reading.update(slot.path for slot in slots)
+        threading.Thread(target=lambda: [self._read(slot) for slot in slots], name="rngrid-split-warm",
+                         daemon=True).start()
 
     def commands(self):
         return {"split/tunnel": ("shard", self.tunnel)}
@@ -84,34 +78,32 @@ class TowerSplit:
         cap = self.tower.config.lend_mib
         return spare if cap is None else min(cap, spare)
 
-    def known_layers(self, slot):
-        """The layer count of ``slot``'s model when known without reading its file:
-        from the loaded model's own metadata, else from the background read
-        (``warm``, or one started here for a model that arrived later); None
-        until then. RNS handlers use this: a GGUF read takes seconds and would
-        hold up every packet on the interface meanwhile."""
+    def known_facts(self, slot):
+        """``{"need_mib": MiB, "n_layers": int}`` of ``slot``'s model, each only
+        when known without reading its file: from the loaded model's own
+        metadata, else from the background read (``warm``, or one started here
+        for a model that arrived later). RNS handlers use this: a GGUF read
+        takes seconds and would hold up every packet on the interface meanwhile."""
         if slot.path not in self._layers and slot.backend is not None:
             meta = slot.backend.llm.metadata
             count = meta.get(f"{meta.get('general.architecture')}.block_count")
             if count is not None and str(count).isdigit():
                 self._layers[slot.path] = int(count)
-        if slot.path not in self._layers:
-            self._read_later(slot.path)
-        return self._layers.get(slot.path)
+        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
+        if None in facts.values():
+            with self._lock:
+                if slot.path in self._reading:
+                    return {k: v for k, v in facts.items() if v is not None}
+                self._reading.add(slot.path)
+            threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
+        return {k: v for k, v in facts.items() if v is not None}
 
-    def _read_later(self, path):
-        with self._lock:
-            if path in self._reading:
-                return
-            self._reading.add(path)
-
-        def run():
-            try:
-                self.n_layers(path)
-            except Exception as e:  # blobs never change: an unreadable one is not read again
-                log.debug("cannot read model %s: %s", path, e)
-
-        threading.Thread(target=run, name="rngrid-split-layers", daemon=True).start()
+    def _read(self, slot):
+        try:
+            self.tower.registry.need_mib(slot)
+            self.n_layers(slot.path)
+        except Exception as e:  # blobs never change: an unreadable one is not read again
+            log.debug("cannot read model %s: %s", slot.path, e)
 
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""
@@ -145,14 +137,16 @@ class TowerSplit:
             raise WireError(Code.UNSUPPORTED, "a split model runs without LoRA adapters")
         slot = self.tower.registry.find(request.model)
         parts = self._parse_parts(split, self.n_layers(slot.path))
-        if request.stream_id in session.streams:
-            raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
-        ticket = self.queue.admit()
-        cancel = session.streams[request.stream_id] = threading.Event()
         want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
-        threading.Thread(target=self._run_stream, args=(session, slot, want, request, cancel, ticket),
-                         name=f"rngrid-split-{request.stream_id}", daemon=True).start()
-        return {"stream_id": request.stream_id, "queued": ticket.ahead}
+
+        def generate(result, cancel):
+            yield from self._ensure_model(slot, want).generate(request, cancel, result)
+
+        def usage(result, queued_s):
+            return {**self.tower.usage(result, queued_s), "split": [key.hex() for key, _, _ in parts]}
+
+        return start_stream(session, request, self.queue, generate, usage, on_error=self._stream_failed,
+                            name="rngrid-split")
 
     def _parse_parts(self, split, n_layers):
         parts = split.get("parts") if isinstance(split, dict) else None
@@ -222,33 +216,8 @@ class TowerSplit:
             conn.close()
         self.links = []
 
-    def _run_stream(self, session, slot, want, request, cancel, ticket):
-        sender = StreamSender(session.router, request.stream_id)
-        started = time.perf_counter()
-        try:
-            with self.queue.turn(ticket, cancel):
-                queued_s = time.perf_counter() - started
-                model = self._ensure_model(slot, want)
-                result = Generation()
-                for piece, ids in model.generate(request, cancel, result):
-                    sender.push(piece, ids)
-            if result.finish_reason == "cancelled":
-                sender.fail(Code.CANCELLED, "cancelled by the client")
-            else:
-                usage = self.tower._usage(result, queued_s)
-                usage["split"] = [key.hex() for key, _, _ in want[1]]
-                sender.end(result.finish_reason, usage)
-            self.queue.record(time.perf_counter() - started)
-        except Cancelled:
-            sender.fail(Code.CANCELLED, "cancelled while queued")
-        except WireError as e:
-            log.info("split stream failed: %s", e)
-            if e.code in (Code.UNREACHABLE, Code.TIMEOUT):
-                with self._lock:
-                    self._drop_model()
-            sender.fail(e.code, e.message)
-        except Exception as e:
-            log.exception("split generation failed")
-            sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")
-        finally:
-            session.streams.pop(request.stream_id, None)
+    def _stream_failed(self, error):
+        log.info("split stream failed: %s", error)
+        if error.code in (Code.UNREACHABLE, Code.TIMEOUT):  # a worker went away: rebuild next time
+            with self._lock:
+                self._drop_model()

@@ -10,7 +10,9 @@ Request map (msgpack)::
      "notify": LXMF address (16 bytes or 32 hex) | None = the submitter's own address,
      "towers": [tower destination hash, 32 hex] = [] (more towers to train on with this one,
                data-parallel; this tower coordinates as rank 0; see training/distributed.py),
-     "modules_to_save": [] (refused: a GGUF LoRA cannot carry them), "use_dora": False (refused)}
+     "modules_to_save": [] (refused: a GGUF LoRA cannot carry them), "use_dora": False (refused),
+     "submit_id": int 0..2^63-1 (a random number the client picks, so a request it sends
+                  again after a lost reply is told apart from a second job; see tower/replies.py)}
 
 With ``towers`` the global batch is still ``batch_size`` examples (the ranks
 share it), so ``batch_size`` must be at least the number of towers.
@@ -50,6 +52,7 @@ SCHEMA = {
     "modules_to_save": Field(list, default=[]),
     "use_dora": Field(bool, default=False),
     "towers": Field(list, default=[], check=max_len(MAX_TOWERS - 1)),
+    "submit_id": Field(int, check=in_range(0, (1 << 63) - 1)),
 }
 
 
@@ -74,6 +77,7 @@ def parse(request, base_modules, dataset_path):
         raise WireError(Code.BAD_REQUEST, f"dataset: {e}") from None
     r["notify"] = _notify(r["notify"])
     r["towers"] = _towers(r["towers"], r["batch_size"])
+    del r["submit_id"]  # it only tells requests apart; the job does not need it
     if not r["epochs"] and not r["max_steps"]:
         r["epochs"] = 1
     return r
