@@ -12,7 +12,7 @@ Link), and pulls a small blob. Printed per path, from the median warm run:
 - ``airtime_ratio``: the request's time / the airtime of its bytes on the
   slowest hop (1.0 = the air never idles; goal <= 1.5 on lora-fast)
 - ``discovery_s``: client start to the tower in its table
-- ``sync_mb_s``: pulling the blob (its size in ``sync_bytes``)
+- ``sync_mb_s``: pulling the blob (its size in ``sync_bytes``, the time in ``sync_s``)
 
 Run: ``sudo .venv/bin/python bench/link_profiles.py [--paths lora-fast,tailnet] [--max-tokens 16]``.
 """
@@ -78,7 +78,8 @@ def figures(path, result):
             "wire_bytes_per_token": round(sum(warm["wire_bytes"]) / tokens, 1),
             "airtime_ratio": round(warm["elapsed_s"] / airtime, 2) if airtime > 0.05 else None,
             "discovery_s": result["discovery_s"], "sync_mb_s": result["pull"]["mb_per_s"],
-            "sync_bytes": result["pull"]["bytes"], "same_text": all(r["text"] == cold["text"] for r in result["runs"])}
+            "sync_bytes": result["pull"]["bytes"], "sync_s": result["pull"]["elapsed_s"],
+            "same_text": all(r["text"] == cold["text"] for r in result["runs"])}
 
 
 def main():

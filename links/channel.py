@@ -29,8 +29,15 @@ STALL_S = 10.0
 #: them its base 500-byte MTU (Interface.optimise_mtu on rns 0.9.4).
 RADIO_BPS = 62_500
 #: On a radio-class interface a window may stay shut through a fade of half a
-#: minute plus the Channel's backed-off resends before the peer counts as gone.
-RADIO_STALL_S = 45.0
+#: minute and then until the next backed-off resend (each wait 1.5x the one
+#: before, so up to ~1.5x the fade) before the peer counts as gone.
+RADIO_STALL_S = 60.0
+#: Sends of one Channel message before rns 0.9.4 tears its Link down (5 by
+#: default), on a radio-class interface. The waits between sends grow by 1.5x
+#: from ~2.5 RTTs, so 5 sends span ~8 first waits: on a LoRa link (RTT ~1 s)
+#: all five fall inside a half-minute fade and the Link dies with it. 8 sends
+#: span ~32 first waits, a fade of a minute and more.
+RADIO_MAX_TRIES = 8
 MAX_ID = (1 << 63) - 1
 
 
@@ -100,6 +107,13 @@ class ChannelRouter:
         self._handlers = {}
         self._lock = threading.Lock()
         self.channel.add_message_handler(self._handle)
+        if self.on_radio():
+            self.channel._max_tries = max(self.channel._max_tries, RADIO_MAX_TRIES)  # no public setter in 0.9.4
+
+    def on_radio(self):
+        """True when this Link runs over a radio-class interface (<= RADIO_BPS)."""
+        bitrate = getattr(getattr(self.link, "attached_interface", None), "bitrate", 0) or 0
+        return 0 < bitrate <= RADIO_BPS
 
     def on(self, message_type, handler):
         """Call ``handler(message)`` for every ``message_type`` message."""
@@ -133,15 +147,17 @@ class ChannelRouter:
                 self.link.teardown()
             raise WireError(Code.UNREACHABLE, "the link to the peer is gone")
 
-    def _stall_s(self):
-        bitrate = getattr(getattr(self.link, "attached_interface", None), "bitrate", 0) or 0
-        return RADIO_STALL_S if 0 < bitrate <= RADIO_BPS else STALL_S
+    def patience_s(self):
+        """Seconds this Link's peer may go without acknowledging anything before
+        it counts as gone: STALL_S (RADIO_STALL_S on a radio-class interface)
+        or 10 RTTs, whichever is longer."""
+        return max(RADIO_STALL_S if self.on_radio() else STALL_S, 10 * (self.link.rtt or 0))
 
     def wait_window(self):
         """Block until the Channel can take a message. Returns False (after
         tearing the Link down) if the Link is unusable or the window stays shut
-        for STALL_S seconds (RADIO_STALL_S on a radio-class interface) or 10 RTTs."""
-        deadline = time.monotonic() + max(self._stall_s(), 10 * (self.link.rtt or 0))
+        for ``patience_s()`` seconds."""
+        deadline = time.monotonic() + self.patience_s()
         while self.link_usable():
             if self.channel.is_ready_to_send():
                 return True

@@ -42,6 +42,9 @@ log = logging.getLogger("rngrid.links")
 
 MAX_INDICES = 1024
 DATA_OVERHEAD = 40  # ChunkData's own fields: array header, ids, offset, bin header
+#: Seconds without data before a fetch gives up on its source, at least (more
+#: on a slow link: ChunkFetcher.fetch).
+CHUNK_IDLE_S = 30.0
 
 
 def _blob_id(value):
@@ -225,7 +228,8 @@ class ChunkFetcher:
     hash (BlobStore's Partial.write). It raises WireError: ``bad_chunk`` when
     the source breaks the protocol (wrong chunk, offset or length), the
     source's own code when it refused a chunk, ``unreachable`` when the Link
-    closed, ``timeout`` after ``idle_timeout`` seconds without data."""
+    closed, ``timeout`` after ``idle_timeout`` seconds without data (default:
+    CHUNK_IDLE_S, or twice the Link's patience_s on a slow link)."""
 
     def __init__(self, router):
         self.router = router
@@ -242,7 +246,10 @@ class ChunkFetcher:
         for q in list(self._queues.values()):
             q.put(None)
 
-    def fetch(self, blob_id, manifest, indices, idle_timeout=30.0):
+    def fetch(self, blob_id, manifest, indices, idle_timeout=None):
+        # A source whose Channel window is shut (a radio fade) waits patience_s()
+        # for acknowledgements, then resends with backoff: give it that twice over.
+        idle_timeout = idle_timeout or max(CHUNK_IDLE_S, 2 * self.router.patience_s())
         xfer_id = secrets.randbelow(MAX_ID)
         q = self._queues[xfer_id] = queue.Queue()
         done = False

@@ -48,6 +48,11 @@ QUIET_S = 2.0
 ANSWER_S = 6.0
 #: Forced discovery pings (after a tower went silent) at most this often (seconds).
 PING_FLOOR_S = 1.0
+#: On a radio-class interface (rnsnet.on_radio) every ping costs seconds of
+#: shared air and makes each tower that hears it announce (~300 bytes), which
+#: then delays the very exchanges the client waits on: pings go at most this
+#: often, forced or not (seconds).
+RADIO_PING_INTERVAL_S = 60.0
 
 
 class _Quiet:
@@ -99,7 +104,8 @@ class Grid(BlobTransfers, JobCommands):
         self.needs = {}
         self.liveness = Liveness(self)
         self._pinger = Pinger(self.identity)
-        self._last_ping = 0.0
+        self._last_ping = float("-inf")
+        self._on_radio = rnsnet.on_radio()
         self._told_offline = False
         self._started = time.monotonic()
         self._lock = threading.Lock()
@@ -122,7 +128,8 @@ class Grid(BlobTransfers, JobCommands):
         """Send a discovery ping (towers that hear it announce): at most every
         PING_INTERVAL_S seconds, or PING_FLOOR_S when ``force``d."""
         now = time.monotonic()
-        if now - self._last_ping >= (PING_FLOOR_S if force else PING_INTERVAL_S):
+        interval = RADIO_PING_INTERVAL_S if self._on_radio else PING_FLOOR_S if force else PING_INTERVAL_S
+        if now - self._last_ping >= interval:
             self._last_ping = now
             # A ping sent before the TCP interfaces connect is lost.
             online = wait_until(lambda: all(i.online for i in RNS.Transport.interfaces), 3.0)

@@ -23,7 +23,8 @@ from reticulum_grid.store.sync import (
 )
 
 log = logging.getLogger("rngrid.client")
-#: A tower-side transfer silent this long (no progress, no heartbeat) is lost (seconds).
+#: A tower-side transfer silent this long (no progress, no heartbeat) is lost
+#: (seconds; on a slow link longer than the tower's own wait for our chunks).
 TRANSFER_IDLE_S = 60.0
 
 
@@ -116,7 +117,8 @@ class BlobTransfers:
 def _await_transfer(conn, events, progress):
     """Follow a tower-side transfer to its TransferEnd. Raises WireError."""
     while True:
-        message = get_alive(events, conn.router, TRANSFER_IDLE_S, "transfer progress")
+        idle_s = max(TRANSFER_IDLE_S, 3 * conn.router.patience_s())
+        message = get_alive(events, conn.router, idle_s, "transfer progress")
         if message is None:
             raise WireError(Code.UNREACHABLE, "link to the tower closed during the transfer")
         if isinstance(message, TransferProgress):

@@ -48,10 +48,12 @@ RESENDABLE = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status"}) |
 #: Round trips (at least RESEND_MIN_S seconds) an idempotent command waits before it is sent again.
 RESEND_RTTS = 6
 RESEND_MIN_S = 3.0
-#: Full-size packets a round trip may need per hop (request and answer, and
-#: room for an announce or another exchange on the same half-duplex air), for
-#: the bound on a slow interface (a LoRa radio carries one 500-byte packet in ~3 s).
-PACKETS_PER_HOP = 4
+#: Full-size packets a round trip may need per hop, for the bound on a slow
+#: interface before any RTT was measured (a LoRa radio carries one 500-byte
+#: packet in ~3 s): a first contact sets up the Link (request, proof, RTT
+#: packet, identify) before the request and its answer, on half-duplex air
+#: that an announce may hold meanwhile.
+PACKETS_PER_HOP = 8
 
 
 def attempt_timeout(destination_hash, rtt_s=0.0):
