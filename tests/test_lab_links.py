@@ -135,6 +135,30 @@ def test_pull_survives_a_link_drop(lora):
     assert any(p.is_file() and p.read_bytes() == (lora.root / "small-blob").read_bytes() for p in pulled)
 
 
+def test_a_long_error_is_shrunk_to_the_small_link(lora):
+    """Over lora-fast a Channel message holds ~425 bytes. A push whose source
+    file changed on disk fails with an error naming that file; with a path
+    longer than the hop's MDU, the client's chunk error and the tower's
+    transfer end must each be shrunk to fit (links/channel.py, ``fit``) or
+    they are never sent and the push ends in a timeout minutes later instead
+    of saying why."""
+    folder = lora.root / ("d" * 200) / ("e" * 200) / ("f" * 200)
+    folder.mkdir(parents=True)
+    source = folder / "notes.bin"
+    source.write_bytes(os.urandom(2048))
+    assert len(str(source)) > 500
+    added = lora.rngrid("models", "add", str(source), "--alias", "long-path-blob", "--kind", "file")
+    assert added.returncode == 0, added.stderr[-2000:]
+    source.write_bytes(os.urandom(2048))  # same size, other bytes: the store's reference is now stale
+    result = lora.rngrid("push", "long-path-blob", "--to", "lab-tower", "--rns-config", str(lora.client_rns),
+                         timeout=300)
+    message = " ".join(result.stderr.split())
+    assert result.returncode != 0
+    # The reason arrived, cut short ("...") to fit: the tower's chunk error, then its transfer end.
+    assert "corrupt: chunk 0: chunk 0 of /" in message and "..." in message, result.stderr[-2000:]
+    assert lora.hop_stats(0)["too_big"] == 0
+
+
 @pytest.fixture(scope="module")
 def tailnet(tmp_path_factory):
     lab = Lab(tmp_path_factory.mktemp("lab-tailnet"), "tailnet")

@@ -3,10 +3,10 @@ with test doubles): the tower reaches the client only through the lab's
 shaping relay at radio-like speed. Tokens coalesce while the Channel window
 is full, and the text equals llama.cpp's own completion.
 
-Message shrinking on a small-MTU Link is not covered here: with
-``link_bitrate`` set on the tower behind this relay, the client's Link to it
-was never established within 15 s (rns 0.9.4's link MTU signalling between a
-TCP server without a bitrate and a client with one; not yet understood)."""
+Message shrinking on a small-MDU Link is tested in the network lab
+(test_lab_links.py, a long error over lora-fast): there both ends' RNS know
+the hop is a radio and use its 500-byte MTU, which a relay on loopback TCP
+cannot make them do."""
 
 import subprocess
 import sys

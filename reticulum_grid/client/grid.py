@@ -126,7 +126,8 @@ class Grid(BlobTransfers, JobCommands):
     # -- discovery --------------------------------------------------------
     def ping(self, force=False):
         """Send a discovery ping (towers that hear it announce): at most every
-        PING_INTERVAL_S seconds, or PING_FLOOR_S when ``force``d."""
+        PING_INTERVAL_S seconds, or PING_FLOOR_S when ``force``d; on a
+        radio-class interface at most every RADIO_PING_INTERVAL_S either way."""
         now = time.monotonic()
         interval = RADIO_PING_INTERVAL_S if self._on_radio else PING_FLOOR_S if force else PING_INTERVAL_S
         if now - self._last_ping >= interval:
