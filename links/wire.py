@@ -12,11 +12,12 @@ import msgpack
 #: Largest request payload a tower will parse (bytes). Prompts are text; 1 MiB
 #: is ~250k tokens, far beyond any context window we serve.
 MAX_REQUEST_BYTES = 1 << 20
-#: Commands a tower answers once per distinct request on a Link: a repeat with
-#: the same bytes (sent again because its request or reply packet was lost on a
-#: lossy link) gets the first reply and starts nothing new. Their requests carry
-#: a random id (stream_id, submit_id), so two deliberate requests never repeat.
-ANSWERED_ONCE = frozenset({"ai/inference", "genome/train"})
+#: Commands a tower answers once per distinct request on a Link, and the
+#: random id their requests carry so that two deliberate requests never repeat:
+#: a repeat with the same bytes (sent again because its request or reply packet
+#: was lost on a lossy link) gets the first reply and starts nothing new. A
+#: request without its id is run every time.
+ANSWERED_ONCE = {"ai/inference": "stream_id", "genome/train": "submit_id"}
 
 
 class Code:

@@ -12,15 +12,21 @@ between the tokens of one multibyte character that the last token began.
 """
 
 import pytest
+import tomlkit
 
 from links.stream import StreamReceiver
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
+from reticulum_grid.node.localgrid import TowerProcess
 
 EMOJI_PROMPT = "Repeat this emoji five times: 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦"  # as in test_field_tower.py
 CHAT = [{"role": "user", "content": "List twenty fruits, one per line, with a short note on each."}]
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+
+
+#: The window of "ctx-model" on both towers (tokens): small, so a stream fills it.
+CTX = 96
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +158,33 @@ def test_a_tower_that_dies_inside_a_character_is_finished_by_the_next(hub, tower
     assert pieces[-1].failovers == 1
     assert "".join(pieces[:-1]) == "".join(reference[:-1]), "the character is finished, never broken or doubled"
     assert pieces[-1].completion_tokens == reference[-1].completion_tokens
+
+
+def small_window_tower(hub, name):
+    """A tower serving the bundled model as "ctx-model" with a CTX-token window."""
+    tower = TowerProcess(hub.root, name, {"ctx-model": default_model_path()},
+                         allow={hub.grid.identity_hash: ["infer"]}, connect=[hub.address])
+    doc = tomlkit.parse(tower.config_path.read_text())
+    doc["models"]["ctx-model"]["n_ctx"] = CTX
+    tower.config_path.write_text(tomlkit.dumps(doc))
+    hub.towers.append(tower)
+    tower.start()
+    hub.wait_tower(name)
+    return tower
+
+
+def test_a_tower_that_dies_when_the_context_is_full_ends_on_the_next(hub, monkeypatch):
+    # The first tower stops when prompt + output fill the window; the next one gets
+    # exactly that many tokens back, which must not count as too long.
+    made = [small_window_tower(hub, name) for name in ("fo-ctx-a", "fo-ctx-b")]
+    request = {"model": "ctx-model", "prompt": PROMPT, "max_tokens": 500}
+    reference = list(stream(hub, **request))
+    assert reference[-1].prompt_tokens + reference[-1].completion_tokens == CTX
+    dies_after(monkeypatch, None)
+    pieces = list(stream(hub, **request))
+    served_by(hub, pieces)
+    assert "".join(pieces[:-1]) == "".join(reference[:-1])
+    assert pieces[-1].failovers == 1 and pieces[-1].completion_tokens == reference[-1].completion_tokens
+    assert pieces[-1].finish_reason == "length"
+    for tower in made:
+        tower.stop()

@@ -11,6 +11,8 @@ import tomlkit
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.node.config import ConfigError, ModelConfig
 from reticulum_grid.node.localgrid import TowerProcess
 from reticulum_grid.store.blobstore import BlobStore
 from links import manifest as mf
@@ -184,3 +186,13 @@ def test_leftovers_are_collected_after_the_stated_time(hub, tiny, tmp_path):
     assert not (blobs / "objects" / pushed).exists(), "the tower keeps the refused dataset"
     text, usage, _ = run(hub, tiny, "tiny", prompt="Hello", max_tokens=2)
     assert usage.completion_tokens > 0
+
+
+# -- one file under two aliases with different settings -------------------------
+def test_one_file_under_two_aliases_needs_one_set_of_settings(tmp_path, model_path):
+    # A tower loads a file once; before, the second alias's n_ctx silently applied to both.
+    store = BlobStore(tmp_path / "blobs")
+    same = [ModelConfig("wide", str(model_path), n_ctx=4096), ModelConfig("narrow", str(model_path), n_ctx=96)]
+    with pytest.raises(ConfigError, match="models.wide and models.narrow are the same file"):
+        ModelRegistry(store, same)
+    ModelRegistry(BlobStore(tmp_path / "ok"), [ModelConfig("a", str(model_path)), ModelConfig("b", str(model_path))])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import RNS
 
+from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.tower.replies import ReplyCache
@@ -25,10 +26,12 @@ def lose_first_reply(monkeypatch):
     """Drops the reply of the first RNS request on ``path`` (a lost packet)."""
     lost = []
 
-    def arm(path):
+    def arm(path, sent=None):
         real = RNS.Link.request
 
         def lossy(link, request_path, data=None, response_callback=None, **kwargs):
+            if request_path == path and sent is not None:
+                sent.append(len(data))
             if request_path == path and not lost:
                 lost.append(request_path)
                 response_callback = None  # served by the tower; its reply never arrives
@@ -89,6 +92,21 @@ def test_a_resent_train_request_makes_one_job(hub, tower, lose_first_reply):
         assert [j["id"] for j in jobs] == [job_id], "the resent request must not start a second job"
     finally:
         conn.request("jobs/cancel", {"job_id": job_id})
+
+
+def test_a_request_too_big_for_one_packet_is_sent_once(hub, tower, lose_first_reply):
+    # It travels as an RNS Resource, which resends its own parts; sending it again
+    # would queue a second copy of the whole prompt behind the first on a slow link.
+    conn = hub.grid.connection(hub.wait_tower(tower.name))
+    mdu = conn.ensure_link().mdu
+    prompt = "x" * (mdu + 100)
+    sent = []
+    lose_first_reply("ai/inference", sent)
+    with pytest.raises(WireError) as e:
+        conn.request("ai/inference", {**PROMPT, "prompt": prompt, "stream_id": secrets.randbelow(1 << 30)},
+                     timeout=8.0)
+    assert e.value.code == Code.TIMEOUT
+    assert len(sent) == 1 and sent[0] > mdu, sent
 
 
 def test_reply_cache_keeps_the_newest_for_a_while():

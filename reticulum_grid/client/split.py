@@ -30,9 +30,9 @@ PROBE_TIMEOUT_S = 8.0
 #: Seconds a tower gets to answer caps/full for a new plan (a tower reads a
 #: model's GGUF metadata the first time it is asked: seconds on a busy machine).
 PLAN_TIMEOUT_S = 20.0
-#: How long a plan waits for a tower holding the model to know its memory need
-#: and layer count (read from the GGUF in the background, seconds per file),
-#: asking again every FACTS_POLL_S seconds.
+#: How long a client waits for a tower still reading a model's memory need and
+#: layer count (from the GGUF, in the background: seconds per file), asking
+#: again every FACTS_POLL_S seconds.
 FACTS_WAIT_S = 30.0
 FACTS_POLL_S = 0.5
 #: Errors after which a new plan is tried.
@@ -49,7 +49,12 @@ def needs_split(grid, model, ranked):
     from caps/full, asked again when the ranking could not learn it)."""
     if not ranked:
         return False
-    need = grid.needs.get(model) or _ask(grid, [c.entry for c in ranked], model, PLAN_TIMEOUT_S)[1].get(model, (0, 0))[0]
+    need = grid.needs.get(model)
+    if not need:
+        _, _, reading = _ask(grid, [c.entry for c in ranked], model, PLAN_TIMEOUT_S)
+        if reading:
+            _await_facts(grid, reading, model)
+        need = grid.needs.get(model)
     if not need:
         return False
     for choice in ranked:
@@ -61,9 +66,10 @@ def needs_split(grid, model, ranked):
 
 def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
     """Ask ``entries`` for caps/full at once. Returns (the entries that
-    answered, refreshed; {model: (need MiB, layers)} as they report it).
-    Towers that answer are healthy again, the others are backed off."""
-    answered, facts = [], {}
+    answered, refreshed; {model: (need MiB, layers)} as they report it; the
+    entries still reading the model's GGUF for those facts). Towers that
+    answer are healthy again, the others are backed off."""
+    answered, facts, reading = [], {}, []
     for entry, full, rtt in grid.caps_full(entries, timeout=timeout, timed=True):
         key = entry.destination_hash
         grid.health.succeeded(key)
@@ -75,14 +81,31 @@ def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
             continue
         answered.append(entry)
         for blob in full.get("blobs", ()):
-            if blob.get("alias") == model and isinstance(blob.get("need_mib"), int):
+            if blob.get("alias") != model:
+                continue
+            if blob.get("reading") is True:
+                reading.append(entry)
+            if isinstance(blob.get("need_mib"), int):
                 grid.needs[model] = blob["need_mib"]
                 if isinstance(blob.get("n_layers"), int):
                     facts[model] = (blob["need_mib"], blob["n_layers"])
     for entry in entries:
         if entry.destination_hash not in {e.destination_hash for e in answered}:
             grid.health.failed(entry.destination_hash)
-    return answered, facts
+    return answered, facts, reading
+
+
+def _await_facts(grid, entries, model):
+    """{model: (need MiB, layers)} once ``entries`` (towers reading the model's
+    GGUF in the background: seconds after they start or receive it) know them;
+    {} when none does within FACTS_WAIT_S or none is reading any more."""
+    deadline = time.monotonic() + FACTS_WAIT_S
+    while entries and time.monotonic() < deadline:
+        time.sleep(FACTS_POLL_S)
+        _, facts, entries = _ask(grid, entries, model, PLAN_TIMEOUT_S)
+        if facts.get(model):
+            return facts
+    return {}
 
 
 def _local_facts(grid, model):
@@ -99,17 +122,15 @@ def make_plan(grid, model, exclude=()):
     (backed off). Raises WireError(no_tower)."""
     lenders = [e for e in grid.table.live() if e.caps.lend_mib and e.destination_hash not in exclude
                and not grid.health.get(e.destination_hash).backed_off()]
-    live, facts = _ask(grid, lenders, model, PLAN_TIMEOUT_S)
+    live, facts, reading = _ask(grid, lenders, model, PLAN_TIMEOUT_S)
     live = [e for e in live if e.caps.lend_mib]
     holders = [e for e in live if e.caps.model(model) is not None]
     fact = facts.get(model) or _local_facts(grid, model)
     if not (holders or grid.local_blob(model) is not None):
         heard = ", ".join(e.name for e in live) or "none"
         raise WireError(Code.NO_TOWER, f"no tower lending memory holds {model!r} (lenders answering: {heard})")
-    deadline = time.monotonic() + FACTS_WAIT_S
-    while fact is None and holders and time.monotonic() < deadline:
-        time.sleep(FACTS_POLL_S)  # a tower reads a model's facts in the background after it starts or gets it
-        fact = _ask(grid, holders, model, PLAN_TIMEOUT_S)[1].get(model)
+    if fact is None:
+        fact = _await_facts(grid, reading, model).get(model)
     if fact is None:
         raise WireError(Code.NO_TOWER, f"no tower could say how many layers {model!r} has "
                                        f"within {FACTS_WAIT_S:.0f} s")
@@ -188,7 +209,7 @@ class SplitStream:
         """A new plan without the towers of the failed one that no longer answer."""
         model = self.payload["model"]
         towers = [self.entries[p.offer.key] for p in self.plan.parts]
-        answered, _ = _ask(self.grid, towers, model)
+        answered, _, _ = _ask(self.grid, towers, model)
         gone = {e.destination_hash for e in towers} - {e.destination_hash for e in answered}
         log.info("split failed; planning again without %s",
                  ", ".join(e.name for e in towers if e.destination_hash in gone) or "nobody")

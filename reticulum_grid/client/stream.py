@@ -50,7 +50,8 @@ def continued(payload, ids):
         payload["continue_tokens"] = list(payload.get("continue_tokens") or ()) + list(ids)
         # 0 when the tower died after the last token: the next one only ends the
         # stream (finishing a character the last tokens began) and counts the prompt.
-        payload["max_tokens"] = max(0, payload.get("max_tokens", 256) - len(ids))
+        asked = payload.get("max_tokens")
+        payload["max_tokens"] = max(0, (256 if asked is None else asked) - len(ids))
     return payload
 
 

@@ -143,7 +143,9 @@ class LlamaBackend:
         if any(t >= self.llm.n_vocab() for t in continued):
             raise ValueError(f"continue_tokens hold ids outside this model's vocabulary of {self.llm.n_vocab()}")
         tokens += list(continued)
-        if len(tokens) >= self.n_ctx:
+        # A continuation may fill the window exactly: its first tower stopped there
+        # ("length"), and the next one only ends the stream.
+        if len(tokens) > self.n_ctx or len(tokens) == self.n_ctx and not continued:
             raise ContextLengthExceeded(
                 f"prompt is {len(tokens)} tokens; the context window is {self.n_ctx} tokens")
         return tokens

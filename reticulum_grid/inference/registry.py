@@ -26,7 +26,7 @@ from links.wire import Code, WireError
 from reticulum_grid.store import gguf_info
 from reticulum_grid.node import hardware
 from reticulum_grid.inference.admission import ModelQueue
-from reticulum_grid.node.config import ModelConfig
+from reticulum_grid.node.config import ConfigError, ModelConfig
 from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
 from reticulum_grid.inference.placement import LoadError
 
@@ -69,7 +69,12 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._index_mtime = None
         for cfg in configs:
-            self._settings[store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id] = cfg
+            blob_id = store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id
+            other = self._settings.setdefault(blob_id, cfg)
+            if _knobs(other) != _knobs(cfg):  # one loaded copy per file: one set of settings
+                raise ConfigError(f"models.{other.alias} and models.{cfg.alias} are the same file with different "
+                                  "settings; a tower loads a file once, so give both the same n_ctx, n_gpu_layers "
+                                  "and threads (or keep one alias)")
 
     def load_configured(self):
         """Load the config's models; one that does not fit is logged and
@@ -241,3 +246,7 @@ def tensor_split(gpus, need_mib):
         return [1.0 if g is best else 0.0 for g in gpus]
     total = sum(g.free_mib for g in gpus) or 1
     return [g.free_mib / total for g in gpus]
+
+
+def _knobs(cfg):
+    return cfg.n_ctx, cfg.n_gpu_layers, cfg.threads

@@ -44,10 +44,13 @@ RTT_FACTOR = 10
 #: Commands a lost request or reply of which is made good by sending them
 #: again: those that change nothing on the tower, and those it answers once
 #: (wire.ANSWERED_ONCE: a repeat gets the first reply and runs nothing new).
-RESENDABLE = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status"}) | wire.ANSWERED_ONCE
-#: Round trips (at least RESEND_MIN_S seconds) an idempotent command waits before it is sent again.
+RESENDABLE = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status", *wire.ANSWERED_ONCE})
+#: Round trips (at least RESEND_MIN_S seconds) a resendable command waits before it is sent again.
 RESEND_RTTS = 6
 RESEND_MIN_S = 3.0
+#: Bytes RNS adds around a request's data (timestamp, path hash, msgpack
+#: framing; rns 0.9.4 Link.request): more than the Link's MDU goes as a Resource.
+REQUEST_FRAMING = 64
 #: Full-size packets a round trip may need per hop, for the bound on a slow
 #: interface before any RTT was measured (a LoRa radio carries one 500-byte
 #: packet in ~3 s): a first contact sets up the Link (request, proof, RTT
@@ -134,51 +137,60 @@ class TowerConnection:
 
         An RNS request and its reply are single packets that nothing resends, so
         on a lossy radio link a command in RESENDABLE is sent again (the same
-        bytes) after
-        RESEND_RTTS round trips without a reply (within ``timeout``), and a
+        bytes, on the same Link) after RESEND_RTTS round trips without a reply,
+        and a reply to any copy counts. A request too big for one packet travels
+        as an RNS Resource, which resends its own parts: it is sent once. A
         request refused as unidentified is sent again after identifying again."""
         deadline, identified = time.monotonic() + timeout, False
         data = wire.pack(payload)
         while True:
-            left = deadline - time.monotonic()
-            rtt = self.link.rtt if self.link is not None and self.link.status == RNS.Link.ACTIVE else None
-            attempt = min(left, max(RESEND_MIN_S, RESEND_RTTS * rtt)) if path in RESENDABLE and rtt else left
             try:
-                return self._request_once(path, data, attempt, link_timeout, last=attempt >= left)
+                return self._exchange(path, data, deadline, link_timeout, timeout)
             except WireError as e:
-                if e.code == Code.TIMEOUT and attempt < left:
-                    log.info("no reply to %s from %s in %.1f s; sending it again", path, self.name, attempt)
-                    continue
                 if e.code != Code.NOT_ALLOWED or "not identified" not in e.message or identified or self.link is None:
                     raise
             # identify() is one unacknowledged packet: a lossy radio link can lose it.
             self.link.identify(self.identity)
             identified = True
 
-    def _request_once(self, path, data, timeout, link_timeout, last=True):
-        done, box = threading.Event(), {}
+    def _exchange(self, path, data, deadline, link_timeout, timeout):
+        replied, box = threading.Event(), {}
 
         def on_response(receipt):
-            box["data"] = receipt.response
-            done.set()
+            box.setdefault("data", receipt.response)
+            replied.set()
 
-        for _ in range(2):  # a Link that cannot send any more is replaced once
-            link = self.ensure_link(link_timeout)
-            receipt = link.request(path, data, response_callback=on_response,
-                                   failed_callback=lambda _: done.set(), timeout=timeout)
-            if receipt:
-                break
-            link.teardown()
-        else:
-            raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
-        done.wait(timeout + (1.0 if last else 0.0))
-        if "data" not in box:
-            # A tower answers at once; silence means this Link is dead (e.g. the
-            # tower restarted behind a transport node). The next request builds a new one.
-            if last:
+        link = self._send(path, data, on_response, replied.set, deadline, link_timeout)
+        while True:
+            wait = deadline - time.monotonic()
+            if path in RESENDABLE and link.rtt and len(data) + REQUEST_FRAMING <= link.mdu:
+                wait = min(wait, max(RESEND_MIN_S, RESEND_RTTS * link.rtt))
+            replied.wait(max(0.0, wait))
+            replied.clear()
+            if "data" in box:
+                return wire.parse_response(box["data"])
+            if link.status != RNS.Link.ACTIVE:
+                raise WireError(Code.UNREACHABLE, f"the link to {self.name} closed before it answered {path}")
+            if time.monotonic() >= deadline:
+                # A tower answers at once; silence means this Link is dead (e.g. the
+                # tower restarted behind a transport node). The next request builds a new one.
                 link.teardown()
-            raise WireError(Code.TIMEOUT, f"{self.name} did not answer {path} within {timeout:.0f} s")
-        return wire.parse_response(box["data"])
+                raise WireError(Code.TIMEOUT, f"{self.name} did not answer {path} within {timeout:.0f} s")
+            # Only on this Link: a tower answers a repeat once per Link (tower/replies.py).
+            log.info("no reply to %s from %s yet; sending it again", path, self.name)
+            link.request(path, data, response_callback=on_response, failed_callback=lambda _: replied.set(),
+                         timeout=max(0.1, deadline - time.monotonic()))
+
+    def _send(self, path, data, on_response, on_failed, deadline, link_timeout):
+        """The Link ``data`` went out on (a Link that cannot send any more is replaced once)."""
+        for _ in range(2):
+            link = self.ensure_link(link_timeout)
+            receipt = link.request(path, data, response_callback=on_response, failed_callback=lambda _: on_failed(),
+                                   timeout=max(0.1, deadline - time.monotonic()))
+            if receipt:
+                return link
+            link.teardown()
+        raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
 
     # -- token streams ----------------------------------------------------
     def open_stream(self, stream_id, link_timeout=15.0):

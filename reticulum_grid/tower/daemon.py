@@ -171,13 +171,14 @@ class Tower:
             try:
                 if role:
                     auth.require(remote_identity, role, self.allow.roles_of)
-                session = self._session(link_id)
-                if path not in wire.ANSWERED_ONCE or not isinstance(data, bytes):
-                    return wire.ok(**command(session, wire.unpack_map(data)))
+                session, request = self._session(link_id), wire.unpack_map(data)
+                id_field = wire.ANSWERED_ONCE.get(path)
+                if id_field is None or id_field not in request:
+                    return wire.ok(**command(session, request))
                 key = ReplyCache.key(path, data)
                 reply = session.replies.get(key)
                 if reply is None:
-                    reply = wire.ok(**command(session, wire.unpack_map(data)))
+                    reply = wire.ok(**command(session, request))
                     session.replies.put(key, reply)
                 else:
                     log.info("%s sent again (its reply was lost?): answered as before", path)

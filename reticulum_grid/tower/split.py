@@ -49,6 +49,7 @@ class TowerSplit:
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
         self._reading = set()  # paths sent to a background read (known_facts)
+        self._unreadable = set()  # paths whose read failed
         self._lock = threading.Lock()
 
     def warm(self):
@@ -56,7 +57,12 @@ class TowerSplit:
         the gguf library takes seconds per file, and caps/full answers with
         both (a client that plans a split waits on it)."""
         registry = self.tower.registry
-        slots = [registry.slot(blob_id) for blob_id in set(registry.aliases().values())]
+        slots = []
+        for blob_id in set(registry.aliases().values()):
+            try:
+                slots.append(registry.slot(blob_id))
+            except Exception as e:  # a broken store entry is reported when the model is asked for
+                log.warning("model %s: %s", blob_id.hex()[:16], e)
         with self._lock:
             self._reading.update(slot.path for slot in slots)
         threading.Thread(target=lambda: [self._read(slot) for slot in slots], name="rngrid-split-warm",
@@ -82,8 +88,9 @@ class TowerSplit:
         """``{"need_mib": MiB, "n_layers": int}`` of ``slot``'s model, each only
         when known without reading its file: from the loaded model's own
         metadata, else from the background read (``warm``, or one started here
-        for a model that arrived later). RNS handlers use this: a GGUF read
-        takes seconds and would hold up every packet on the interface meanwhile."""
+        for a model that arrived later); ``"reading": True`` while that read
+        is still to come (absent once it failed). RNS handlers use this: a GGUF
+        read takes seconds and would hold up every packet on the interface."""
         if slot.path not in self._layers and slot.backend is not None:
             meta = slot.backend.llm.metadata
             count = meta.get(f"{meta.get('general.architecture')}.block_count")
@@ -92,10 +99,12 @@ class TowerSplit:
         facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
         if None in facts.values():
             with self._lock:
-                if slot.path in self._reading:
-                    return {k: v for k, v in facts.items() if v is not None}
+                start = slot.path not in self._reading
                 self._reading.add(slot.path)
-            threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
+            if start:
+                threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
+            if slot.path not in self._unreadable:
+                facts["reading"] = True  # ask again in a moment
         return {k: v for k, v in facts.items() if v is not None}
 
     def _read(self, slot):
@@ -103,7 +112,8 @@ class TowerSplit:
             self.tower.registry.need_mib(slot)
             self.n_layers(slot.path)
         except Exception as e:  # blobs never change: an unreadable one is not read again
-            log.debug("cannot read model %s: %s", slot.path, e)
+            self._unreadable.add(slot.path)
+            log.warning("cannot read model %s: %s", slot.path, e)
 
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""
