@@ -41,6 +41,8 @@ from links.wire import Code, WireError
 log = logging.getLogger("rngrid.links")
 
 MAX_INDICES = 1024
+#: Most source towers one ``blobs/pull`` request may name.
+MAX_PULL_SOURCES = 16
 DATA_OVERHEAD = 40  # ChunkData's own fields: array header, ids, offset, bin header
 #: Seconds without data before a fetch gives up on its source, at least (more
 #: on a slow link: ChunkFetcher.fetch).

@@ -8,7 +8,7 @@ import secrets
 
 from announce.caps import decode_full
 from links.channel import get_alive
-from links.chunks import TransferEnd, TransferProgress
+from links.chunks import MAX_PULL_SOURCES, TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, WireError
 from reticulum_grid.store.names import KINDS, is_blob_id_prefix
@@ -95,6 +95,9 @@ class BlobTransfers:
         store. Returns the tower's refreshed table entry."""
         has = (lambda caps: caps.model(name)) if kind == "model" else (lambda caps: caps.adapter(name))
         sources = [e for e in self.table.live() if has(e.caps) and e.destination_hash != entry.destination_hash]
+        # A request names a few: those that answered lately first, then the nearest.
+        sources = sorted(sources, key=lambda e: (self.health.get(e.destination_hash).backed_off(),
+                                                 e.hops))[:MAX_PULL_SOURCES]
         local = self.local_blob(name) is not None
         pulled = False
         if sources:

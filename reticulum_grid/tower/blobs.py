@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from links.chunks import TransferEnd, TransferProgress
+from links.chunks import MAX_PULL_SOURCES, TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.store.names import KINDS, parse_blob_id
@@ -28,7 +28,6 @@ log = logging.getLogger("rngrid.tower")
 
 #: Progress messages per second at most, whatever the chunk rate.
 PROGRESS_HZ = 4
-MAX_SOURCES = 16
 
 _kind = Field(str, default="model", check=lambda v: None if v in KINDS else f"kind must be one of {', '.join(KINDS)}")
 _xfer = Field(int, required=True, check=in_range(0, MAX_STREAM_ID))
@@ -82,8 +81,9 @@ class TowerBlobs:
         r = validate(request, PULL)
         alias = self.tower.remote_alias(r["alias"], r["kind"])
         sources = r["sources"]
-        if not 0 < len(sources) <= MAX_SOURCES or any(not isinstance(h, bytes) or len(h) != 16 for h in sources):
-            raise WireError(Code.BAD_REQUEST, f"sources must list 1..{MAX_SOURCES} destination hashes (16 bytes)")
+        if not 0 < len(sources) <= MAX_PULL_SOURCES or any(not isinstance(h, bytes) or len(h) != 16
+                                                            for h in sources):
+            raise WireError(Code.BAD_REQUEST, f"sources must list 1..{MAX_PULL_SOURCES} destination hashes (16 bytes)")
         self._start(session, r["xfer_id"], lambda progress: self._pull(r["name"], sources, alias, r["kind"], progress))
         return {}
 
