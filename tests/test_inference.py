@@ -159,7 +159,10 @@ def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
     allow(tower.config_path, client_id, ["infer"])
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(tmp_path), "infer",
                              "--connect", tower.address, "-m", DEFAULT_ALIAS, "--max-tokens", "4000", "--temperature", "0",
-                             "--raw", LONG_PROMPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--raw", LONG_PROMPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            # A shell starts background jobs with SIGINT ignored, and that is inherited:
+                            # give the CLI the disposition it has when a user runs it in a terminal.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.read(10), "the CLI streamed nothing"
         assert live_load(hub, tower).streams == 1
