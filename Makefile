@@ -63,6 +63,7 @@ bench: setup
 	$(BIN)/python -m bench.train
 	$(BIN)/python -m bench.train_dp
 	$(BIN)/python -m bench.link_profiles
+	$(BIN)/python -m bench.radio_sync --size 65536 --drop-after 16384
 	$(BIN)/python -m bench.fuzz
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.faults

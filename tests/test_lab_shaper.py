@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.lab.shaper import Relay, Shape
+from tests.lab.shaper import THREAD_NAME, Relay, Shape
 
 
 def free_port(kind=socket.SOCK_STREAM):
@@ -153,14 +153,26 @@ def test_impossible_shapes_are_refused():
             Shape(**bad)
 
 
-def test_relay_stops_its_threads(relays):
-    before = threading.active_count()
+@pytest.mark.parametrize("mode", ["udp", "tcp"])
+def test_relay_stops_its_threads(relays, mode):
+    # Only the relay's own threads count: the test process runs RNS and towers' clients too.
+    before = set(threading.enumerate())
+
+    def relay_threads():
+        return [t for t in threading.enumerate() if t.name == THREAD_NAME and t not in before and t.is_alive()]
+
     relay = relays(Shape(delay_s=0.01))
-    tx, rx = udp_link(relay)
-    tx.send(b"x")
-    assert drain(rx) == [b"x"]
+    if mode == "udp":
+        tx, rx = udp_link(relay)
+        tx.send(b"x")
+        assert drain(rx) == [b"x"]
+    else:
+        a, b = tcp_pair(relay)
+        a.sendall(b"x")
+        assert b.recv(1) == b"x"
+    assert relay_threads(), "the relay runs threads of its own"
     relay.close()
     deadline = time.monotonic() + 3
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while relay_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() <= before
+    assert not relay_threads()

@@ -37,6 +37,10 @@ from dataclasses import dataclass
 #: of what is in flight); beyond this the relay stops reading, so the sender's
 #: TCP feels the slow link.
 TCP_BUFFER = 16384
+#: The name of every thread a relay starts (so a test can find them).
+THREAD_NAME = "lab-relay"
+#: How often a waiting relay thread looks whether the relay was closed (seconds).
+STOP_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,11 @@ class Relay:
         self._sockets = []
 
     def start_thread(self, target, *args):
-        threading.Thread(target=target, args=args, daemon=True).start()
+        threading.Thread(target=target, args=args, name=THREAD_NAME, daemon=True).start()
 
     def close(self):
         self.stop.set()
+        _shut(*self._sockets)  # wakes a thread blocked in accept or recv on a TCP socket
         for s in self._sockets:
             try:
                 s.close()
@@ -152,6 +157,7 @@ class Relay:
             # bursts wait in the relay's queue, never in a kernel buffer that drops them uncounted
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
             sock.bind(bind)
+            sock.settimeout(STOP_POLL_S)  # closing a socket does not wake a recv blocked on it
             self._sockets.append(sock)
             self.start_thread(self._udp_direction, sock, dest, direction)
 
@@ -161,6 +167,8 @@ class Relay:
         while not self.stop.is_set():
             try:
                 data = sock.recv(65535)
+            except socket.timeout:
+                continue
             except OSError:
                 return
             if len(data) > self.shape.mtu:
@@ -243,7 +251,7 @@ class _Delivery:
         self._queued_bytes = 0
         self._last = 0.0
         self._cond = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
+        threading.Thread(target=self._run, name=THREAD_NAME, daemon=True).start()
 
     def put(self, at, data):
         with self._cond:
