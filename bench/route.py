@@ -29,13 +29,13 @@ from pathlib import Path
 import RNS
 
 from announce import caps as c
-from announce.announcer import APP_NAME, TOWER_ASPECT
 from announce.table import TowerEntry
 from reticulum_grid.client import Grid, router
 from reticulum_grid.client.grid import LIVE_MAX_AGE_S
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, free_port
+from tests.arrivals import Arrivals
 
 ANNOUNCED = re.compile(r"^(\S+ \S+) rngrid.announce INFO announced \((.*?)\)", re.M)
 #: Re-announces timed per discovery figure.
@@ -74,18 +74,6 @@ def route_ms(grid, model, runs=20):
         grid.rank(model)
         times.append(time.perf_counter() - started)
     return [t * 1000 for t in times]
-
-
-class Arrivals:
-    """RNS announce handler: when each tower announce reached this process (wall clock)."""
-    aspect_filter = f"{APP_NAME}.{TOWER_ASPECT}"
-    receive_path_responses = False
-
-    def __init__(self):
-        self.times = {}
-
-    def received_announce(self, destination_hash, announced_identity, app_data):
-        self.times.setdefault(destination_hash, []).append(time.time())
 
 
 def announce_times(tower):
@@ -166,7 +154,7 @@ def main():
         identity.load_or_create(home / "identity")
         address = f"127.0.0.1:{free_port()}"
         grid = Grid(home=home, rns_config=rnsnet.write_config(home / "rns-bench", listen=address))
-        arrivals = Arrivals()
+        arrivals = Arrivals(clock=time.time)  # compared with the towers' log times
         RNS.Transport.register_announce_handler(arrivals)
         transport = TransportProcess(tmp, "bench-transport", connect=[address]).start()
         towers = []

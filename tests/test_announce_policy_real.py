@@ -10,26 +10,14 @@ import time
 import pytest
 import RNS
 
-from announce.announcer import APP_NAME, TOWER_ASPECT
 from announce.table import EXPIRY_HEARTBEATS
 from reticulum_grid.node.connection import wait_until
+from tests.arrivals import Arrivals
 
 HEARTBEAT_S, FLOOR_S = 3.0, 2.0
 #: The announcer looks at its timers every CHECK_S seconds (Announcer.check_s),
 #: so a heartbeat may come up to that much late.
 CHECK_S = 2.0
-
-
-class Arrivals:
-    """RNS announce handler in the test process: when each tower announce arrived."""
-    aspect_filter = f"{APP_NAME}.{TOWER_ASPECT}"
-    receive_path_responses = False
-
-    def __init__(self):
-        self.times = {}
-
-    def received_announce(self, destination_hash, announced_identity, app_data):
-        self.times.setdefault(destination_hash, []).append(time.monotonic())
 
 
 @pytest.fixture(scope="module")
