@@ -9,19 +9,28 @@ LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup chromium llama gpu-check demo test bench screenshot clean
+.PHONY: setup system-packages llama gpu-check demo test bench screenshot clean
 
-setup: $(VENV)/.installed chromium
+setup: $(VENV)/.installed system-packages
 
-# The dashboard's browser test drives Debian's chromium headless (never a
-# browser downloaded by a test tool). Installed once, only by root.
-chromium:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+# What the test suite needs from the system, as command:Debian package: the
+# dashboard's browser test drives Debian's chromium headless (never a browser
+# downloaded by a test tool), the JavaScript client's tests run under Node.js,
+# the network lab makes its hosts with iproute2's `ip netns`. Installed once,
+# only by root with apt-get; elsewhere a note names the command, and the tests
+# that need them skip with the reason (tests/requirements.py; under
+# RNGRID_REQUIRE_ALL=1, as .ci/run runs, they fail instead).
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2
+system-packages:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
-		echo "note: the dashboard's browser test needs Debian's chromium and chromium-driver;"; \
-		echo "      as root run: apt-get install chromium chromium-driver (until then that test is skipped)"; \
+		echo "note: the test suite needs these Debian packages:$$missing"; \
+		echo "      as root run: apt-get install$$missing (until then the tests that need them are skipped)"; \
 	fi
 
 $(VENV)/.installed: pyproject.toml Makefile scripts/llama_wheel.py

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.lab.netns import unavailable_reason  # noqa: E402
 from tests.lab.profiles import PATHS, profile  # noqa: E402
 from tests.lab.topology import Lab  # noqa: E402
+from tests.requirements import bench_needs  # noqa: E402
 
 #: Warm requests per path (the median is reported).
 WARM_RUNS = 3
@@ -87,10 +87,7 @@ def main():
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--max-tokens", type=int, default=16)
     a = p.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        print(f"links: skipped, the network lab cannot run here: {reason}")
-        return
+    bench_needs("netns", "links")
     for path in a.paths.split(","):
         with tempfile.TemporaryDirectory(prefix=f"rngrid-bench-{path}-") as tmp:
             result = measure(path, Path(tmp), a.max_tokens)

@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from tests.lab.netns import unavailable_reason
 from tests.lab.profiles import profile
 from tests.lab.topology import Lab
+from tests.requirements import bench_needs
 
 
 def cut(lab, after_bytes, down_s, deadline_s):
@@ -47,10 +47,7 @@ def main():
     p.add_argument("--drop-s", type=float, default=30.0)
     p.add_argument("--timeout", type=float, default=3600.0)
     a = p.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        print(f"radio_sync: skipped, the network lab cannot run here: {reason}")
-        return
+    bench_needs("netns", "radio_sync")
     with tempfile.TemporaryDirectory(prefix="rngrid-radio-sync-") as tmp:
         root = Path(tmp)
         blob = root / "adapter.bin"

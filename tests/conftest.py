@@ -28,6 +28,8 @@ from reticulum_grid.node.localgrid import TowerProcess, free_port
 
 logging.basicConfig(level=logging.INFO)
 ROOT = Path(__file__).resolve().parent.parent
+#: What a test needs beyond the venv: need()/needs(), the skip summary, RNGRID_REQUIRE_ALL.
+pytest_plugins = ("tests.requirements",)
 
 
 class Hub:

@@ -4,7 +4,6 @@ a pull, leftovers a store collects, and --json lines from several threads."""
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from links.wire import Code, WireError
 from reticulum_grid.store import collect as collecting, partial as partial_module
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.sync import fetch_blob
+from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -110,8 +110,7 @@ NAMESPACE_SCRIPT = textwrap.dedent("""
 
 def test_real_disk_full(tmp_path):
     """A real tmpfs that fills up, in a user and mount namespace of its own."""
-    if not shutil.which("unshare") or subprocess.run(["unshare", "-Urm", "true"], capture_output=True).returncode:
-        pytest.skip("unprivileged user and mount namespaces are not available here")
+    need("userns", "a tmpfs of its own to fill")
     source, _ = blob_file(tmp_path, 8)
     mount = tmp_path / "mnt"
     mount.mkdir()

@@ -1,6 +1,7 @@
 """The gateway's other clients against a real gateway and a real tower: the
 JavaScript client under Node.js, and the dashboard page in headless Chromium
-(Debian's, installed by `make setup`), driven by Selenium."""
+(Debian's, installed by `make setup`), driven by Selenium. The two need
+nothing of each other: the dashboard's job is started through the command API."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from tests.gateway_support import serve, start_tower, wait_idle
+from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "gw-smol-b"  # only this module's tower has this alias
@@ -42,9 +44,8 @@ def execute(gateway, command, params):
 
 def node(gateway, tower, phase, **env):
     """Run the phase of tests/node/client.test.mjs; its TAP output."""
+    need("node", "the JavaScript client runs under Node.js")
     binary = shutil.which("node")
-    if binary is None:
-        pytest.skip("Node.js is not installed")
     env = dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name, RNGRID_PHASE=phase, **env)
     run = subprocess.run([binary, "--test", "--test-reporter=tap", str(ROOT / "tests" / "node" / "client.test.mjs")],
                          capture_output=True, text=True, timeout=240, env=env)
@@ -53,14 +54,33 @@ def node(gateway, tower, phase, **env):
     return run.stdout
 
 
-@pytest.fixture(scope="module")
-def node_job(gateway, tower):
-    """A training job the Node client started and watched to its first progress, still running."""
-    out = node(gateway, tower, "train")
-    assert "# pass 1" in out
-    job_id = out.split("# JOB ", 1)[1].split()[0]
-    yield job_id
-    execute(gateway, "jobs/cancel", {"job_id": job_id, "tower": tower.name})  # whatever the tests left
+#: The training job both the Node client and the dashboard test start (tests/node/client.test.mjs has its twin).
+TRAIN = {"output_alias": "gw-lora", "max_steps": 200, "seq_len": 32, "batch_size": 1,
+         "target_modules": ["q_proj", "v_proj"],
+         "examples": [{"messages": [{"role": "user", "content": f"What is the secret number {i}?"},
+                                    {"role": "assistant", "content": "It is 42."}]} for i in range(8)]}
+
+
+@pytest.fixture
+def running_job(gateway, tower):
+    """A training job started through the gateway's command API (as the page's
+    own scripts would) and watched to its first progress; still running."""
+    params = {**TRAIN, "base": MODEL, "tower": tower.name}
+    job_id, deadline = None, time.monotonic() + 180
+    with httpx.stream("POST", gateway + "/v1/grid/execute", json={"command": "genome/train", "params": params},
+                      timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            assert time.monotonic() < deadline, "no progress within 180 s"
+            event = json.loads(line) if line else {}
+            job_id = event.get("job_id", job_id) if event.get("type") == "job" else job_id
+            if event.get("type") == "progress":
+                break  # stop watching; the job keeps running
+    assert job_id and event.get("type") == "progress", event
+    try:
+        yield job_id
+    finally:
+        execute(gateway, "jobs/cancel", {"job_id": job_id, "tower": tower.name})
 
 
 def test_node_client_inference(gateway, tower, hub):
@@ -74,8 +94,7 @@ def test_node_client_inference(gateway, tower, hub):
 
 @pytest.fixture
 def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("Debian's chromium and chromium-driver are not installed (make setup installs them as root)")
+    need("chromium", "the dashboard is driven in a real browser")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must never fetch a browser or driver
@@ -102,8 +121,8 @@ def wait_for(predicate, timeout, what):
     raise AssertionError(f"{what} within {timeout} s")
 
 
-def test_dashboard_in_chromium(browser, gateway, tower, node_job, tmp_path):
-    """The page lists the tower, streams a chat answer, and shows the Node client's job move."""
+def test_dashboard_in_chromium(browser, gateway, tower, running_job, tmp_path):
+    """The page lists the tower, streams a chat answer, and shows a running job move."""
     from selenium.webdriver.common.by import By
     css = lambda selector: browser.find_elements(By.CSS_SELECTOR, selector)
     browser.get(gateway + "/")
@@ -129,7 +148,7 @@ def test_dashboard_in_chromium(browser, gateway, tower, node_job, tmp_path):
 
     # The page re-renders the jobs every poll: read them in one script call, never
     # through element handles that a re-render makes stale.
-    job = lambda: browser.execute_script(JOB_STATE, f'.job[data-job="{node_job}"]')
+    job = lambda: browser.execute_script(JOB_STATE, f'.job[data-job="{running_job}"]')
     wait_for(lambda: job() and int(job()["step"]) >= 1, 30, "the job is not shown")
     first = job()
     wait_for(lambda: int(job()["step"]) > int(first["step"]), 120, "the job's bar did not move")
@@ -141,5 +160,11 @@ def test_dashboard_in_chromium(browser, gateway, tower, node_job, tmp_path):
     print(f"screenshot: {tmp_path / 'dashboard.png'}; answer {text!r}")
 
 
-def test_node_client_cancels_the_job(gateway, tower, node_job):
-    assert "# pass 1" in node(gateway, tower, "cancel", RNGRID_JOB=node_job)
+def test_node_client_trains_watches_and_cancels(gateway, tower):
+    out = node(gateway, tower, "train")
+    assert "# pass 1" in out
+    job_id = out.split("# JOB ", 1)[1].split()[0]
+    try:
+        assert "# pass 1" in node(gateway, tower, "cancel", RNGRID_JOB=job_id)
+    finally:
+        execute(gateway, "jobs/cancel", {"job_id": job_id, "tower": tower.name})  # whatever the test left

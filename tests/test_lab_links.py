@@ -2,7 +2,7 @@
 tests/lab/): discovery, inference and job status over a LoRa-class link
 (lora-fast: 5.5 kbit/s, 250 ms, 1 % loss, 500-byte MTU, half duplex), and a
 token stream over a tailnet. Skipped, with the reason, where namespaces
-cannot be made."""
+cannot be made (tests/requirements.py)."""
 
 import json
 import os
@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
-from tests.lab.netns import unavailable_reason
 from tests.lab.profiles import profile
 from tests.lab.topology import Lab
+from tests.requirements import needs
 
-REASON = unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"network lab unavailable: {REASON}")
+pytestmark = needs("netns", "the network lab's hosts are network namespaces")
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 QUESTION = "Name three colours."

@@ -17,6 +17,7 @@ from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.node.connection import TowerConnection, wait_until
 from reticulum_grid.tower.jobs import MAX_QUEUED_PER_OWNER
 from tests.leftovers import alive, descendants
+from tests.requirements import need
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 JOB = {"base": DEFAULT_ALIAS, "dataset": "secret-data", "output_alias": "own-lora", "rank": 4, "alpha": 8.0,
@@ -137,7 +138,7 @@ def wait_state(conn, job_id, state, timeout=60.0):
 
 @pytest.fixture(scope="module")
 def jobs(conns, tower):
-    pytest.importorskip("peft")
+    need("peft", "the jobs train LoRA adapters")
     owner = conns["owner"]
     first = owner.request("genome/train", dict(JOB))["job_id"]
     second = owner.request("genome/train", dict(JOB, output_alias="own-lora-2"))["job_id"]

@@ -22,9 +22,9 @@ from links.wire import Code, WireError
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess
 from reticulum_grid.store.blobstore import BlobStore
-from reticulum_grid.split import ggml
+from tests.requirements import needs
 
-pytestmark = pytest.mark.skipif(not ggml.rpc_available(), reason="llama-cpp-python was built without GGML_RPC")
+pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
 
 ALIAS = "split-smol"
 LEND = {"lend_mib": 200, "threads": 1}

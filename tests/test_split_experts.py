@@ -13,11 +13,12 @@ import pytest
 from links.wire import WireError
 from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
 from reticulum_grid.inference.request import parse
-from reticulum_grid.split import experts, ggml
+from reticulum_grid.split import experts
 from reticulum_grid.split.rpcworker import RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
+from tests.requirements import needs
 
-pytestmark = pytest.mark.skipif(not ggml.rpc_available(), reason="llama-cpp-python was built without GGML_RPC")
+pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
 
 LAYERS, DIM, FF, HEADS, EXPERTS = 4, 64, 128, 4, 4
 PROMPT = "The lighthouse keeper"
