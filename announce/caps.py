@@ -9,7 +9,8 @@ Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
             vram_total, vram_free,  # MiB, summed over the GPUs (0 when the backend has no VRAM)
             ram_total, ram_free,    # MiB
             gpus],                  # GPUs llama.cpp uses (0 on a CPU tower); each one in caps/full
-     "m": [[alias, short_id, loaded], ...],   # models: alias, first 4 bytes of blob id, 0/1
+     "m": [[alias, short_id, loaded, free], ...],   # models: alias, first 4 bytes of blob id, 0/1,
+                                  # slots free to start a stream at once (0 when not loaded)
      "a": [[alias, short_id], ...],           # LoRA adapters
      "l": [streams, jobs, queue],             # running inference streams, training jobs, queue depth
      "t": 425,                    # tokens/s estimate x10 (int)
@@ -54,6 +55,7 @@ class ModelCap:
     alias: str
     short_id: bytes
     loaded: bool = False
+    free: int = 0  # slots free now (a stream starts at once); 0 when not loaded
 
     @property
     def short_hex(self):
@@ -120,17 +122,22 @@ class Caps:
 
     def materially_differs(self, other, vram_fraction=0.10):
         """True when a re-announce is warranted: models or adapters changed, a
-        training job started or ended, or free memory moved by more than
-        ``vram_fraction`` of the total."""
+        loaded model's slots became all busy or one freed, a training job
+        started or ended, or free memory moved by more than ``vram_fraction``
+        of the total."""
         if other is None:
             return True
-        if self.models != other.models or self.adapters != other.adapters:
+        if _material(self.models) != _material(other.models) or self.adapters != other.adapters:
             return True
         if self.load.jobs != other.load.jobs:
             return True
         total = max(self.hardware.memory_total_mib, 1)
         moved = abs(self.hardware.memory_free_mib - other.hardware.memory_free_mib)
         return moved > vram_fraction * total
+
+
+def _material(models):
+    return [(m.alias, m.short_id, m.loaded, m.free > 0) for m in models]
 
 
 def _find(items, name):
@@ -156,7 +163,7 @@ def _pack_map(caps, models, adapters, more):
         "hb": int(caps.heartbeat_s),
         "hw": [hw.backend, hw.device, int(hw.vram_total_mib), int(hw.vram_free_mib),
                int(hw.ram_total_mib), int(hw.ram_free_mib), int(hw.gpus)],
-        "m": [[m.alias, m.short_id, int(m.loaded)] for m in models],
+        "m": [[m.alias, m.short_id, int(m.loaded), int(m.free)] for m in models],
         "a": [[a.alias, a.short_id] for a in adapters],
         "l": [caps.load.streams, caps.load.jobs, caps.load.queue],
         "t": int(round(caps.tokens_per_s * 10)),
@@ -245,8 +252,9 @@ def _hardware(value):
 
 
 def _model(value):
-    alias, short_id, loaded = _list(value, "model entry", exact=3)
-    return ModelCap(_alias(alias), _short_id(short_id), bool(_int(loaded, "loaded flag", 0, 1)))
+    alias, short_id, loaded, free = _list(value, "model entry", exact=4)
+    return ModelCap(_alias(alias), _short_id(short_id), bool(_int(loaded, "loaded flag", 0, 1)),
+                    _int(free, "free slots", 0, MAX_COUNT))
 
 
 def _adapter(value):

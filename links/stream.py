@@ -2,10 +2,14 @@
 
 Message types (msgpack arrays inside Channel envelopes):
 
-- ``TokenChunk``  0x0101 ``[stream_id, seq, utf8_bytes, [token id, ...]]`` - seq counts
-  chunks from 0; the bytes may end or start inside a multibyte character; the
-  ids are the tokens those bytes came from (so another tower of the same model
-  can continue exactly where this one stopped).
+- ``TokenChunk``  0x0101 ``[stream_id, seq, utf8_bytes, [token id, ...], extra]`` - seq
+  counts chunks from 0; the bytes may end or start inside a multibyte character;
+  the ids are the tokens those bytes came from (so another tower of the same
+  model can continue exactly where this one stopped). ``extra`` (a map, often
+  empty): ``n`` tokens generated when that differs from the ids given,
+  ``lp`` per-token log probabilities ``[{token, logprob, bytes, top: [...]}]``,
+  ``tc`` OpenAI tool-call deltas ``[{index, id?, type?, function: {name?, arguments?}}]``,
+  ``x`` true when the ids do not give these bytes exactly (no tower can continue from them).
 - ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map:
   prompt_tokens, completion_tokens, ttft_s (seconds), tokens_per_s, tower.
 - ``StreamError`` 0x0103 ``[stream_id, code, message]``
@@ -57,18 +61,34 @@ MAX_STREAM_ID = MAX_ID
 class TokenChunk(RNS.MessageBase):
     MSGTYPE = 0x0101
 
-    def __init__(self, stream_id=0, seq=0, data=b"", ids=()):
+    def __init__(self, stream_id=0, seq=0, data=b"", ids=(), extra=None):
         self.stream_id, self.seq, self.data, self.ids = stream_id, seq, data, list(ids)
+        self.extra = extra or {}
 
     def pack(self):
-        return msgpack.packb([self.stream_id, self.seq, self.data, self.ids], use_bin_type=True)
+        return msgpack.packb([self.stream_id, self.seq, self.data, self.ids, self.extra], use_bin_type=True)
 
     def unpack(self, raw):
-        stream_id, seq, data, ids = unpack_array(raw, 4)
+        stream_id, seq, data, ids, extra = unpack_array(raw, 5)
         if not isinstance(data, bytes) or not isinstance(ids, list):
             raise ProtocolError("token chunk data is not bytes and ids")
         self.stream_id, self.seq, self.data = uint(stream_id, "stream id"), uint(seq, "seq"), data
         self.ids = [uint(i, "token id", 1 << 31) for i in ids]
+        self.extra = check_extra(extra)
+
+
+def check_extra(extra):
+    """A TokenChunk's extra map, checked: known keys, right types."""
+    if not isinstance(extra, dict) or set(extra) - {"n", "lp", "tc", "x"}:
+        raise ProtocolError("token chunk extra is not a map of n, lp, tc, x")
+    if not isinstance(extra.get("x", False), bool):
+        raise ProtocolError("token chunk x is not a boolean")
+    if "n" in extra:
+        uint(extra["n"], "token count", 1 << 31)
+    for key in ("lp", "tc"):
+        if key in extra and (not isinstance(extra[key], list) or not all(isinstance(x, dict) for x in extra[key])):
+            raise ProtocolError(f"token chunk {key} is not a list of maps")
+    return extra
 
 
 class StreamEnd(RNS.MessageBase):
@@ -169,11 +189,11 @@ class StreamSender:
         self._thread = threading.Thread(target=self._run, name=f"rngrid-stream-{stream_id}", daemon=True)
         self._thread.start()
 
-    def push(self, data, ids=()):
-        if not data and not ids:
+    def push(self, data, ids=(), extra=None):
+        if not data and not ids and not extra:
             return
         with self._cond:
-            self._pieces.append((data, list(ids)))
+            self._pieces.append((data, list(ids), extra or {}))
             self._cond.notify()
 
     def end(self, finish_reason, usage):
@@ -208,8 +228,8 @@ class StreamSender:
                 return
             if not self.router.wait_window():
                 return
-            data, ids = self._take(limit)  # nothing taken: a heartbeat
-            if not self.router.send(TokenChunk(self.stream_id, self._seq, data, ids)):
+            data, ids, extra = self._take(limit)  # nothing taken: a heartbeat
+            if not self.router.send(TokenChunk(self.stream_id, self._seq, data, ids, extra)):
                 return
             self._seq += 1
             last_sent = time.monotonic()
@@ -217,24 +237,32 @@ class StreamSender:
                 last_data = last_sent
 
     def _take(self, limit):
-        """Whole tokens (bytes and ids) that fit one message; what accumulated
-        while waiting for the window goes together."""
-        data, ids = bytearray(), []
+        """Whole tokens (bytes, ids and extras) that fit one message; what
+        accumulated while waiting for the window goes together."""
+        data, ids, n, lp, tc, size, inexact = bytearray(), [], 0, [], [], 0, False
         with self._cond:
             while self._pieces:
-                piece, piece_ids = self._pieces[0]
-                size = len(piece) + ID_BYTES * len(piece_ids)
-                if data and len(data) + ID_BYTES * len(ids) + size > limit:
+                piece, piece_ids, extra = self._pieces[0]
+                more = len(piece) + ID_BYTES * len(piece_ids) + (len(msgpack.packb(extra)) if extra else 0)
+                if (data or ids) and size + more > limit:
                     break
-                if not data and size > limit:  # one token larger than a message: split it
+                if not data and more > limit and not extra:  # one token larger than a message: split it
                     cut = max(1, limit - ID_BYTES * len(piece_ids))
                     if len(piece) > cut:
-                        self._pieces[0] = (piece[cut:], piece_ids)
-                        return piece[:cut], []
+                        self._pieces[0] = (piece[cut:], piece_ids, extra)
+                        return piece[:cut], [], {}
                 self._pieces.pop(0)
                 data += piece
                 ids += piece_ids
-        return bytes(data), ids
+                n += extra.get("n", len(piece_ids))
+                lp += extra.get("lp", [])
+                tc += extra.get("tc", [])
+                inexact = inexact or extra.get("x", False)
+                size += more
+        extra = {k: v for k, v in (("lp", lp), ("tc", tc), ("x", inexact)) if v}
+        if n != len(ids):
+            extra["n"] = n
+        return bytes(data), ids, extra
 
 
 class TextDecoder:
@@ -256,7 +284,7 @@ class TextDecoder:
 class StreamReceiver:
     """Client side: one stream's messages as events.
 
-    ``events(timeout, router)`` yields ``("data", bytes, token ids)`` and finally
+    ``events(timeout, router)`` yields ``("data", bytes, token ids, extra)`` and finally
     ``("end", reason, usage)``; raises WireError on an error message, a gap, an
     idle ``timeout`` (seconds) or, with the Link's ``router``, a Link that died
     without a teardown."""
@@ -280,8 +308,8 @@ class StreamReceiver:
                 if message.seq != self._next_seq:
                     raise WireError("bad_stream", f"chunk {message.seq} arrived, expected {self._next_seq}")
                 self._next_seq += 1
-                if message.data or message.ids:  # an empty chunk is a heartbeat
-                    yield ("data", message.data, message.ids)
+                if message.data or message.ids or message.extra:  # an empty chunk is a heartbeat
+                    yield ("data", message.data, message.ids, message.extra)
             elif isinstance(message, StreamEnd):
                 yield ("end", message.finish_reason, message.usage)
                 return

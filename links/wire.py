@@ -44,6 +44,7 @@ class Code:
     UNSUPPORTED = "unsupported"
     UNKNOWN_ADAPTER = "unknown_adapter"
     TOO_SLOW = "too_slow"  # a transfer the link would take longer than allowed to carry
+    RUNNER_LOST = "runner_lost"  # the model's engine process died mid-request; the tower restarts it
 
 
 class WireError(Exception):

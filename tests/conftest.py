@@ -104,10 +104,12 @@ def model_path():
 
 
 @pytest.fixture(scope="session")
-def local_llama(model_path):
-    """The same GGUF loaded in the test process, for comparisons."""
-    from reticulum_grid.inference.llama_backend import LlamaBackend
-    return LlamaBackend(model_path)
+def reference(model_path, tmp_path_factory):
+    """The same GGUF in a runner of its own, every text from a fresh context (tests/reference.py)."""
+    from tests.reference import Reference
+    ref = Reference(model_path, tmp_path_factory.mktemp("reference") / "runner.log")
+    yield ref
+    ref.close()
 
 
 def rngrid(*args, home, timeout=120, **kwargs):

@@ -17,10 +17,11 @@ LONG_PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
 
 @pytest.fixture(scope="module")
-def tower(hub):
-    # queue_depth 0: a second request while one runs is answered "busy", which
-    # makes a slot that was not freed visible.
-    t = hub.start_tower("inf-a", limits={"queue_depth": 0})
+def tower(hub, model_path):
+    # One slot and queue_depth 0: a second request while one runs is answered
+    # "busy", which makes a slot that was not freed visible.
+    t = hub.start_tower("inf-a", models={DEFAULT_ALIAS: {"path": model_path, "parallel": 1}},
+                        limits={"queue_depth": 0})
     hub.wait_tower(t.name)
     return t
 
@@ -65,32 +66,32 @@ def test_stream_is_incremental(hub, tower):
 
 
 @pytest.mark.parametrize("prompt", [LONG_PROMPT, "The three primary colors are", "def fibonacci(n):"])
-def test_joined_stream_equals_non_streamed_completion(hub, tower, local_llama, prompt):
+def test_joined_stream_equals_non_streamed_completion(hub, tower, reference, prompt):
     text, usage = run(hub, tower, prompt=prompt, max_tokens=64, temperature=0.0)
-    reference = local_llama.llm.create_completion(prompt, max_tokens=64, temperature=0.0)
-    assert text == reference["choices"][0]["text"]
-    assert usage.completion_tokens == reference["usage"]["completion_tokens"]
-    assert usage.prompt_tokens == reference["usage"]["prompt_tokens"]
+    ref_text, _, ref = reference.run(64, prompt=prompt)
+    assert text == ref_text
+    assert usage.completion_tokens == ref.completion_tokens
+    assert usage.prompt_tokens == ref.prompt_tokens
 
 
-def test_chat_stream_equals_chat_completion(hub, tower, local_llama):
+def test_chat_stream_equals_chat_completion(hub, tower, reference):
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Name two planets."}]
     text, usage = run(hub, tower, messages=messages, max_tokens=48, temperature=0.0)
-    reference = local_llama.llm.create_chat_completion(messages, max_tokens=48, temperature=0.0)
-    assert text == reference["choices"][0]["message"]["content"]
-    assert usage.finish_reason == reference["choices"][0]["finish_reason"]
+    ref_text, _, ref = reference.run(48, messages=messages)
+    assert text == ref_text
+    assert usage.finish_reason == ref.finish_reason
 
 
 @pytest.mark.parametrize("prompt", ["Emoji list: 😀 😃 😄 😁 😆", "中文：你好，世界！我们"])
-def test_emoji_and_cjk_never_broken(hub, tower, local_llama, prompt):
+def test_emoji_and_cjk_never_broken(hub, tower, reference, prompt):
     stream = hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": prompt, "max_tokens": 30,
                                                "temperature": 0.0}, tower=tower.name)
     pieces = [p for p in stream if not isinstance(p, Usage)]
     text = "".join(pieces)
     assert any(ord(ch) > 0x2E80 for ch in text), f"expected emoji/CJK output, got {text!r}"
     assert "\ufffd" not in text and all("\ufffd" not in p for p in pieces)
-    assert text == local_llama.llm.create_completion(prompt, max_tokens=30, temperature=0.0)["choices"][0]["text"]
+    assert text == reference.completion(prompt, 30)
 
 
 def test_stop_strings_are_held_back(hub, tower):

@@ -26,7 +26,7 @@ from links.wire import Code, WireError
 from reticulum_grid.node import config, identity, rnsnet
 from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
-from reticulum_grid.client import split as splitroute
+from reticulum_grid.client import embeddings, split as splitroute
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
 from reticulum_grid.node.connection import TowerConnection, wait_until
@@ -246,15 +246,25 @@ class Grid(BlobTransfers, JobCommands):
         """Run ``command`` on the grid.
 
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
-        (str) followed by one Usage; a model the chosen tower lacks is synced
+        (str; ToolCallDelta items when the model calls a tool) followed by one Usage;
+        ``ai/embeddings`` (``{"model", "input"}``): an embeddings.Embeddings; a model the chosen tower lacks is synced
         to it first (``progress(done_bytes, total_bytes)``); towers that fail are
         replaced (inference.py). Other commands need ``tower`` and return the
         reply map within ``timeout`` seconds. Raises WireError (code + message)."""
         if command == "ai/inference":
             return self.infer(payload, tower=tower, progress=progress)
+        if command == "ai/embeddings":
+            if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+                raise WireError(Code.BAD_REQUEST, "ai/embeddings needs a payload map with a 'model' string")
+            return self.embed(payload["model"], payload.get("input"), tower=tower)
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
+
+    def embed(self, model, texts, tower=None):
+        """Embeddings of ``texts`` (a string or a list of strings) from ``model``:
+        an embeddings.Embeddings. Raises WireError."""
+        return embeddings.embed(self, model, texts, tower=tower)
 
     def infer(self, payload, tower=None, progress=None):
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):

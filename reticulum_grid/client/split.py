@@ -36,7 +36,7 @@ PLAN_TIMEOUT_S = 20.0
 FACTS_WAIT_S = 30.0
 FACTS_POLL_S = 0.5
 #: Errors after which a new plan is tried.
-REPLAN_ON = {Code.UNREACHABLE, Code.TIMEOUT, Code.NO_TOWER, Code.INTERNAL}
+REPLAN_ON = {Code.UNREACHABLE, Code.TIMEOUT, Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
 
 
 def capacity_mib(caps):
@@ -167,7 +167,7 @@ class SplitStream:
     def __init__(self, grid, payload, placement, entries, progress=None, started=None):
         self.grid, self.payload, self.plan, self.entries = grid, payload, placement, entries
         self.progress, self.started = progress, started
-        self.text, self.usage, self.ids = "", None, []
+        self.text, self.usage, self.ids, self.generated = "", None, [], 0
         self._current = None
 
     def __iter__(self):
@@ -185,11 +185,12 @@ class SplitStream:
                     yield piece
             except WireError as e:
                 self.ids += stream.ids
+                self.generated += stream.generated
                 if e.code not in REPLAN_ON:
                     raise
                 errors.append(e.message)
-                if self.ids and self.payload.get("stop"):
-                    raise WireError(e.code, f"a tower of the split went away after {len(self.ids)} tokens; "
+                if self.generated and self.payload.get("stop"):
+                    raise WireError(e.code, f"a tower of the split went away after {self.generated} tokens; "
                                             "a request with stop strings cannot be continued elsewhere") from None
                 failovers += 1
                 self._replan()
@@ -199,7 +200,7 @@ class SplitStream:
 
     def _start(self):
         # "placement": "experts" (a client-side option) puts MoE experts on the workers.
-        payload = continued({k: v for k, v in self.payload.items() if k != "placement"}, self.ids)
+        payload = continued({k: v for k, v in self.payload.items() if k != "placement"}, self.ids, self.generated)
         payload["split"] = wire_plan(self.plan, experts=self.payload.get("placement") == "experts")
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
@@ -216,11 +217,10 @@ class SplitStream:
         self.plan, self.entries = make_plan(self.grid, model, exclude=gone)
 
     def _usage(self, usage, failovers):
-        before = len(self.ids)
         names = " + ".join(self.plan.towers[-1:] + self.plan.towers[:-1])
         return dataclasses.replace(usage, tower=names, failovers=usage.failovers + failovers,
-                                   prompt_tokens=usage.prompt_tokens - before,
-                                   completion_tokens=usage.completion_tokens + before)
+                                   prompt_tokens=usage.prompt_tokens - len(self.ids),
+                                   completion_tokens=usage.completion_tokens + self.generated)
 
     @property
     def tower(self):

@@ -28,9 +28,11 @@ from links.wire import Code, WireError
 
 #: Errors after which, before any output, the next tower is tried.
 RETRY_BEFORE_OUTPUT = {Code.BUSY, Code.UNREACHABLE, Code.TIMEOUT, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL,
-                       Code.UNKNOWN_ADAPTER, Code.INSUFFICIENT_MEMORY, Code.INTERNAL}
+                       Code.UNKNOWN_ADAPTER, Code.INSUFFICIENT_MEMORY, Code.INTERNAL, Code.RUNNER_LOST}
 #: Errors that mean the tower (or the way to it) went away.
 LINK_LOST = {Code.UNREACHABLE, Code.TIMEOUT}
+#: Errors after which a stream that already gave text continues on another tower.
+CONTINUE_AFTER = LINK_LOST | {Code.RUNNER_LOST}
 #: Towers tried for one request at most.
 MAX_TOWERS = 4
 #: A stream silent this long (no token, no heartbeat) lost its tower (seconds;
@@ -42,17 +44,36 @@ SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.UNKNOWN_ADAPTER, Code.UNKNOW
                   Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
 
 
-def continued(payload, ids):
+def continued(payload, ids, generated=None):
     """``payload`` (an ai/inference request map) made to continue after the
-    generated token ``ids`` (a copy; the same when there are none)."""
+    generated token ``ids`` (a copy; the same when there are none);
+    ``generated``: how many tokens those were generated as (default len(ids))."""
     payload = dict(payload)
     if ids:
         payload["continue_tokens"] = list(payload.get("continue_tokens") or ()) + list(ids)
         # 0 when the tower died after the last token: the next one only ends the
-        # stream (finishing a character the last tokens began) and counts the prompt.
+        # stream and counts the prompt.
         asked = payload.get("max_tokens")
-        payload["max_tokens"] = max(0, (256 if asked is None else asked) - len(ids))
+        payload["max_tokens"] = max(0, (256 if asked is None else asked) - (len(ids) if generated is None else
+                                                                           generated))
     return payload
+
+
+class Text(str):
+    """A piece of streamed text; ``logprobs``: its tokens' log probabilities
+    when the request asked for them ([{token, logprob, bytes, top: [...]}])."""
+    logprobs = ()
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of a tool call the model makes, in OpenAI's streaming shape:
+    ``index`` says which call; ``id`` and ``name`` come with its first piece,
+    ``arguments`` is the next fragment of its JSON arguments."""
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass
@@ -88,6 +109,8 @@ class InferenceStream:
         self.text = ""
         self.usage = None
         self.ids = []
+        self.generated = 0  # tokens generated so far (may differ from len(ids), see inference/generation.py)
+        self._exact = True  # every piece came with ids another tower can continue from
         self._current = None  # (connection, stream id) while a tower streams to us
         self._first_at = None
         self._failovers = 0
@@ -125,31 +148,36 @@ class InferenceStream:
             self._note_refusal(entry, e)
             return False
         self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
-        ids_before = len(self.ids)
+        before = (len(self.ids), self.generated)
         try:
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
             silence = max(STREAM_SILENCE_S, 10 * rtt)
             for event in receiver.events(silence, self._current[0].router):
                 if event[0] == "data":
-                    self.ids += event[2]
-                    text = decoder.feed(event[1])
-                    if text:
-                        yield self._emit(text)
+                    _, data, ids, extra = event
+                    self.ids += ids
+                    self.generated += extra.get("n", len(ids))
+                    self._exact = self._exact and not extra.get("x")
+                    text = decoder.feed(data)
+                    if text or extra.get("lp"):
+                        yield self._emit(text, extra.get("lp", ()))
+                    for call in extra.get("tc", ()):
+                        yield _tool_call(call)
                 else:
                     tail = decoder.finish()
                     if tail:
                         yield self._emit(tail)
                     self._release()
                     self.grid.health.succeeded(entry.destination_hash)
-                    self.usage = self._usage(entry, event[1], event[2], ids_before)
+                    self.usage = self._usage(entry, event[1], event[2], before)
                     yield self.usage
                     return True
         except WireError as e:
             self._release()
-            if e.code not in LINK_LOST and not (e.code in RETRY_BEFORE_OUTPUT and not self.ids):
+            if e.code not in CONTINUE_AFTER and not (e.code in RETRY_BEFORE_OUTPUT and not self.generated):
                 raise
             self._failed(entry, e)
-            if self.ids:
+            if self.generated:
                 self._check_continuable(entry, e)
                 self._failovers += 1
         return False
@@ -166,13 +194,15 @@ class InferenceStream:
     def _worth_looking_again(self):
         """Look again when the stream lost its tower, or a tower was gone (not when
         every tower refused: asking again would get the same answers)."""
-        return bool(self.ids) or any(e.code in LINK_LOST for _, e in self._errors)
+        return bool(self.generated) or any(e.code in LINK_LOST for _, e in self._errors)
 
-    def _emit(self, text):
+    def _emit(self, text, logprobs=()):
         if self._first_at is None:
             self._first_at = time.perf_counter()
         self.text += text
-        return text
+        piece = Text(text)
+        piece.logprobs = logprobs
+        return piece
 
     def _start(self, entry):
         """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
@@ -181,7 +211,7 @@ class InferenceStream:
             entry = self.grid.sync_to(entry, model, "model", self.progress)
         if isinstance(adapter, str) and entry.caps.adapter(adapter) is None:
             entry = self.grid.sync_to(entry, adapter, "adapter", self.progress)
-        payload = continued(self.payload, self.ids)
+        payload = continued(self.payload, self.ids, self.generated)
         conn = self.grid.connection(entry)
         stream_id = secrets.randbelow(MAX_STREAM_ID)
         # The tower answers ai/inference at once (generation runs on its own thread).
@@ -209,9 +239,11 @@ class InferenceStream:
         return cap is not None and cap.short_id == model_blob
 
     def _check_continuable(self, entry, error):
-        if self.payload.get("stop"):
-            raise WireError(error.code, f"tower {entry.name} went away after {len(self.ids)} tokens "
-                                        f"({len(self.text)} characters); a request with stop strings "
+        why = ("stop strings" if self.payload.get("stop") else "tools" if _uses_tools(self.payload) else
+               "text whose tokens the tower could not tell" if not self._exact else None)
+        if why:
+            raise WireError(error.code, f"tower {entry.name} went away after {self.generated} tokens "
+                                        f"({len(self.text)} characters); a request with {why} "
                                         "cannot be continued elsewhere") from None
 
     def _exhausted(self):
@@ -219,8 +251,8 @@ class InferenceStream:
         (busy with the shortest retry hint, not_allowed, ...), naming every try."""
         model = self.payload["model"]
         tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in self._errors) or "none"
-        if self.ids:
-            return WireError(Code.UNREACHABLE, f"the stream stopped after {len(self.ids)} tokens "
+        if self.generated:
+            return WireError(Code.UNREACHABLE, f"the stream stopped after {self.generated} tokens "
                                                f"({len(self.text)} characters) and no other tower with {model!r} "
                                                f"could continue it (looked again for towers); tried {tried}")
         if not self._errors:
@@ -254,12 +286,28 @@ class InferenceStream:
             conn, stream_id = current
             conn.cancel(stream_id)
 
-    def _usage(self, entry, finish_reason, usage, ids_before):
+    def _usage(self, entry, finish_reason, usage, before):
         def num(key, kind=float):
             value = usage.get(key, 0)
             return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
+        ids_before, generated_before = before
         return Usage(prompt_tokens=num("prompt_tokens", int) - ids_before,
-                     completion_tokens=num("completion_tokens", int) + ids_before,
+                     completion_tokens=num("completion_tokens", int) + generated_before,
                      ttft_s=(self._first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
                      tower=entry.name, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
                      queued_s=num("queued_s"), failovers=self._failovers)
+
+
+def _uses_tools(payload):
+    return bool(payload.get("tools")) and payload.get("tool_choice") != "none"
+
+
+def _tool_call(delta):
+    """A ToolCallDelta from the tower's (OpenAI-shaped) delta map, trusting no field."""
+    fn = delta.get("function") if isinstance(delta.get("function"), dict) else {}
+
+    def text(value):
+        return value if isinstance(value, str) else ""
+    index = delta.get("index")
+    return ToolCallDelta(index if isinstance(index, int) and not isinstance(index, bool) else 0, text(delta.get("id")),
+                         text(fn.get("name")), text(fn.get("arguments")))

@@ -1,4 +1,4 @@
-"""Where llama.cpp put a model, in its own words.
+"""Where llama.cpp put a model, in its own words (the runner's log).
 
 llama.cpp logs one line per buffer it allocates while loading a model and
 making its context ("load_tensors:  CUDA0 model buffer size = 60.00 MiB",
@@ -8,22 +8,18 @@ and the compute buffers: a truthful check after load, whatever ``n_gpu_layers``
 asked for, for CUDA, Metal and the other GPU backends alike.
 """
 
-import contextlib
-import ctypes
 import re
-import threading
 from dataclasses import dataclass, field
-
-import llama_cpp
 
 
 class LoadError(ValueError):
     """llama.cpp could not load the model; ``out_of_memory`` when its log says
-    an allocation failed."""
+    an allocation failed, ``stuck`` when loading stopped making progress."""
 
     def __init__(self, message, log_text=""):
         super().__init__(message)
         self.out_of_memory = bool(_OOM.search(log_text))
+        self.stuck = False
 
 
 #: llama.cpp's buffer report: "load_tensors:  CUDA0 model buffer size = 60.00 MiB".
@@ -59,27 +55,3 @@ def parse_placement(log_text):
     for buffer, kind, mib in _BUFFER.findall(log_text):
         buffers[(buffer, kind)] = buffers.get((buffer, kind), 0.0) + float(mib)
     return Placement(buffers)
-
-
-_log_lock = threading.Lock()
-_collector = None  # kept alive: llama.cpp may still hold the pointer briefly
-
-
-@contextlib.contextmanager
-def llama_log(lines):
-    """Collect llama.cpp's log text into ``lines`` (one load at a time: the
-    log callback is process-wide), then give llama-cpp-python its own back."""
-    global _collector
-    from llama_cpp import _logger
-
-    @llama_cpp.llama_log_callback
-    def collect(level, text, user_data):
-        lines.append(text.decode("utf-8", "replace"))
-
-    with _log_lock:
-        _collector = collect
-        llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
-        try:
-            yield
-        finally:
-            llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))

@@ -1,19 +1,27 @@
-"""The models a tower can serve: every blob of kind "model" in its store.
+"""The models a tower can serve: every blob of kind "model" in its store, each run by a llama-server.
 
 Models named in the tower config are registered in place and loaded at
-start; models that arrive later (pushed or pulled) are loaded into llama.cpp
-on first use. Loading checks free memory (VRAM, or RAM on a CPU tower)
-against the model's need (weights + KV cache, gguf_info.need_mib), unloading
-idle models least recently used first, and refuses with
-``insufficient_memory`` when it still does not fit.
+start; models that arrive later (pushed or pulled) are loaded on first use.
+A loaded model is one runner (runner.py) with ``parallel`` slots of ``n_ctx``
+tokens each. Loading checks free memory (VRAM, or RAM on a CPU tower) against
+the model's need (weights + the KV cache of every slot + a draft model,
+gguf_info.need_mib), unloading idle models least recently used first, and
+refuses with ``insufficient_memory`` when it still does not fit.
+``parallel = 0`` (the default) takes as many slots as fit, at most
+MAX_AUTO_SLOTS.
 
-After loading, where llama.cpp really put the model (its own buffer report,
-``placement.py``) and how much memory the GPUs show gone are checked against
-the estimate: a model kept off the GPU makes the tower a CPU tower in its caps
-(``truthful``), and a load that took more than estimated corrects the estimate.
-On several GPUs a model goes whole onto the one with the most free memory when
-it fits there, else across them in proportion to their free memory
-(``tensor_split``).
+After loading, where llama.cpp really put the model (its own buffer report in
+the runner's log, ``placement.py``) and how much memory the GPUs show gone are
+checked against the estimate: a model kept off the GPU makes the tower a CPU
+tower in its caps (``truthful``), and a load that took more than estimated
+corrects the estimate. On several GPUs a model goes whole onto the one with
+the most free memory when it fits there, else across them in proportion to
+their free memory (``tensor_split``).
+
+LoRA adapters and embeddings are part of how a runner starts: a request for
+an adapter the runner lacks (or for embeddings) restarts it between requests
+with the adapter added (``queue.drain``), after which every request picks its
+own adapter and scale.
 """
 
 import logging
@@ -23,36 +31,41 @@ from dataclasses import dataclass, field
 
 from announce.caps import SHORT_ID_BYTES, Hardware, ModelCap
 from links.wire import Code, WireError
-from reticulum_grid.store import gguf_info
-from reticulum_grid.node import hardware
 from reticulum_grid.inference.admission import ModelQueue
-from reticulum_grid.node.config import ConfigError, ModelConfig
-from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
+from reticulum_grid.inference.generation import AdapterError, Generation, Sampling, generate
 from reticulum_grid.inference.placement import LoadError
+from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.node import hardware
+from reticulum_grid.node.config import ConfigError, ModelConfig
+from reticulum_grid.store import gguf_info
 
 log = logging.getLogger("rngrid.models")
 
 MIB = 1 << 20
+#: Slots a runner gets at most when ``parallel`` is 0 (as many as fit).
+MAX_AUTO_SLOTS = 4
 
 
 @dataclass
 class ModelSlot:
-    """One servable model: its blob, admission queue and (once loaded) backend."""
+    """One servable model: its blob, admission queue and (once loaded) runner."""
     blob_id: bytes
     path: str
     size: int
     settings: ModelConfig
     queue: ModelQueue
-    backend: LlamaBackend = None
+    runner: Runner = None
     need_mib: int = None
     last_used: float = 0.0
     offloaded: bool = None  # after load: llama.cpp put most weights on a GPU
     vram_mib: int = None    # after load: GPU memory the load took, as the GPUs show it
-    load_lock: threading.Lock = field(default_factory=threading.Lock)
+    adapters: tuple = ()    # GGUF LoRA paths the runner was started with, in its id order
+    embeddings: bool = False
+    load_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def loaded(self):
-        return self.backend is not None
+        return self.runner is not None
 
     @property
     def busy(self):
@@ -60,10 +73,11 @@ class ModelSlot:
 
 
 class ModelRegistry:
-    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None):
+    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None, log_dir=None):
         self.store = store
         self.queue_depth = queue_depth
         self.on_tokens_per_s = on_tokens_per_s
+        self.log_dir = log_dir
         self._settings = {}
         self._slots = {}
         self._lock = threading.Lock()
@@ -73,17 +87,18 @@ class ModelRegistry:
             other = self._settings.setdefault(blob_id, cfg)
             if _knobs(other) != _knobs(cfg):  # one loaded copy per file: one set of settings
                 raise ConfigError(f"models.{other.alias} and models.{cfg.alias} are the same file with different "
-                                  "settings; a tower loads a file once, so give both the same n_ctx, n_gpu_layers "
-                                  "and threads (or keep one alias)")
+                                  "settings; a tower loads a file once, so give both the same n_ctx, n_gpu_layers, "
+                                  "threads, parallel, draft and embeddings (or keep one alias)")
 
     def load_configured(self):
         """Load the config's models; one that does not fit is logged and
         left for later, so the tower still serves the others."""
         for blob_id in list(self._settings):
+            slot = self.slot(blob_id)
             try:
-                self.backend(self.slot(blob_id))
-            except WireError as e:
-                log.error("model %s not loaded: %s", self._settings[blob_id].alias, e.message)
+                self.runner(slot, embeddings=slot.settings.embeddings)
+            except (WireError, LoadError) as e:
+                log.error("model %s not loaded: %s", self._settings[blob_id].alias, getattr(e, "message", e))
 
     def aliases(self):
         """{alias: blob_id} of every model blob in the store."""
@@ -97,16 +112,33 @@ class ModelRegistry:
             self.store.reload()
 
     def caps_models(self):
-        """Every alias of every model blob (two aliases of one blob: two entries)."""
-        return tuple(ModelCap(alias, blob_id[:SHORT_ID_BYTES], bool(self._slots.get(blob_id) and
-                                                                    self._slots[blob_id].loaded))
-                     for alias, blob_id in sorted(self.aliases().items()))
+        """Every alias of every model blob (two aliases of one blob: two
+        entries), loaded ones with their free slots."""
+        out = []
+        for alias, blob_id in sorted(self.aliases().items()):
+            slot = self._slots.get(blob_id)
+            loaded = bool(slot and slot.loaded)
+            out.append(ModelCap(alias, blob_id[:SHORT_ID_BYTES], loaded, slot.queue.free if loaded else 0))
+        return tuple(out)
 
-    def need_mib(self, slot):
-        """Memory the slot's model needs loaded (MiB; gguf_info.need_mib), cached."""
-        if slot.need_mib is None:
-            slot.need_mib = gguf_info.need_mib(slot.path, slot.settings.n_ctx, slot.size)
-        return slot.need_mib
+    def n_ctx(self, slot):
+        """The slot's context window per sequence (tokens): the config's, or the model's own for 0."""
+        return slot.settings.n_ctx or gguf_info.context_length(slot.path)
+
+    def need_mib(self, slot, parallel=None):
+        """Memory the slot's model needs loaded with ``parallel`` slots (MiB;
+        weights, KV cache of every slot, a draft model), cached for the
+        configured count."""
+        if parallel is None and slot.need_mib is not None:
+            return slot.need_mib
+        sequences = parallel or max(1, slot.settings.parallel)
+        need = gguf_info.need_mib(slot.path, self.n_ctx(slot) * sequences, slot.size)
+        if slot.settings.draft:
+            draft = self.find(slot.settings.draft)
+            need += gguf_info.need_mib(draft.path, self.n_ctx(slot) * sequences, draft.size)
+        if parallel is None:
+            slot.need_mib = need
+        return need
 
     def slots(self):
         return list(self._slots.values())
@@ -130,38 +162,80 @@ class ModelRegistry:
                 info = self.store.info(blob_id)
                 settings = self._settings.get(blob_id) or ModelConfig(info.hex, str(info.path))
                 slot = self._slots[blob_id] = ModelSlot(blob_id, str(info.path), info.size, settings,
-                                                        ModelQueue(self.queue_depth))
+                                                        ModelQueue(self.queue_depth, max(1, settings.parallel)))
             return slot
 
-    def backend(self, slot):
-        """The slot's LlamaBackend, loading it first if needed (seconds for big
-        models: call from a worker thread). Raises WireError(insufficient_memory)."""
+    # -- runners ----------------------------------------------------------
+    def runner(self, slot, adapter=None, embeddings=False):
+        """The slot's Runner, started (or restarted between requests, see the
+        module doc) so that it has ``adapter`` (a GGUF path) and embeddings
+        if asked. Seconds for big models: call from a worker thread. Raises
+        WireError(insufficient_memory), AdapterError, LoadError."""
         with slot.load_lock:
             slot.last_used = time.monotonic()
-            if slot.backend is None:
-                hw, gpus = self._make_room(slot)
-                s = slot.settings
-                split = tensor_split(gpus, self.need_mib(slot)) if s.n_gpu_layers else None
-                try:
-                    backend = LlamaBackend(slot.path, n_ctx=s.n_ctx, n_threads=s.threads or None,
-                                           n_gpu_layers=s.n_gpu_layers, tensor_split=split)
-                except LoadError as e:
-                    if e.out_of_memory:
-                        raise WireError(Code.INSUFFICIENT_MEMORY, f"llama.cpp ran out of memory loading the model "
-                                        f"(~{self.need_mib(slot)} MiB estimated): {e}") from None
+            missing = adapter is not None and adapter not in slot.adapters
+            if slot.runner is not None and not missing and (slot.embeddings or not embeddings):
+                return slot.runner
+            adapters = slot.adapters + ((adapter,) if missing else ())
+            embeddings = embeddings or slot.embeddings
+            if slot.runner is not None:
+                log.info("model %s: restarting its runner for %s", slot.settings.alias,
+                         "an adapter" if missing else "embeddings")
+                with slot.queue.drain():
+                    self._unload(slot)
+            try:
+                self._load(slot, adapters, embeddings)
+            except LoadError as e:
+                if not missing:
                     raise
-                try:
-                    self._warm_up(backend)
-                except BaseException:
-                    backend.close()
-                    raise
-                slot.backend = backend
-                self._check_placement(slot, hw, gpus, split)
-            return slot.backend
+                log.warning("model %s: llama.cpp cannot apply adapter %s: %s", slot.settings.alias, adapter, e)
+                self._load(slot, adapters[:-1], embeddings)
+                raise AdapterError(f"llama.cpp cannot apply the adapter at {adapter} to this model") from None
+            return slot.runner
+
+    def _load(self, slot, adapters, embeddings):
+        hw, gpus = self._make_room(slot)
+        s = slot.settings
+        parallel = s.parallel or self._auto_parallel(slot, hw, gpus)
+        split = tensor_split(gpus, self.need_mib(slot, parallel)) if s.n_gpu_layers else None
+        draft = self.find(s.draft).path if s.draft else ""
+        spec = RunnerSpec(slot.path, n_ctx=self.n_ctx(slot), parallel=parallel, n_gpu_layers=s.n_gpu_layers,
+                          threads=s.threads, tensor_split=tuple(split or ()), adapters=tuple(adapters), draft=draft,
+                          embeddings=embeddings)
+        name = s.alias if s.alias != slot.blob_id.hex() else slot.blob_id.hex()[:16]
+        try:
+            runner = Runner(spec, self.log_dir / f"runner-{slot.blob_id.hex()[:16]}.log", name=name).start()
+        except LoadError as e:
+            if e.out_of_memory:
+                raise WireError(Code.INSUFFICIENT_MEMORY, f"llama.cpp ran out of memory loading the model "
+                                f"(~{self.need_mib(slot, parallel)} MiB estimated): {e}") from None
+            raise
+        slot.runner, slot.adapters, slot.embeddings = runner, tuple(adapters), embeddings
+        slot.queue.set_slots(parallel)
+        slot.need_mib = self.need_mib(slot, parallel)
+        self._check_placement(slot, hw, gpus, split)
+        self._warm_up(slot)
+
+    def _auto_parallel(self, slot, hw, gpus):
+        """As many slots as fit in free memory, 1..MAX_AUTO_SLOTS."""
+        for parallel in range(MAX_AUTO_SLOTS, 1, -1):
+            if need_on(self.need_mib(slot, parallel), gpus) <= hw.memory_free_mib:
+                return parallel
+        return 1
+
+    def _unload(self, slot):
+        if slot.runner is not None:
+            slot.runner.close()
+        slot.runner, slot.offloaded, slot.vram_mib = None, None, None
+
+    def close(self):
+        for slot in self.slots():
+            with slot.load_lock:
+                self._unload(slot)
 
     def _check_placement(self, slot, hw, before, split):
         """Where llama.cpp put the model and what the GPUs show, against the estimate."""
-        placement, name = slot.backend.placement, slot.blob_id.hex()[:16]
+        placement, name = slot.runner.placement, slot.blob_id.hex()[:16]
         slot.offloaded = placement.offloaded
         if hw.backend != "cpu" and slot.settings.n_gpu_layers and not slot.offloaded:
             log.warning("model %s: llama.cpp kept its weights in host memory (%d MiB on GPUs, %d MiB on the CPU) "
@@ -170,24 +244,27 @@ class ModelRegistry:
         after = hardware.snapshot()[1] if before else ()
         if before and len(after) == len(before):
             slot.vram_mib = max(0, sum(g.free_mib for g in before) - sum(g.free_mib for g in after))
-            if slot.vram_mib > self.need_mib(slot):
+            if slot.vram_mib > slot.need_mib:
                 log.warning("model %s took %d MiB of GPU memory, more than the %d MiB estimated; admission now "
-                            "uses the measured figure", name, slot.vram_mib, self.need_mib(slot))
+                            "uses the measured figure", name, slot.vram_mib, slot.need_mib)
                 slot.need_mib = slot.vram_mib
-        log.info("loaded model %s (%d MiB file): %d MiB on GPUs%s, %d MiB in host memory by llama.cpp's report; "
-                 "GPUs show %s MiB taken, %d MiB estimated", name, slot.size // MIB, placement.mib(True),
+        log.info("loaded model %s (%d MiB file, %d slot(s) of %d tokens): %d MiB on GPUs%s, %d MiB in host memory "
+                 "by llama.cpp's report; GPUs show %s MiB taken, %d MiB estimated", name, slot.size // MIB,
+                 slot.runner.spec.parallel, slot.runner.spec.n_ctx, placement.mib(True),
                  f" (tensor_split {[round(x, 2) for x in split]})" if split else "", placement.mib(False),
-                 slot.vram_mib if slot.vram_mib is not None else "-", self.need_mib(slot))
+                 slot.vram_mib if slot.vram_mib is not None else "-", slot.need_mib)
 
     @staticmethod
     def placement_info(slot):
-        """For caps/full: where a loaded model sits ({} when not loaded). MiB."""
-        if not slot.loaded:
+        """For caps/full: where a loaded model sits and its slots ({} when not loaded). MiB."""
+        runner = slot.runner
+        if runner is None:
             return {}
-        p = slot.backend.placement
+        p = runner.placement
         return {"on_gpu": bool(slot.offloaded), "gpu_mib": p.mib(True), "host_mib": p.mib(False),
                 "gpu_model_mib": p.mib(True, "model"), "host_model_mib": p.mib(False, "model"),
-                "vram_mib": slot.vram_mib}
+                "vram_mib": slot.vram_mib, "slots": runner.spec.parallel, "slots_free": slot.queue.free,
+                "n_ctx": runner.spec.n_ctx}
 
     def truthful(self, hw):
         """``hw`` as the caps may announce it: a GPU tower with a loaded model
@@ -203,26 +280,30 @@ class ModelRegistry:
         hw, gpus = hardware.snapshot()
         idle = sorted((s for s in self._slots.values() if s.loaded and not s.busy and s is not slot),
                       key=lambda s: s.last_used)
-        while (need := need_on(self.need_mib(slot), gpus)) > hw.memory_free_mib and idle:
+        base = self.need_mib(slot, max(1, slot.settings.parallel))
+        while (need := need_on(base, gpus)) > hw.memory_free_mib and idle:
             victim = idle.pop(0)
             log.info("unloading idle model %s to make room", victim.blob_id.hex()[:16])
-            victim.backend.close()
-            victim.backend, victim.offloaded, victim.vram_mib = None, None, None
+            self._unload(victim)
             hw, gpus = hardware.snapshot()
         if need > hw.memory_free_mib:
             where = f"{len(gpus)} GPU(s) ({hw.device})" if gpus else "RAM"
             raise WireError(Code.INSUFFICIENT_MEMORY, f"model {slot.settings.alias} needs ~{need} MiB (weights + KV "
-                            f"cache for {slot.settings.n_ctx} tokens), {hw.memory_free_mib} MiB free in this "
+                            f"cache for {self.n_ctx(slot)} tokens), {hw.memory_free_mib} MiB free in this "
                             f"tower's {where}")
         return hw, gpus
 
-    def _warm_up(self, backend):
-        # A first tokens/s figure for caps; the first request skips cold caches.
+    def _warm_up(self, slot):
+        # A first tokens/s figure for caps.
+        from reticulum_grid.inference.request import InferenceRequest
         result = Generation()
-        for _ in backend.generate(backend.tokenize_prompt(prompt="Hello"), Sampling(max_tokens=8, temperature=0.0),
-                                  threading.Event(), result):
-            pass
-        if self.on_tokens_per_s:
+        request = InferenceRequest("", "Hello", None, Sampling(max_tokens=8, temperature=0.0), 0)
+        try:
+            for _ in generate(slot.runner, request, threading.Event(), result):
+                pass
+        except Exception as e:  # a model that cannot say Hello still loaded
+            log.warning("model %s: warm-up failed: %s", slot.settings.alias, e)
+        if self.on_tokens_per_s and result.tokens_per_s:
             self.on_tokens_per_s(result.tokens_per_s)
 
 
@@ -249,4 +330,4 @@ def tensor_split(gpus, need_mib):
 
 
 def _knobs(cfg):
-    return cfg.n_ctx, cfg.n_gpu_layers, cfg.threads
+    return cfg.n_ctx, cfg.n_gpu_layers, cfg.threads, cfg.parallel, cfg.draft, cfg.embeddings

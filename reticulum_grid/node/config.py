@@ -42,6 +42,11 @@ A tower config (every key optional except as noted)::
     n_gpu_layers = -1                   # -1: all layers on the GPU when there is one
     threads = 0                         # llama.cpp threads; 0 = its default. Towers sharing
                                         # a machine: split the cores between them
+    parallel = 0                        # streams served at once (llama-server slots, batched);
+                                        # 0 = as many as fit, at most 4; 1 = one at a time
+    draft = ""                          # alias of a small model of the same vocabulary for
+                                        # speculative decoding ("" = none)
+    embeddings = false                  # start with embeddings on (else on the first ai/embeddings)
     [allow]
     "<identity hash hex>" = ["infer"]   # roles: infer, train, sync, shard, admin (admin = all)
 
@@ -59,6 +64,8 @@ NAME_MAX_BYTES = 32
 IDENTITY_HASH_HEX = 32  # RNS truncated hash: 128 bits
 #: Largest context window a config may ask for (tokens); llama.cpp takes a uint32.
 MAX_N_CTX = 1 << 24
+#: Most slots one runner may serve at once.
+MAX_PARALLEL = 64
 
 
 class ConfigError(ValueError):
@@ -88,6 +95,9 @@ class ModelConfig:
     n_ctx: int = 4096
     n_gpu_layers: int = -1
     threads: int = 0
+    parallel: int = 0
+    draft: str = ""
+    embeddings: bool = False
 
 
 @dataclass
@@ -158,14 +168,17 @@ def load_network(path):
 
 
 def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, **sections):
-    """Write a new tower config. ``models``: {alias: gguf path}; ``threads``: llama.cpp
-    threads per model (0: its default); ``sections``: extra tables, e.g. announce={"floor_s": 1}."""
+    """Write a new tower config. ``models``: {alias: gguf path, or a map of
+    [models.X] keys with its "path"}; ``threads``: llama.cpp threads per model
+    (0: its default); ``sections``: extra tables, e.g. announce={"floor_s": 1}."""
     doc = tomlkit.document()
     doc["name"] = name
     doc["network"] = {"listen": listen, "connect": list(connect)}
     for key, table in sections.items():
         doc[key] = table
-    doc["models"] = {alias: {"path": str(p), **({"threads": threads} if threads else {})} for alias, p in models.items()}
+    doc["models"] = {alias: {**({"threads": threads} if threads else {}),
+                             **(dict(p, path=str(p["path"])) if isinstance(p, dict) else {"path": str(p)})}
+                     for alias, p in models.items()}
     doc["allow"] = dict(allow or {})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     _write(Path(path), doc)
@@ -247,7 +260,9 @@ def _model(alias, spec, base):
     return ModelConfig(alias=alias, path=str(path if path.is_absolute() else base / path),
                        n_ctx=_bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}"),
                        n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
-                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"))
+                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),
+                       parallel=_bounded(spec, "parallel", 0, 0, MAX_PARALLEL, f"models.{alias}"),
+                       draft=_get(spec, "draft", str, ""), embeddings=_get(spec, "embeddings", bool, False))
 
 
 def _table(doc, key):

@@ -1,16 +1,18 @@
 """What this machine offers: compute backend, GPUs, VRAM and RAM (MiB).
 
-The GPUs are the ones llama.cpp itself can use: ggml's backend device list, in
-llama.cpp's own order (the order ``tensor_split`` follows; CUDA_VISIBLE_DEVICES
-honoured), with free/total memory as the driver reports it. So a tower never
-claims a GPU its inference engine cannot use: without GPU offload
-(``llama_supports_gpu_offload``) it is a CPU tower with VRAM 0, and routing uses
-its free RAM. ``nvidia-smi`` (NVIDIA's own tool) is asked only to notice an
-NVIDIA GPU that this llama.cpp build cannot use (``unused_gpu_warning``).
-RAM comes from psutil.
+The GPUs are the ones llama.cpp itself can use: the tower's llama-server
+lists them (``--list-devices``, node/engine.py) in llama.cpp's own order (the
+order ``--tensor-split`` follows; CUDA_VISIBLE_DEVICES honoured), asked once
+per tower process. So a tower never claims a GPU its inference engine cannot
+use: a build that lists none makes a CPU tower with VRAM 0, and routing uses
+its free RAM. Free memory is read live: NVIDIA GPUs from ``nvidia-smi`` (in
+PCI bus order, the order the runners are started with:
+CUDA_DEVICE_ORDER=PCI_BUS_ID), other GPUs as llama.cpp listed them (Apple's
+unified memory: no more than the RAM available). The tower process itself
+never loads a GPU driver. ``nvidia-smi`` also notices an NVIDIA GPU that this
+llama.cpp build cannot use (``unused_gpu_warning``). RAM comes from psutil.
 """
 
-import ctypes
 import os
 import platform
 import shutil
@@ -21,10 +23,9 @@ from dataclasses import dataclass
 import psutil
 
 from announce.caps import BACKENDS, DEVICE_MAX_BYTES, Hardware
+from reticulum_grid.node import engine
 
 MIB = 1024 * 1024
-#: ggml_backend_dev_type values that are a GPU (discrete, integrated).
-_GGML_GPU_TYPES = (1, 2)
 #: The command that rebuilds llama.cpp (and torch) for CUDA, run in the checkout.
 CUDA_FIX = "make llama LLAMA_BACKEND=cuda"
 
@@ -84,55 +85,36 @@ def device_label(gpus):
 
 
 def gpu_offload():
-    """True when this llama.cpp build can put layers on a GPU."""
-    try:
-        import llama_cpp
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:
-        return False
+    """True when this llama.cpp build can put layers on a GPU of this machine."""
+    return bool(_listed())
 
 
 def gpu_devices():
-    """The GPUs llama.cpp sees, as Gpu, in its order; [] when it sees none.
-    Remote (RPC) devices are not this machine's and are left out."""
-    try:
-        lib = _ggml()
-    except Exception:
-        return []
+    """The GPUs llama.cpp uses, as Gpu, in its order, with free memory now; []
+    when it sees none. Remote (RPC) devices are other machines' and are left out."""
+    listed = _listed()
+    smi = nvidia_smi_gpus() if any(d.backend == "cuda" for d in listed) else []
+    ram_free = psutil.virtual_memory().available // MIB
     out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        backend = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode("utf-8", "replace")
-        if lib.ggml_backend_dev_type(dev) not in _GGML_GPU_TYPES or backend.lower() not in BACKENDS:
-            continue  # RPC devices are other machines'; a backend caps cannot name is not announced
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        name = lib.ggml_backend_dev_description(dev).decode("utf-8", "replace")
-        out.append(Gpu(len(out), backend.lower(), name, total.value // MIB, min(free.value, total.value) // MIB))
+    for i, d in enumerate(listed):
+        free = d.free_mib
+        if d.backend == "cuda" and i < len(smi):
+            free = smi[i][2]
+        elif d.backend == "metal":
+            free = min(d.free_mib, ram_free)
+        out.append(Gpu(i, d.backend, d.description, d.total_mib, min(free, d.total_mib)))
     return out
 
 
-_lib = None
+_devices = None
 
 
-def _ggml():
-    """ggml's library as llama-cpp-python loaded it, with the device calls typed."""
-    global _lib
-    if _lib is None:
-        from llama_cpp._ggml import libggml as lib
-        p = ctypes.c_void_p
-        for name, args, res in (("ggml_backend_dev_count", [], ctypes.c_size_t),
-                                ("ggml_backend_dev_get", [ctypes.c_size_t], p),
-                                ("ggml_backend_dev_type", [p], ctypes.c_int),
-                                ("ggml_backend_dev_backend_reg", [p], p),
-                                ("ggml_backend_reg_name", [p], ctypes.c_char_p),
-                                ("ggml_backend_dev_description", [p], ctypes.c_char_p),
-                                ("ggml_backend_dev_memory", [p, ctypes.POINTER(ctypes.c_size_t),
-                                                             ctypes.POINTER(ctypes.c_size_t)], None)):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
-        _lib = lib
-    return _lib
+def _listed():
+    """The GPU devices llama.cpp lists, asked once per process (engine.list_devices)."""
+    global _devices
+    if _devices is None:
+        _devices = [d for d in engine.list_devices() if d.backend in BACKENDS and d.backend != "cpu"]
+    return _devices
 
 
 def nvidia_smi_gpus():

@@ -12,6 +12,12 @@ import gguf
 EXPERT_PATTERN = "ffn_(gate|up|down)_exps"
 
 
+def rpc_buffer_type(endpoint):
+    """llama.cpp's name for the buffer type of the first device of the RPC
+    server at ``endpoint`` (ggml-rpc.cpp: "RPC<device>[<endpoint>]")."""
+    return f"RPC0[{endpoint}]"
+
+
 def has_experts(path):
     """True when the GGUF at ``path`` has expert tensors."""
     return any("_exps" in t.name for t in gguf.GGUFReader(path).tensors)

@@ -1,89 +1,95 @@
-"""Worker side: llama.cpp's RPC server for this tower's memory, in a child
-process the tower supervises, listening on 127.0.0.1 only.
+"""Worker side: llama.cpp's own ``ggml-rpc-server`` for the memory this tower lends, supervised.
 
-Run as ``python -m reticulum_grid.split.rpcworker --port P --cache DIR
-[--threads N]``. The child ends when its stdin closes (the tower went away),
-so a killed tower never leaves an RPC server behind. ``DIR`` is llama.cpp's
-RPC tensor cache: a coordinator that loads the same model again sends only
-tensor hashes, not the weights.
+It listens on 127.0.0.1 only: llama.cpp's RPC has no authentication and
+trusts every byte it reads (its README: never on an open network), so a peer
+reaches it only through what the tower admits (split/tunnel.py, or the data
+plane with its HMAC challenge), and only a tower holding ``shard`` here.
+What such a peer can still do is bounded by the process it talks to:
+
+- it runs under node/childguard.py, a child of the tower that holds no key,
+  no identity and no blob of the tower's, and ends with the tower;
+- on a CPU tower its data segment is capped at the memory the tower lends
+  (RLIMIT_DATA: lent MiB + RPC_HEADROOM_MIB), so an ALLOC_BUFFER beyond it
+  fails inside the RPC server instead of taking the machine's RAM (GPU memory
+  is the driver's to bound; a GPU tower lends what it announces);
+- it runs without llama.cpp's tensor cache (``-c``), so nothing it receives
+  is written to the tower's disk;
+- a malformed command that makes it abort (GGML_ASSERT) ends only that child:
+  the next request starts it again, after a backoff (1, 2, 4 ... 60 s) when
+  it keeps dying.
 """
 
-import argparse
 import logging
-import os
-import subprocess
-import sys
+import resource
 import threading
+import time
 
+from reticulum_grid.node import childguard, engine
 from reticulum_grid.node.localgrid import free_port, wait_port
 
 log = logging.getLogger("rngrid.split.worker")
 
 #: Seconds a new RPC server gets to listen.
 START_TIMEOUT_S = 30.0
+#: Memory the RPC server needs beyond what it holds for peers (MiB: its code, threads, a graph).
+RPC_HEADROOM_MIB = 512
+#: Backoff after the n-th quick death in a row: min(2**n, MAX_BACKOFF_S) seconds.
+MAX_BACKOFF_S = 60.0
+#: A server that lived this long has its death count reset (seconds).
+STABLE_S = 60.0
+
+
+class RpcUnavailable(RuntimeError):
+    """The RPC server cannot be started now; the message says why."""
 
 
 class RpcWorker:
     """The tower's RPC server child. ``endpoint()`` starts it (again, if it
-    died) and returns its "127.0.0.1:port"."""
+    died) and returns its "127.0.0.1:port"; ``lend_mib()`` gives the memory
+    cap (MiB) of the next start, None for none."""
 
-    def __init__(self, cache_dir, log_path, threads=0):
-        self.cache_dir = cache_dir
+    def __init__(self, log_path, threads=0, lend_mib=lambda: None):
         self.log_path = log_path
         self.threads = threads
-        self.proc = None
+        self.lend_mib = lend_mib
+        self.guard = None
         self.port = None
+        self.deaths = 0
+        self._started = 0.0
+        self._died = 0.0
         self._lock = threading.Lock()
 
     def endpoint(self):
-        """Raises RuntimeError when the server does not come up."""
+        """Raises RpcUnavailable when the server does not come up, or is in its backoff."""
         with self._lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self._start()
+            if self.guard is None or self.guard.poll() is not None:
+                self._restart()
             return f"127.0.0.1:{self.port}"
 
-    def _start(self):
+    def _restart(self):
+        if self.guard is not None:  # it died: count it, and wait out the backoff
+            if self._died < self._started:
+                self._died = time.monotonic()
+                self.deaths = 1 if self._died - self._started > STABLE_S else self.deaths + 1
+                log.warning("the RPC server exited (code %s); see %s", self.guard.returncode, self.log_path)
+            wait = min(2.0 ** (self.deaths - 1), MAX_BACKOFF_S) - (time.monotonic() - self._died)
+            if wait > 0:
+                raise RpcUnavailable(f"the RPC server died {self.deaths} time(s) in a row; it restarts in {wait:.0f} s")
         self.port = free_port()
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reticulum_grid.split.rpcworker", "--port", str(self.port),
-                 "--cache", str(self.cache_dir), "--threads", str(self.threads)],
-                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
+        argv = [engine.binary(engine.RPC_SERVER), "-H", "127.0.0.1", "-p", str(self.port)]
+        if self.threads:
+            argv += ["-t", str(self.threads)]
+        lend = self.lend_mib()
+        limits = {resource.RLIMIT_DATA: (lend + RPC_HEADROOM_MIB) << 20} if lend else None
+        self.guard = childguard.start(argv, self.log_path, env=engine.child_env(), limits=limits)
+        self._started = time.monotonic()
         if not wait_port(self.port, START_TIMEOUT_S):
             self.stop()
-            raise RuntimeError(f"the RPC server did not listen within {START_TIMEOUT_S:.0f} s; see {self.log_path}")
-        log.info("RPC server listening on 127.0.0.1:%d (pid %d)", self.port, self.proc.pid)
+            raise RpcUnavailable(f"the RPC server did not listen within {START_TIMEOUT_S:.0f} s; see {self.log_path}")
+        log.info("RPC server listening on 127.0.0.1:%d (pid %s%s)", self.port, childguard.program_pid(self.guard),
+                 f", data capped at {lend + RPC_HEADROOM_MIB} MiB" if lend else "")
 
     def stop(self):
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            proc.stdin.close()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="rpcworker")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--cache", default="")
-    parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args(argv)
-    from reticulum_grid.split import ggml
-    threads = args.threads or os.cpu_count() or 1
-    # Bound to 127.0.0.1 only: RPC has no authentication (see tunnel.py).
-    threading.Thread(target=_exit_with_parent, daemon=True).start()
-    ggml.start_rpc_server(f"127.0.0.1:{args.port}", args.cache or None, threads, ggml.local_devices())
-    os._exit(1)  # start_rpc_server returns only when it could not serve
-
-
-def _exit_with_parent():
-    sys.stdin.buffer.read()  # returns when the tower closes our stdin or dies
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
+        guard = self.guard
+        if guard is not None:
+            childguard.stop(guard)

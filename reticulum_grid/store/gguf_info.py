@@ -64,6 +64,13 @@ def name_map(arch, blocks):
 
 
 
+def context_length(path):
+    """The context length (tokens) the GGUF at ``path`` was trained for (4096 when it does not say)."""
+    reader = gguf.GGUFReader(path)
+    field = reader.fields.get(f"{_field(reader, 'general.architecture')}.context_length")
+    return int(field.parts[-1][0]) if field is not None else 4096
+
+
 def need_mib(path, n_ctx, file_size):
     """Memory (MiB) the model at ``path`` needs loaded with a ``n_ctx``-token
     context (0: the model's own context length): weights (the file) + f16 KV

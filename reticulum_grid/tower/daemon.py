@@ -24,18 +24,16 @@ from links.chunks import ChunkFetcher, ChunkServer
 from links.stream import StreamRoutes
 from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
-from reticulum_grid.inference import request as inference_request
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
 from reticulum_grid.node.config import LiveAllowList
-from reticulum_grid.inference.llama_backend import ContextLengthExceeded
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
 from reticulum_grid.tower.replies import ReplyCache
 from reticulum_grid.tower.split import TowerSplit
-from reticulum_grid.tower.streams import start_stream
+from reticulum_grid.tower.inference import TowerInference
 
 log = logging.getLogger("rngrid.tower")
 
@@ -111,11 +109,12 @@ class Tower:
             transport=net.transport, bitrate=net.bitrate)
         rnsnet.start(configdir)
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
-                                      on_tokens_per_s=self._record_tokens_per_s)
+                                      on_tokens_per_s=self.record_tokens_per_s, log_dir=self.config.directory)
         if (warning := hardware.unused_gpu_warning()) is not None:
             log.warning("%s", warning)
         self.registry.load_configured()
         self.jobs = TowerJobs(self)
+        self.inference = TowerInference(self)
         self.split = TowerSplit(self)
         self.split.warm()
         self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
@@ -125,7 +124,7 @@ class Tower:
         blobs = TowerBlobs(self)
         # ping: an empty reply, so clients time a small round trip (their RTT).
         commands = {"ping": (None, lambda session, request: {}),
-                    "caps/full": (None, self._caps_full), "ai/inference": ("infer", self._inference),
+                    "caps/full": (None, self._caps_full), **self.inference.commands(),
                     "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
                     "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
                     "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
@@ -153,13 +152,15 @@ class Tower:
             self.jobs.manager.stop()
         if getattr(self, "split", None):
             self.split.stop()
+        if self.registry:
+            self.registry.close()
         if self.collector:
             self.collector.stop()
         for session in list(self.sessions.values()):
             session.link.teardown()
         rnsnet.stop()
 
-    def _record_tokens_per_s(self, value):
+    def record_tokens_per_s(self, value):
         self.tokens_per_s = value if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * value
 
     # -- commands ---------------------------------------------------------
@@ -260,54 +261,3 @@ class Tower:
     def link_closed(self, link):
         with self._lock:
             self.sessions.pop(link.link_id, None)
-
-    # -- ai/inference -----------------------------------------------------
-    def _inference(self, session, request):
-        if "split" in request:  # a model split over towers (tower/split.py)
-            return self.split.inference(session, request)
-        request = inference_request.parse(request)
-        slot = self.registry.find(request.model)
-        adapter = self._adapter_path(request.adapter)
-
-        def generate(result, cancel):
-            backend = self.registry.backend(slot)
-            backend.set_adapter(adapter, request.adapter_scale)
-            # Tokenizing (a prompt may be 512K characters) runs here, on the
-            # stream's thread after admission: the handler must return at once.
-            tokens = self._tokenize(backend, request)
-            yield from backend.generate(tokens, request.sampling, cancel, result,
-                                        continued=len(request.continue_tokens))
-
-        return start_stream(session, request, slot.queue, generate, self._whole_model_usage)
-
-    def _adapter_path(self, name):
-        if not name:
-            return None
-        try:
-            info = self.store.info(self.store.resolve(name))
-        except WireError:
-            info = None
-        if info is None or info.kind != "adapter":
-            raise WireError(Code.UNKNOWN_ADAPTER, f"no GGUF LoRA adapter {name!r} on tower {self.config.name}")
-        return str(info.path)
-
-    @staticmethod
-    def _tokenize(backend, request):
-        try:
-            return backend.tokenize_prompt(prompt=request.prompt, messages=request.messages,
-                                           continued=request.continue_tokens)
-        except ContextLengthExceeded as e:
-            raise WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e)) from None
-        except ValueError as e:
-            raise WireError(Code.BAD_REQUEST, str(e)) from None
-
-    def _whole_model_usage(self, result, queued_s):
-        if result.completion_tokens:  # announced: what this tower's model runs at
-            self._record_tokens_per_s(result.tokens_per_s)
-        return self.usage(result, queued_s)
-
-    def usage(self, result, queued_s):
-        """The end message's usage map of a stream (times in seconds, rate in tokens/s)."""
-        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                "ttft_s": round(result.ttft_s, 4), "tokens_per_s": round(result.tokens_per_s, 2),
-                "queued_s": round(queued_s, 4), "tower": self.config.name}

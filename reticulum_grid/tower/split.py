@@ -26,8 +26,9 @@ from links.wire import Code, WireError
 from reticulum_grid.inference import request as inference_request
 from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.node.connection import TowerConnection
-from reticulum_grid.split import experts, ggml
-from reticulum_grid.split.rpcworker import RpcWorker
+from reticulum_grid.node import engine
+from reticulum_grid.split import experts
+from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
@@ -43,7 +44,8 @@ class TowerSplit:
     def __init__(self, tower):
         self.tower = tower
         directory = tower.config.directory
-        self.worker = RpcWorker(directory / "rpc-cache", directory / "rpc-worker.log", threads=tower.config.shard_threads)
+        self.worker = RpcWorker(directory / "rpc-worker.log", threads=tower.config.shard_threads,
+                                lend_mib=self._cpu_lend_mib)
         self.queue = ModelQueue(tower.config.queue_depth)
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
@@ -75,10 +77,17 @@ class TowerSplit:
         self._drop_model()
         self.worker.stop()
 
+    def _cpu_lend_mib(self):
+        """The RPC server's memory cap (MiB) on a CPU tower; None on a GPU tower."""
+        hardware = self.tower.hardware()
+        if hardware.backend != "cpu":
+            return None
+        return self.lend_mib(hardware) or None
+
     def lend_mib(self, hardware):
         """MiB this tower lends to split models: free memory (VRAM, else RAM)
         minus a headroom, capped by ``[shard] lend_mib``; 0 without RPC."""
-        if not ggml.rpc_available():
+        if not engine.available(engine.RPC_SERVER):
             return 0
         spare = max(0, hardware.memory_free_mib - max(HEADROOM_MIB, hardware.memory_total_mib // 10))
         cap = self.tower.config.lend_mib
@@ -87,15 +96,10 @@ class TowerSplit:
     def known_facts(self, slot):
         """``{"need_mib": MiB, "n_layers": int}`` of ``slot``'s model, each only
         when known without reading its file: from the loaded model's own
-        metadata, else from the background read (``warm``, or one started here
-        for a model that arrived later); ``"reading": True`` while that read
+        background read (``warm``, or one started here for a model that
+        arrived later); ``"reading": True`` while that read
         is still to come (absent once it failed). RNS handlers use this: a GGUF
         read takes seconds and would hold up every packet on the interface."""
-        if slot.path not in self._layers and slot.backend is not None:
-            meta = slot.backend.llm.metadata
-            count = meta.get(f"{meta.get('general.architecture')}.block_count")
-            if count is not None and str(count).isdigit():
-                self._layers[slot.path] = int(count)
         facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
         if None in facts.values():
             with self._lock:
@@ -125,12 +129,12 @@ class TowerSplit:
 
     # -- worker end -------------------------------------------------------
     def tunnel(self, session, request):
-        if not ggml.rpc_available():
-            raise WireError(Code.UNSUPPORTED, "this tower's llama.cpp was built without RPC (-DGGML_RPC=on)")
+        if not engine.available(engine.RPC_SERVER):
+            raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER}: run `make llama` there")
         try:
             port = int(self.worker.endpoint().rsplit(":", 1)[1])
-        except RuntimeError as e:
-            raise WireError(Code.INTERNAL, str(e)) from None
+        except RpcUnavailable as e:
+            raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
         tunnels = getattr(session, "tunnels", None)
         if tunnels is None:
             session.tunnels = Tunnels(session.router, target_port=port)
@@ -149,14 +153,14 @@ class TowerSplit:
         parts = self._parse_parts(split, self.n_layers(slot.path))
         want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
 
-        def generate(result, cancel):
-            yield from self._ensure_model(slot, want).generate(request, cancel, result)
+        def generate(model, result, cancel):
+            yield from model.generate(request, cancel, result)
 
         def usage(result, queued_s):
-            return {**self.tower.usage(result, queued_s), "split": [key.hex() for key, _, _ in parts]}
+            return {**self.tower.inference.usage(result, queued_s), "split": [key.hex() for key, _, _ in parts]}
 
-        return start_stream(session, request, self.queue, generate, usage, on_error=self._stream_failed,
-                            name="rngrid-split")
+        return start_stream(session, request, self.queue, generate, usage, prepare=lambda: self._ensure_model(
+            slot, want), on_error=self._stream_failed, name="rngrid-split")
 
     def _parse_parts(self, split, n_layers):
         parts = split.get("parts") if isinstance(split, dict) else None
@@ -208,9 +212,9 @@ class TowerSplit:
             self.links[-1] = (conn, listener)
             endpoints.append(listener.endpoint)
         counts = [end - first for _, first, end in parts]
-        model = SplitModel(want, slot.path, slot.settings.n_ctx, endpoints, counts,
+        model = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                            self.tower.config.directory / "split-model.log", threads=slot.settings.threads,
-                           experts=expert_mode)
+                           experts=expert_mode, gpu=self.tower.hardware().backend != "cpu")
         started = time.perf_counter()
         model.start(moved=lambda: sum(l.tunnels.sent_bytes + l.tunnels.received_bytes for _, l in self.links))
         log.info("split model loaded in %.1f s over %d worker(s)", time.perf_counter() - started, len(endpoints))
@@ -228,6 +232,6 @@ class TowerSplit:
 
     def _stream_failed(self, error):
         log.info("split stream failed: %s", error)
-        if error.code in (Code.UNREACHABLE, Code.TIMEOUT):  # a worker went away: rebuild next time
+        if error.code in (Code.UNREACHABLE, Code.TIMEOUT, Code.RUNNER_LOST):  # a worker went away: rebuild next time
             with self._lock:
                 self._drop_model()

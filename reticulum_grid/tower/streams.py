@@ -10,53 +10,97 @@ import time
 from links.stream import StreamSender
 from links.wire import Code, WireError
 from reticulum_grid.inference.admission import Cancelled
-from reticulum_grid.inference.llama_backend import AdapterError, Generation
+from reticulum_grid.inference.generation import AdapterError, ContextLengthExceeded, Generation
+from reticulum_grid.inference.placement import LoadError
+from reticulum_grid.inference.runner import RunnerError
 
 log = logging.getLogger("rngrid.tower")
 
 
-def start_stream(session, request, queue, generate, usage, on_error=None, name="rngrid-gen"):
+def start_stream(session, request, queue, generate, usage, prepare=None, on_error=None, name="rngrid-gen"):
     """Admit ``request`` (a parsed inference request) to ``queue`` and run it on
     a thread of its own; returns the reply ``{"stream_id", "queued"}`` at once.
 
-    ``generate(result, cancel)`` yields (text bytes, token ids) and fills
-    ``result`` (a Generation); ``usage(result, queued_s)`` gives the end
-    message's usage map; ``on_error(WireError)`` runs before a coded error is
-    sent. Raises WireError(busy) when the queue is full, WireError(bad_request)
-    when the stream id is in use on this Link."""
+    ``prepare()`` runs first, before the request takes a slot (loading or
+    restarting a runner, which may wait for the running streams to end), and
+    its result goes to ``generate(prepared, result, cancel)``, which yields
+    generation.Piece and fills ``result`` (a Generation); ``usage(result,
+    queued_s)`` gives the end message's usage map; ``on_error(WireError)`` runs
+    before a coded error is sent. Raises WireError(busy) when the queue is
+    full, WireError(bad_request) when the stream id is in use on this Link."""
     if request.stream_id in session.streams:
         raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
     ticket = queue.admit()
     cancel = session.streams[request.stream_id] = threading.Event()
-    threading.Thread(target=_run, args=(session, request, queue, ticket, cancel, generate, usage, on_error),
+    threading.Thread(target=_run, args=(session, request, queue, ticket, cancel, prepare, generate, usage, on_error),
                      name=f"{name}-{request.stream_id}", daemon=True).start()
     return {"stream_id": request.stream_id, "queued": ticket.ahead}
 
 
-def _run(session, request, queue, ticket, cancel, generate, usage, on_error):
+def _run(session, request, queue, ticket, cancel, prepare, generate, usage, on_error):
     sender = StreamSender(session.router, request.stream_id)
     started = time.perf_counter()
     try:
-        with queue.turn(ticket, cancel):
-            queued_s = time.perf_counter() - started
-            result = Generation()
-            for piece, ids in generate(result, cancel):
-                sender.push(piece, ids)
+        try:
+            prepared = prepare() if prepare else None
+            with queue.turn(ticket, cancel):
+                turn_at = time.perf_counter()
+                result = Generation()
+                for piece in generate(prepared, result, cancel):
+                    sender.push(piece.data, piece.ids, _extra(piece))
+                generation_s = time.perf_counter() - turn_at
+        except BaseException:
+            queue.forget(ticket)
+            raise
         if result.finish_reason == "cancelled":
             sender.fail(Code.CANCELLED, "cancelled by the client")
         else:
-            sender.end(result.finish_reason, usage(result, queued_s))
-        queue.record(time.perf_counter() - started)
+            sender.end(result.finish_reason, usage(result, turn_at - started))
+        queue.record(generation_s)  # the retry hint counts generation, never waiting
     except Cancelled:
         sender.fail(Code.CANCELLED, "cancelled while queued")
     except WireError as e:
         if on_error is not None:
             on_error(e)
         sender.fail(e.code, e.message)
-    except AdapterError as e:
-        sender.fail(Code.UNKNOWN_ADAPTER, str(e))
     except Exception as e:
-        log.exception("generation failed")
-        sender.fail(Code.INTERNAL, f"{type(e).__name__}: {e}")
+        error = coded(e)
+        if error.code == Code.INTERNAL:
+            log.exception("generation failed")
+        sender.fail(error.code, error.message)
     finally:
         session.streams.pop(request.stream_id, None)
+
+
+def coded(e):
+    """The WireError a failure of the engine becomes."""
+    if isinstance(e, WireError):
+        return e
+    if isinstance(e, ContextLengthExceeded):
+        return WireError(Code.CONTEXT_LENGTH_EXCEEDED, str(e))
+    if isinstance(e, AdapterError):
+        return WireError(Code.UNKNOWN_ADAPTER, str(e))
+    if isinstance(e, ValueError) and not isinstance(e, LoadError):
+        return WireError(Code.BAD_REQUEST, str(e))
+    if isinstance(e, RunnerError):
+        if e.status == 0:  # the runner died or went away mid-request; it is restarted
+            return WireError(Code.RUNNER_LOST, f"the model's engine stopped: {e.message}")
+        if e.status == 400:
+            return WireError(Code.BAD_REQUEST, f"llama.cpp refused the request: {e.message}")
+        return WireError(Code.INTERNAL, f"llama.cpp failed: {e.message}")
+    if isinstance(e, LoadError):
+        return WireError(Code.INTERNAL, f"the model did not load: {e}")
+    return WireError(Code.INTERNAL, f"{type(e).__name__}: {e}")
+
+
+def _extra(piece):
+    extra = {}
+    if piece.n != len(piece.ids):
+        extra["n"] = piece.n
+    if piece.logprobs:
+        extra["lp"] = piece.logprobs
+    if piece.tool_calls:
+        extra["tc"] = piece.tool_calls
+    if not piece.exact:
+        extra["x"] = True
+    return extra

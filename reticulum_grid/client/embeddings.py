@@ -1,0 +1,75 @@
+"""``ai/embeddings`` on the grid: routed like inference, the vectors back as one stream.
+
+The request goes to the best ranked tower holding the model (router.py); one
+that refuses or fails is skipped and the next one asked (an embedding is the
+same wherever it is computed, so a whole request is simply asked again). The
+tower streams the vectors as float32 little-endian bytes (tower/inference.py).
+"""
+
+import secrets
+import struct
+from dataclasses import dataclass
+
+from links.stream import MAX_STREAM_ID
+from links.wire import Code, WireError
+from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
+
+
+@dataclass
+class Embeddings:
+    """``vectors``: one list of floats per input text, in order (each of ``dims``
+    numbers); ``prompt_tokens``: tokens the inputs took; ``tower``: who computed them."""
+    vectors: list
+    prompt_tokens: int
+    tower: str
+
+    @property
+    def dims(self):
+        return len(self.vectors[0]) if self.vectors else 0
+
+
+def embed(grid, model, texts, tower=None):
+    """Embeddings of ``texts`` (a string or a list of them) from ``model``.
+    Raises WireError (the most telling code a tower gave)."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    errors = []
+    for choice in grid.rank(model, tower=tower)[:MAX_TOWERS]:
+        try:
+            return _ask(grid, choice.entry, model, texts)
+        except WireError as e:
+            if e.code not in RETRY_BEFORE_OUTPUT:
+                raise
+            errors.append((choice.entry.name, e))
+            grid.liveness.failed(choice.entry, e)
+    tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in errors) or "none"
+    codes = [e.code for _, e in errors]
+    raise WireError(codes[0] if len(set(codes)) == 1 else Code.UNREACHABLE,
+                    f"no tower could embed with {model!r}; tried {tried}")
+
+
+def _ask(grid, entry, model, texts):
+    conn = grid.connection(entry)
+    stream_id = secrets.randbelow(MAX_STREAM_ID)
+    bound = grid.liveness.attempt_timeout(entry)
+    receiver = conn.open_stream(stream_id, link_timeout=bound)
+    try:
+        conn.request("ai/embeddings", {"model": model, "input": texts, "stream_id": stream_id}, bound,
+                     link_timeout=bound)
+        data = bytearray()
+        silence = max(STREAM_SILENCE_S, 10 * (conn.link.rtt or 0.0))
+        for event in receiver.events(silence, conn.router):
+            if event[0] == "data":
+                data += event[1]
+                continue
+            usage = event[2]
+            dims, count = usage.get("dims"), usage.get("count")
+            if not isinstance(dims, int) or not isinstance(count, int) or dims * count * 4 != len(data):
+                raise WireError(Code.INTERNAL, f"tower {entry.name} sent {len(data)} bytes of vectors, "
+                                               f"not {count} x {dims} float32")
+            flat = struct.unpack(f"<{dims * count}f", bytes(data))
+            vectors = [list(flat[i * dims:(i + 1) * dims]) for i in range(count)]
+            tokens = usage.get("prompt_tokens")
+            return Embeddings(vectors, tokens if isinstance(tokens, int) else 0, entry.name)
+    finally:
+        conn.close_stream(stream_id)
+    raise WireError(Code.INTERNAL, f"tower {entry.name} ended the embeddings stream without its end")

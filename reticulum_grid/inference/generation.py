@@ -1,0 +1,281 @@
+"""One generation on a runner: prompt tokens in, text pieces with their token ids out.
+
+A request's prompt becomes tokens the way llama-server itself makes them (a
+chat through the model's own template, ``/apply-template``, then
+``/tokenize`` with special tokens; a plain prompt tokenized the same way),
+followed by ``continue_tokens`` (tokens another tower already generated), and
+goes to ``/completion`` as token ids, streamed with ``return_tokens``. So a
+tower that continues another's stream starts from exactly the tokens the
+first one had.
+
+The runner sends a text piece only once it holds whole UTF-8 characters, and
+its pieces carry the id of their last token only: when a character took
+several tokens, the ids of the earlier ones are not in its stream. Those
+pieces get ids from ``/tokenize`` of their own text instead (byte-for-byte
+the same text; checked with ``/detokenize``), so the stream never loses or
+repeats text when another tower continues it; ``n`` says how many tokens the
+piece really took, for the usage.
+
+Requests with ``tools`` go to the runner's ``/v1/chat/completions`` (its
+tool-call parser for the model's template) and stream text and tool-call
+deltas, or, for a template without tools, ask for one JSON answer
+(tools.py); they are not continued elsewhere once text arrived.
+"""
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from reticulum_grid.inference import tools
+from reticulum_grid.inference.runner import RunnerError
+
+
+@dataclass
+class Sampling:
+    """Sampling options, with llama-cpp-python's create_completion defaults
+    (what this grid always used); penalties as in OpenAI's API."""
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple = ()
+
+    def to_runner(self):
+        body = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "repeat_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "stop": list(self.stop)}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
+
+
+@dataclass
+class Generation:
+    """What one generation produced. Times in seconds, rates in tokens/s.
+
+    ``tokens_per_s`` is llama.cpp's own eval rate (generated tokens over the
+    time spent generating them, as Ollama reports it); ``cached_tokens``: prompt
+    tokens the runner reused from its cache; ``draft_tokens`` /
+    ``draft_accepted``: speculative decoding's proposals and how many held."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "length"
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    tokens_per_s: float = 0.0
+    cached_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Piece:
+    """One streamed piece: UTF-8 ``data`` (whole characters), the token ``ids``
+    it came from, ``n`` tokens generated for it (may exceed len(ids), see the
+    module doc), and per-token ``logprobs`` or ``tool_calls`` deltas."""
+    data: bytes
+    ids: list
+    n: int
+    logprobs: list = field(default_factory=list)
+    tool_calls: list = field(default_factory=list)
+    exact: bool = True  # ids give exactly these bytes: another tower may continue from them
+
+
+class ContextLengthExceeded(ValueError):
+    pass
+
+
+class AdapterError(ValueError):
+    pass
+
+
+#: The runner's stop types -> OpenAI finish reasons.
+FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
+
+
+def prompt_tokens(runner, prompt=None, messages=None, continued=()):
+    """Prompt tokens as llama-server makes them, then ``continued``. Raises
+    ValueError (an empty prompt, ids outside the vocabulary, a template that
+    refuses the messages) and ContextLengthExceeded when no room is left (a
+    continuation may fill the window exactly: its first tower stopped there)."""
+    if messages is not None:
+        try:
+            prompt = runner.call("POST", "/apply-template", {"messages": messages})["prompt"]
+        except RunnerError as e:
+            if e.status >= 500 or e.status == 0:
+                raise
+            raise ValueError(f"the model's chat template refused these messages: {e.message}") from None
+    tokens = runner.call("POST", "/tokenize", {"content": prompt, "add_special": True, "parse_special": True})["tokens"]
+    if not tokens:
+        raise ValueError("the prompt is empty: it must give at least one token")
+    n_vocab = runner.n_vocab
+    if any(t >= n_vocab for t in continued):
+        raise ValueError(f"continue_tokens hold ids outside this model's vocabulary of {n_vocab}")
+    tokens += list(continued)
+    n_ctx = runner.spec.n_ctx
+    if len(tokens) > n_ctx or len(tokens) == n_ctx and not continued:
+        raise ContextLengthExceeded(f"prompt is {len(tokens)} tokens; the context window is {n_ctx} tokens")
+    return tokens
+
+
+def generate(runner, request, cancel, result, lora=(), cache_prompt=True):
+    """Yield Pieces of one request (inference/request.py's InferenceRequest) on
+    ``runner``, filling ``result`` (a Generation). ``cancel`` (threading.Event)
+    ends it within one token: the runner's request is closed and its slot
+    freed. ``lora``: [{"id", "scale"}] for the runner; ``cache_prompt``: reuse
+    the slot's KV cache (a tower always does; off, the prompt is evaluated
+    afresh). Raises ValueError, ContextLengthExceeded, RunnerError."""
+    if request.tools and runner.supports_tools:
+        yield from _chat(runner, request, cancel, result, lora)
+    elif request.tools:  # a template without tools: one JSON answer (tools.py)
+        pieces = list(_complete(runner, request, cancel, result, lora, tools.messages(
+            request.messages, request.tools, request.tool_choice), tools.schema(request.tools, request.tool_choice),
+            cache_prompt))
+        text, calls = tools.answer(b"".join(p.data for p in pieces).decode("utf-8", "replace"))
+        if pieces:
+            yield Piece(text.encode("utf-8"), [], sum(p.n for p in pieces), [lp for p in pieces for lp in p.logprobs],
+                        calls, exact=False)
+        if calls and result.finish_reason == "stop":
+            result.finish_reason = "tool_calls"
+    else:
+        yield from _complete(runner, request, cancel, result, lora, request.messages, request.json_schema,
+                             cache_prompt)
+
+
+def _complete(runner, request, cancel, result, lora, messages, json_schema, cache_prompt):
+    """Text through the runner's /completion, from prompt tokens (see the module doc)."""
+    started = time.perf_counter()
+    tokens = prompt_tokens(runner, request.prompt, messages, request.continue_tokens)
+    result.prompt_tokens = len(tokens)
+    max_tokens = min(request.sampling.max_tokens, runner.spec.n_ctx - len(tokens))
+    if max_tokens <= 0:  # a continuation whose first tower died after its last token: nothing to add
+        return
+    body = {"prompt": tokens, "n_predict": max_tokens, "return_tokens": True, "cache_prompt": cache_prompt,
+            "return_progress": True, **request.sampling.to_runner()}
+    if json_schema is not None:
+        body["json_schema"] = json_schema
+    if request.logprobs:
+        body["n_probs"] = request.logprobs
+    if lora:
+        body["lora"] = list(lora)
+    stream = runner.stream("/completion", body)
+    seen = 0
+    with _closes_on(cancel, stream):
+        for event in stream:
+            if event.get("stop"):
+                _finish(result, event, started)
+                break
+            n = event.get("tokens_predicted", seen)
+            if n <= seen:
+                continue  # prompt progress, not a token
+            if result.ttft_s == 0.0:
+                result.ttft_s = time.perf_counter() - started
+            piece = _piece(runner, event, n - seen)
+            seen = n
+            result.completion_tokens = n
+            yield piece
+    if cancel.is_set():
+        result.finish_reason = "cancelled"
+
+
+def _piece(runner, event, n):
+    data, ids = event.get("content", "").encode("utf-8"), list(event.get("tokens") or ())
+    if len(ids) < n and data:  # a character that took several tokens: see the module doc
+        repaired = runner.call("POST", "/tokenize", {"content": data.decode("utf-8"), "add_special": False,
+                                                     "parse_special": False})["tokens"]
+        back = runner.call("POST", "/detokenize", {"tokens": repaired})["content"]
+        if back.encode("utf-8") != data:
+            return Piece(data, [], n, logprobs=_logprobs(event.get("completion_probabilities")), exact=False)
+        ids = repaired
+    return Piece(data, ids, n, logprobs=_logprobs(event.get("completion_probabilities")))
+
+
+def _logprobs(probs):
+    """The runner's per-token probabilities as [{token, logprob, bytes, top: [...]}]."""
+    out = []
+    for p in probs or ():
+        top = [{"token": t.get("token", ""), "logprob": t.get("logprob", 0.0), "bytes": t.get("bytes") or []}
+               for t in p.get("top_logprobs") or ()]
+        out.append({"token": p.get("token", ""), "logprob": p.get("logprob", 0.0), "bytes": p.get("bytes") or [],
+                    "top": top})
+    return out
+
+
+def _finish(result, event, started):
+    timings = event.get("timings") or {}
+    result.finish_reason = FINISH.get(event.get("stop_type"), "stop")
+    result.completion_tokens = event.get("tokens_predicted", result.completion_tokens)
+    result.cached_tokens = int(timings.get("cache_n") or 0)
+    result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
+    result.decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
+    result.draft_tokens = int(timings.get("draft_n") or 0)
+    result.draft_accepted = int(timings.get("draft_n_accepted") or 0)
+    if result.ttft_s == 0.0 and result.completion_tokens:
+        result.ttft_s = time.perf_counter() - started
+
+
+def _chat(runner, request, cancel, result, lora):
+    """A request with tools, through the runner's OpenAI chat endpoint (its
+    tool-call parser for the model's template)."""
+    started = time.perf_counter()
+    body = {"messages": request.messages, "tools": request.tools, "max_tokens": request.sampling.max_tokens,
+            "stream_options": {"include_usage": True}, **request.sampling.to_runner()}
+    if request.tool_choice is not None:
+        body["tool_choice"] = request.tool_choice
+    if request.json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": request.json_schema}}
+    if request.logprobs:
+        body.update(logprobs=True, top_logprobs=request.logprobs)
+    if lora:
+        body["lora"] = list(lora)
+    stream = runner.stream("/v1/chat/completions", body)
+    with _closes_on(cancel, stream):
+        for event in stream:
+            usage = event.get("usage")
+            if usage:
+                result.prompt_tokens = usage.get("prompt_tokens", 0)
+                result.completion_tokens = usage.get("completion_tokens", 0)
+                timings = event.get("timings") or {}
+                result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
+                result.decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
+            for choice in event.get("choices") or ():
+                if choice.get("finish_reason"):
+                    result.finish_reason = choice["finish_reason"]
+                delta = choice.get("delta") or {}
+                text, calls = delta.get("content") or "", delta.get("tool_calls") or []
+                lp = _logprobs((choice.get("logprobs") or {}).get("content"))
+                if text or calls:
+                    if result.ttft_s == 0.0:
+                        result.ttft_s = time.perf_counter() - started
+                    yield Piece(text.encode("utf-8"), [], 1 if text else 0, logprobs=lp, tool_calls=calls,
+                                exact=False)
+    if cancel.is_set():
+        result.finish_reason = "cancelled"
+
+
+class _closes_on:
+    """Closes ``stream`` as soon as ``cancel`` is set, while inside the block."""
+
+    def __init__(self, cancel, stream):
+        self.cancel, self.stream, self.done = cancel, stream, threading.Event()
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, name="rngrid-cancel-watch", daemon=True).start()
+        return self
+
+    def _watch(self):
+        while not self.done.is_set():
+            if self.cancel.wait(0.1):
+                self.stream.close()
+                return
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.stream.close()
+        return False

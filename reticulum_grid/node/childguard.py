@@ -1,0 +1,121 @@
+"""Run a program as a child that ends with the tower, even after ``kill -9`` of the tower.
+
+    python -m reticulum_grid.node.childguard -- PROGRAM ARGS...
+
+The guard is a small process between the tower and a program that never reads
+its stdin (llama-server, ggml-rpc-server). It starts the program and waits;
+when its own stdin closes (the tower exited, however it went) or it gets
+SIGTERM, it sends the program SIGTERM, then SIGKILL after ``GRACE_S``, and
+exits. It exits with the program's exit code (128 + signal when a signal
+ended it), so the tower sees a crash as the guard ending. On Linux the program
+also gets PR_SET_PDEATHSIG, so it dies with the guard itself (the guard is
+single-threaded, which that signal needs).
+
+``start(argv, log_path)`` is the tower's side.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+#: Seconds a program gets to exit after SIGTERM before SIGKILL.
+GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def start(argv, log_path, env=None, limits=None):
+    """Start ``argv`` under a guard; its output goes to ``log_path`` (appended).
+    ``limits``: {resource.RLIMIT_*: bytes} set on the program (e.g. RLIMIT_DATA).
+    Returns the guard's Popen (close its stdin, or ``stop()``, to end both)."""
+    spec = [f"--limit={k}:{v}" for k, v in (limits or {}).items()]
+    with open(log_path, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "reticulum_grid.node.childguard", *spec, "--", *argv],
+                                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def stop(guard, timeout_s=GRACE_S + 5.0):
+    """End a guard and its program (stdin closed, then SIGKILL if it lingers)."""
+    if guard.poll() is not None:
+        return
+    try:
+        guard.stdin.close()
+    except OSError:
+        pass
+    try:
+        guard.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+        guard.wait(5)
+
+
+def program_pid(guard):
+    """The pid of the program a guard runs, or None (not started yet, or gone)."""
+    import psutil
+    try:
+        children = psutil.Process(guard.pid).children()
+    except psutil.Error:
+        return None
+    return children[0].pid if children else None
+
+
+def _preexec(limits):
+    def run():
+        os.setpgid(0, 0)  # a Ctrl-C meant for the tower's terminal reaches the program through us only
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if limits:
+            import resource
+            for which, value in limits.items():
+                resource.setrlimit(which, (value, value))
+    return run
+
+
+def _end(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    limits = {}
+    while args and args[0].startswith("--limit="):
+        which, value = args.pop(0)[len("--limit="):].split(":")
+        limits[int(which)] = int(value)
+    if not args or args[0] != "--" or len(args) < 2:
+        print("usage: python -m reticulum_grid.node.childguard [--limit=R:V ...] -- PROGRAM ARGS...", file=sys.stderr)
+        return 2
+    proc = subprocess.Popen(args[1:], stdin=subprocess.DEVNULL, preexec_fn=_preexec(limits))
+    done = threading.Event()
+
+    def on_term(signum, frame):
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tower decides when we end
+
+    def watch_stdin():
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        done.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    while not done.is_set() and proc.poll() is None:
+        done.wait(0.2)
+    _end(proc)
+    code = proc.returncode
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

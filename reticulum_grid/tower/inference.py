@@ -1,0 +1,109 @@
+"""A tower's model commands (role ``infer``): ``ai/inference`` and ``ai/embeddings``.
+
+``ai/inference`` (inference/request.py) -> ``{"stream_id", "queued"}`` at once,
+then the token stream (links/stream.py) from the model's runner; a request
+with a ``split`` plan goes to tower/split.py.
+
+``ai/embeddings`` ``{"model", "input": str | [str, ...], "stream_id"}`` ->
+``{"stream_id", "queued"}``, then one stream whose chunks carry the vectors
+as float32 little-endian bytes, one vector after another, and whose end
+message's usage says ``dims``, ``count`` and ``prompt_tokens``. The runner
+is started with embeddings on (``[models.X] embeddings = true``) or
+restarted so on first use; the vectors are llama.cpp's, normalised (L2).
+"""
+
+import struct
+
+from links.wire import Code, WireError
+from reticulum_grid.inference import generation, request as inference_request
+from reticulum_grid.inference.generation import Piece
+from reticulum_grid.tower.streams import start_stream
+
+#: Bytes of vectors per stream piece (the sender cuts pieces to the Link's MDU anyway).
+VECTOR_PIECE_BYTES = 16384
+
+
+class TowerInference:
+    def __init__(self, tower):
+        self.tower = tower
+
+    def commands(self):
+        return {"ai/inference": ("infer", self.inference), "ai/embeddings": ("infer", self.embeddings)}
+
+    def inference(self, session, request):
+        if "split" in request:  # a model split over towers (tower/split.py)
+            return self.tower.split.inference(session, request)
+        request = inference_request.parse(request)
+        registry = self.tower.registry
+        slot = registry.find(request.model)
+        adapter = self.adapter_path(request.adapter)
+
+        def prepare():
+            # Loading, or a restart for an adapter, waits for the running streams: off the handler.
+            return registry.runner(slot, adapter)
+
+        def generate(runner, result, cancel):
+            lora = [{"id": i, "scale": request.adapter_scale if path == adapter else 0.0}
+                    for i, path in enumerate(slot.adapters)]
+            yield from generation.generate(runner, request, cancel, result, lora)
+
+        return start_stream(session, request, slot.queue, generate, self._whole_model_usage, prepare=prepare)
+
+    def embeddings(self, session, request):
+        model, texts, stream_id = inference_request.parse_embeddings(request)
+        registry = self.tower.registry
+        slot = registry.find(model)
+        job = _EmbeddingJob(stream_id, texts)
+
+        def generate(runner, result, cancel):
+            reply = runner.call("POST", "/v1/embeddings", {"input": texts})
+            vectors = [d["embedding"] for d in sorted(reply["data"], key=lambda d: d["index"])]
+            data = b"".join(struct.pack(f"<{len(v)}f", *v) for v in vectors)
+            for i in range(0, len(data), VECTOR_PIECE_BYTES):
+                if cancel.is_set():
+                    result.finish_reason = "cancelled"
+                    return
+                yield Piece(data[i:i + VECTOR_PIECE_BYTES], [], 0)
+            result.prompt_tokens = int((reply.get("usage") or {}).get("prompt_tokens", 0))
+            result.finish_reason = "stop"
+            result.extra.update(dims=len(vectors[0]) if vectors else 0, count=len(vectors))
+
+        return start_stream(session, job, slot.queue, generate, self.usage,
+                            prepare=lambda: registry.runner(slot, embeddings=True), name="rngrid-embed")
+
+    def adapter_path(self, name):
+        """The path of the GGUF LoRA adapter ``name`` (None for none). Raises WireError(unknown_adapter)."""
+        if not name:
+            return None
+        store = self.tower.store
+        try:
+            info = store.info(store.resolve(name))
+        except WireError:
+            info = None
+        if info is None or info.kind != "adapter":
+            raise WireError(Code.UNKNOWN_ADAPTER, f"no GGUF LoRA adapter {name!r} on tower {self.tower.config.name}")
+        return str(info.path)
+
+    def _whole_model_usage(self, result, queued_s):
+        if result.completion_tokens:  # announced: what this tower's model runs at
+            self.tower.record_tokens_per_s(result.tokens_per_s)
+        return self.usage(result, queued_s)
+
+    def usage(self, result, queued_s):
+        """The end message's usage map of a stream (times in seconds, rates in tokens/s)."""
+        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                 "ttft_s": round(result.ttft_s, 4), "tokens_per_s": round(result.tokens_per_s, 2),
+                 "queued_s": round(queued_s, 4), "tower": self.tower.config.name}
+        if result.cached_tokens:
+            usage["cached_tokens"] = result.cached_tokens
+        if result.draft_tokens:
+            usage.update(draft_tokens=result.draft_tokens, draft_accepted=result.draft_accepted)
+        usage.update(result.extra)
+        return usage
+
+
+class _EmbeddingJob:
+    """What start_stream needs of an embeddings request."""
+
+    def __init__(self, stream_id, texts):
+        self.stream_id, self.texts = stream_id, texts

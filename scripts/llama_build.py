@@ -1,0 +1,345 @@
+"""Build llama.cpp's own server and RPC server for this machine's backend, and install torch.
+
+Run by `make` with the system Python, before the project's virtual environment
+has any packages, so it uses the standard library only.
+
+The tower's engine is llama.cpp's ``llama-server`` (one child per loaded
+model) and its ``ggml-rpc-server`` (the memory a tower lends to split
+models), built once from the llama.cpp that the pinned llama-cpp-python
+source distribution vendors (``[tool.rngrid.llama]`` in pyproject.toml: the
+sdist and its SHA-256). One CMake build gives both binaries; no Python
+binding of llama.cpp is installed.
+
+Backend choice (``choose_backend``): ``LLAMA_BACKEND`` (cuda|metal|cpu) wins;
+otherwise Metal on macOS arm64, CUDA where ``nvcc`` is found *and* an NVIDIA
+GPU is visible (``nvidia-smi -L``), CPU otherwise (with a warning and the
+fixing command when a GPU is there but the toolkit is not). RPC
+(``-DGGML_RPC=ON``) is on for every backend: split inference needs it on
+every tower. A CUDA build targets only the local GPUs' architectures
+(``nvidia-smi --query-gpu=compute_cap``: 8.6 -> 86), so it takes minutes, not
+the hour a build for every architecture takes; CMake's ``native`` is the
+fallback where the driver cannot say.
+
+Each set of flags is built once into ``~/.cache/rngrid/llama/<backend>-<key>/``
+(key: BLAKE2 of the source pin and the flags; ``RNGRID_LLAMA_CACHE`` moves
+it) and copied into the venv's ``bin/``. After installing, the binaries are
+checked: ``llama-server --version`` runs and ``--list-devices`` shows a device
+of the backend built for (CUDA0, MTL0, ...; a CPU build lists none).
+
+torch (``--torch SPEC``, installed first): ``--torch-index`` (make's TORCH_INDEX)
+wins; otherwise a CPU tower on Linux adds PyTorch's CPU wheel index (its
+``+cpu`` build outranks PyPI's CUDA build, several GB) when that index answers,
+and CUDA and Metal towers take PyPI's build (CUDA on Linux, MPS on macOS).
+
+Usage: python3 scripts/llama_build.py --venv .venv [--backend B] [--source DIR]
+       [--torch torch==2.13.0] [--torch-index URL] [--dry-run]
+"""
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ("cuda", "metal", "cpu")
+#: The binaries the tower runs, built from one CMake tree.
+BINARIES = ("llama-server", "ggml-rpc-server")
+#: The device name prefix ``llama-server --list-devices`` shows for each backend's GPUs.
+DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "cpu": None}
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
+#: Nothing in the build reaches a network: no prebuilt web UI download, no HTTPS client.
+COMMON_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_RPC=ON",
+                "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF")
+
+
+def pinned_source(pyproject=ROOT / "pyproject.toml"):
+    """(sdist requirement "llama-cpp-python==V", its SHA-256) from pyproject.toml."""
+    pin = tomllib.loads(Path(pyproject).read_text()).get("tool", {}).get("rngrid", {}).get("llama", {})
+    if "source" not in pin or "sha256" not in pin:
+        raise SystemExit("pyproject.toml lacks [tool.rngrid.llama] source and sha256")
+    return pin["source"], pin["sha256"]
+
+
+def choose_backend(override, system, machine, nvcc, nvidia_gpus):
+    """The llama.cpp backend for a machine.
+
+    override: "" or one of BACKENDS (ValueError otherwise); system/machine as
+    platform.system()/machine(); nvcc: path or None; nvidia_gpus: GPUs listed by
+    nvidia-smi (int). A toolkit without a GPU gives a CPU build: `native`
+    needs a GPU to detect, and a build for every architecture takes an hour."""
+    if override:
+        if override not in BACKENDS:
+            raise ValueError(f"LLAMA_BACKEND must be one of {', '.join(BACKENDS)}, not {override!r}")
+        return override
+    if system == "Darwin" and machine == "arm64":
+        return "metal"
+    if nvcc and nvidia_gpus > 0:
+        return "cuda"
+    return "cpu"
+
+
+def missing_toolkit_warning(backend, override, nvcc, nvidia_gpus):
+    """The warning for a CPU build on a machine whose NVIDIA GPU it leaves idle, else None."""
+    if backend != "cpu" or override or nvcc or nvidia_gpus == 0:
+        return None
+    return (f"warning: {nvidia_gpus} NVIDIA GPU(s) found but no CUDA toolkit (nvcc), so llama.cpp is built for the "
+            "CPU and towers here will not use the GPU. Install the CUDA toolkit (nvcc on PATH or "
+            f"{DEFAULT_NVCC}), then run `make llama LLAMA_BACKEND=cuda`.")
+
+
+def cuda_architectures(compute_caps):
+    """CMAKE_CUDA_ARCHITECTURES for GPUs of these compute capabilities
+    ("8.6", "9.0", ...): "86", "86;90", or "native" when none is known."""
+    archs = sorted({cap.strip().replace(".", "") for cap in compute_caps
+                    if cap.strip().replace(".", "").isdigit()}, key=int)
+    return ";".join(archs) or "native"
+
+
+#: /proc/cpuinfo flags -> ggml's x86 ISA options (ggml/CMakeLists.txt), for a build without -march=native.
+X86_FLAGS = {"sse4_2": "GGML_SSE42", "avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
+             "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512vbmi": "GGML_AVX512_VBMI",
+             "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16"}
+AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
+
+
+def cpu_args(system, machine, cpu_flags):
+    """ggml's CPU flags for this machine. On x86-64 Linux: every ISA extension
+    the CPU reports except AMX, instead of -march=native. A VM may advertise
+    AMX without enabling it: llama-server then dies of SIGILL at its first
+    matrix product (seen: tilezero in tinygemm_kernel_amx, on a Xeon guest
+    whose /proc/cpuinfo lists amx_tile). Elsewhere: -march=native."""
+    if system != "Linux" or machine not in ("x86_64", "AMD64"):
+        return []
+    flags = set(cpu_flags)
+    args = ["-DGGML_NATIVE=OFF"] + [f"-D{opt}=ON" for flag, opt in X86_FLAGS.items() if flag in flags]
+    if all(f in flags for f in AVX512):
+        args.append("-DGGML_AVX512=ON")
+    return sorted(args)
+
+
+def linux_cpu_flags(path="/proc/cpuinfo"):
+    """The first CPU's flags in /proc/cpuinfo ([] where there is none)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def cmake_args(backend, cuda_arch="native", cpu=()):
+    """The CMake flags of llama.cpp's build for ``backend``; ``cpu``: cpu_args()."""
+    args = list(COMMON_FLAGS) + list(cpu)
+    if backend == "cuda":
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    elif backend == "metal":
+        args += ["-DGGML_METAL=ON"]
+    return args
+
+
+def build_dir(backend, source_pin, args, cache=None):
+    """The folder one (source, flags) pair is built in."""
+    cache = Path(cache or os.environ.get("RNGRID_LLAMA_CACHE") or Path.home() / ".cache" / "rngrid" / "llama")
+    key = hashlib.blake2b(f"{source_pin} {' '.join(args)}".encode(), digest_size=6).hexdigest()
+    return cache / f"{backend}-{key}"
+
+
+def _nvidia_smi(*args):
+    """nvidia-smi's output lines, [] without the tool or a driver."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, *args], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def nvidia_gpu_count():
+    """GPUs that nvidia-smi lists (0 without the tool or a driver)."""
+    return sum(1 for line in _nvidia_smi("-L") if line.startswith("GPU "))
+
+
+def local_compute_caps():
+    """Compute capabilities of the local NVIDIA GPUs ("9.0", ...)."""
+    return _nvidia_smi("--query-gpu=compute_cap", "--format=csv,noheader")
+
+
+def find_nvcc():
+    return shutil.which("nvcc") or (str(DEFAULT_NVCC) if DEFAULT_NVCC.exists() else None)
+
+
+def plan(backend_override=""):
+    """(backend, source pin, sha256, cmake args, build dir, nvcc, GPU count) for this machine."""
+    nvcc, gpus = find_nvcc(), nvidia_gpu_count()
+    backend = choose_backend(backend_override, platform.system(), platform.machine(), nvcc, gpus)
+    source, sha = pinned_source()
+    args = cmake_args(backend, cuda_architectures(local_compute_caps()) if backend == "cuda" else "native",
+                      cpu_args(platform.system(), platform.machine(), linux_cpu_flags()))
+    return backend, source, sha, args, build_dir(backend, source, args), nvcc, gpus
+
+
+def fetch_source(pip, source, sha256, cache):
+    """The vendored llama.cpp tree of the pinned sdist, downloaded once (pip
+    download, checked against ``sha256``) and unpacked under ``cache``."""
+    tree = cache / "src" / source.replace("==", "-") / "llama.cpp"
+    if (tree / "CMakeLists.txt").exists():
+        return tree
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([pip, "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
+                        source], check=True)
+        (sdist,) = Path(tmp).glob("*.tar.gz")
+        digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+        if digest != sha256:
+            raise SystemExit(f"{sdist.name} has SHA-256 {digest}, pyproject.toml pins {sha256}")
+        with tarfile.open(sdist) as tar:
+            top = tar.getnames()[0].split("/")[0]
+            prefix = f"{top}/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            unpacked = Path(tmp) / "llama.cpp"
+            tar.extractall(unpacked, members=members, filter="data")
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.move(str(unpacked), tree)
+    return tree
+
+
+def build_commands(source_tree, house, args, nvcc=None, jobs=None):
+    """The configure and build commands, as (argv, extra env) pairs."""
+    env = {"CUDACXX": str(nvcc)} if nvcc else {}  # CMake finds nvcc even where it is not on PATH
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    configure = (["cmake", "-S", str(source_tree), "-B", str(house / "build"), *generator, *args], env)
+    build = (["cmake", "--build", str(house / "build"), "-j", str(jobs or os.cpu_count() or 2),
+              "--target", *BINARIES], env)
+    return configure, build
+
+
+def install(house, bindir):
+    """Copy the built binaries into ``bindir`` (the venv's bin/)."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        built = house / "bin" / name
+        if not built.exists():
+            raise SystemExit(f"{built} is missing: delete {house} and run make again")
+        target = bindir / name
+        tmp = target.with_name(name + ".tmp")
+        shutil.copy2(built, tmp)
+        os.replace(tmp, target)
+
+
+def collect(house):
+    """Keep the binaries beside the build tree (bin/), once the build finished."""
+    (house / "bin").mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        shutil.copy2(house / "build" / "bin" / name, house / "bin" / name)
+
+
+def check(bindir, backend):
+    """Run the installed binaries once: ``--version``, and ``--list-devices``
+    must show the backend's device. Returns the version line. Raises SystemExit."""
+    server = bindir / "llama-server"
+    try:
+        version = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=60)
+        devices = subprocess.run([server, "--list-devices"], capture_output=True, text=True, timeout=120)
+        rpc = subprocess.run([bindir / "ggml-rpc-server", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SystemExit(f"the installed llama.cpp does not run: {e}") from None
+    text = version.stdout + version.stderr
+    if "version" not in text:
+        raise SystemExit(f"{server} --version printed no version:\n{text}")
+    prefix = DEVICE_PREFIX[backend]
+    listed = devices.stdout + devices.stderr
+    if prefix and f"  {prefix}" not in listed:
+        raise SystemExit(f"the {backend} build lists no {prefix} device:\n{listed}")
+    if "--port" not in rpc.stdout + rpc.stderr:
+        raise SystemExit("ggml-rpc-server --help shows no --port option")
+    return next(line for line in text.splitlines() if "version" in line).strip()
+
+
+def torch_command(pip, spec, backend, system, index="", cpu_index_reachable=None):
+    """pip argv installing torch ``spec`` for ``backend`` (see the module doc).
+    ``cpu_index_reachable``: a callable asked only when the CPU index matters."""
+    if index:
+        return [pip, "install", spec, "--index-url", index]
+    if backend == "cpu" and system == "Linux" and (cpu_index_reachable or _reachable)(CPU_TORCH_INDEX):
+        return [pip, "install", spec, "--extra-index-url", CPU_TORCH_INDEX]
+    return [pip, "install", spec]
+
+
+def _reachable(url, timeout_s=5.0):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s):
+            return True
+    except Exception:
+        return False
+
+
+def _torch_cuda(python):
+    """torch's CUDA version in the venv ("" for a CPU build)."""
+    code = "import torch; print(torch.version.cuda or '')"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--venv", required=True, help="the virtual environment to install into")
+    ap.add_argument("--backend", default=os.environ.get("LLAMA_BACKEND", ""))
+    ap.add_argument("--source", default="", metavar="DIR", help="a llama.cpp source tree (default: the pinned sdist's)")
+    ap.add_argument("--jobs", type=int, default=0, help="parallel compile jobs (default: all cores)")
+    ap.add_argument("--torch", default="", metavar="SPEC", help="also install torch first, e.g. torch==2.13.0")
+    ap.add_argument("--torch-index", default="", metavar="URL", help="pip index for torch (overrides the choice)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and commands; run nothing")
+    opts = ap.parse_args(argv)
+    venv = Path(opts.venv)
+    pip, bindir = str(venv / "bin" / "pip"), venv / "bin"
+    backend, source, sha, args, house, nvcc, gpus = plan(opts.backend)
+    if opts.source:
+        house = build_dir(backend, f"{source} {Path(opts.source).resolve()}", args)
+    tree = Path(opts.source) if opts.source else house.parent / "src" / source.replace("==", "-") / "llama.cpp"
+    configure, build = build_commands(tree, house, args, nvcc if backend == "cuda" else None, opts.jobs)
+    torch = torch_command(pip, opts.torch, backend, platform.system(), opts.torch_index) if opts.torch else None
+    built = all((house / "bin" / name).exists() for name in BINARIES)
+    print(f"llama.cpp backend: {backend}; {' '.join(args)}; build {house}" + (" (built)" if built else ""),
+          flush=True)
+    if warning := missing_toolkit_warning(backend, opts.backend, nvcc, gpus):
+        print(warning, file=sys.stderr, flush=True)
+    if opts.dry_run:
+        for argv_, env in ([(torch, {})] if torch else []) + ([] if built else [configure, build]):
+            print(" ".join([*(f"{k}={v!r}" for k, v in env.items()), *map(str, argv_)]))
+        return 0
+    if torch:
+        subprocess.run(torch, check=True)
+    if not built:
+        if not opts.source:
+            fetch_source(pip, source, sha, house.parent)
+        print("building llama.cpp's server and RPC server (several minutes; once per set of flags)", flush=True)
+        for argv_, env in (configure, build):
+            subprocess.run(argv_, env={**os.environ, **env}, check=True)
+        collect(house)
+    install(house, bindir)
+    print(f"installed {', '.join(BINARIES)} into {bindir}: {check(bindir, backend)}", flush=True)
+    if torch and backend == "cuda" and not _torch_cuda(str(bindir / "python")):
+        print("warning: the torch installed is a CPU build, so training runs on the CPU; "
+              "pass TORCH_INDEX=https://download.pytorch.org/whl/cu128 (your CUDA version) to make",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
