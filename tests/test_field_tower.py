@@ -106,16 +106,25 @@ def test_generation_stops_at_an_odd_window(hub, tiny):
     assert usage.finish_reason == "length" and usage.prompt_tokens + usage.completion_tokens == TINY_CTX
 
 
-def test_every_window_a_user_may_write(model_path):
-    from reticulum_grid.inference.llama_backend import ContextLengthExceeded, LlamaBackend
-    for n_ctx in (1, 100, 257):
-        backend = LlamaBackend(model_path, n_ctx=n_ctx, n_threads=1)
+def test_a_window_of_one_token_is_refused_naming_the_key(tmp_path, model_path):
+    from reticulum_grid.node.config import load_tower, write_tower
+    path = tmp_path / "tower.toml"
+    write_tower(path, "t", {"m": {"path": model_path, "n_ctx": 1}})
+    with pytest.raises(ConfigError, match="models.m.n_ctx = 1"):
+        load_tower(path)
+
+
+def test_every_window_a_user_may_write(model_path, tmp_path):
+    from reticulum_grid.inference.generation import ContextLengthExceeded, prompt_tokens
+    from reticulum_grid.inference.runner import Runner, RunnerSpec
+    for n_ctx in (2, 100, 257):
+        runner = Runner(RunnerSpec(str(model_path), n_ctx=n_ctx, threads=1), tmp_path / f"runner-{n_ctx}.log").start()
         try:
-            assert backend.n_ctx == n_ctx
+            assert runner.props["default_generation_settings"]["n_ctx"] == n_ctx
             with pytest.raises(ContextLengthExceeded, match=f"context window is {n_ctx} tokens"):
-                backend.tokenize_prompt(prompt=FOX * 40)
+                prompt_tokens(runner, prompt=FOX * 40)
         finally:
-            backend.close()
+            runner.close()
 
 
 # -- case 3: input llama.cpp cannot start from -------------------------------
@@ -133,12 +142,17 @@ def test_empty_prompt_is_a_bad_request(hub, tiny, payload):
 EMOJI_PROMPT = "Repeat this emoji five times: 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦 👩‍👩‍👧‍👦"
 
 
-def test_max_tokens_never_ends_inside_a_character(hub, warm, local_llama):
-    text, usage, ids = run(hub, warm, prompt=EMOJI_PROMPT, max_tokens=1, temperature=0.0)
-    local = local_llama.llm.create_completion(EMOJI_PROMPT, max_tokens=1, temperature=0.0)
-    assert local["usage"]["completion_tokens"] > 1, "the prompt must make the first token a partial character"
-    assert text == local["choices"][0]["text"] and text and "\ufffd" not in text
-    assert usage.completion_tokens == local["usage"]["completion_tokens"] == len(ids)
+def test_max_tokens_never_ends_inside_a_character(hub, warm, reference):
+    """llama.cpp's server holds back a piece until its character is whole, and
+    a limit reached inside a character ends the text before it: never a
+    broken character, and max_tokens is the count generated."""
+    _, _, longer = reference.run(8, prompt=EMOJI_PROMPT)
+    assert longer.completion_tokens == 8
+    for max_tokens in (1, 2, 3):
+        text, usage, ids = run(hub, warm, prompt=EMOJI_PROMPT, max_tokens=max_tokens, temperature=0.0)
+        assert usage.completion_tokens == max_tokens and "\ufffd" not in text
+        assert text == reference.completion(EMOJI_PROMPT, max_tokens)
+    assert reference.completion(EMOJI_PROMPT, 1) == "", "the prompt makes the first token a partial character"
 
 
 # -- case 11: continuation on a tower that never ran the request ---------------

@@ -1,11 +1,11 @@
 """GPU towers without a GPU: truthful caps, several GPUs, VRAM admission, placement.
 
 What a GPU would report is faked per test with named test doubles (llama.cpp's
-offload support, its device list, nvidia-smi, torch's CUDA calls); what this
-machine really has is checked against the real llama.cpp build and the real
-bundled model: the ggml device binding, llama.cpp's own buffer report after a
-load, and a registry that is told "there is a GPU" while llama.cpp really
-keeps the model on the CPU, which must make the caps say cpu.
+device list, nvidia-smi, torch's CUDA calls); what this machine really has is
+checked against the real llama.cpp build and the real bundled model: the
+build's own device list, llama.cpp's own buffer report in a runner's log
+after a load, and a registry that is told "there is a GPU" while llama.cpp
+really keeps the model on the CPU, which must make the caps say cpu.
 """
 
 import os
@@ -19,7 +19,7 @@ from links.wire import Code, WireError
 from reticulum_grid.client import router
 from reticulum_grid.inference import registry as reg
 from reticulum_grid.inference.placement import LoadError, parse_placement
-from reticulum_grid.node import hardware
+from reticulum_grid.node import engine, hardware
 from reticulum_grid.node.config import ModelConfig
 from reticulum_grid.store.blobstore import BlobStore
 
@@ -31,7 +31,7 @@ def gpu(index, free, total=143771, name=H200):
 
 
 def fake_machine(monkeypatch, offload, gpus):
-    """Test double: llama.cpp's offload support and device list as given."""
+    """Test double: llama.cpp's device list (and so its offload support) as given."""
     monkeypatch.setattr(hardware, "gpu_offload", lambda: offload)
     monkeypatch.setattr(hardware, "gpu_devices", lambda: list(gpus))
 
@@ -109,16 +109,28 @@ def test_unused_nvidia_gpu_is_warned_about_with_the_fix():
     assert hardware.unused_gpu_warning([], offload=False) is None
 
 
-def test_real_ggml_device_list_on_this_machine():
-    """The ctypes binding against the real library: this build's devices
-    include the CPU, and no GPU is claimed here (the machine has none)."""
-    lib = hardware._ggml()
-    kinds = [lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
-    assert 0 in kinds, "ggml lists its CPU device"
-    cpu = lib.ggml_backend_dev_get(kinds.index(0))
-    assert lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(cpu)) == b"CPU"
+#: Test double: what `llama-server --list-devices` prints on a two-GPU box with an RPC server added
+#: (common_print_available_devices of the pinned llama.cpp).
+LISTED = """Available devices:
+  CUDA0: NVIDIA H200 (143771 MiB, 143000 MiB free)
+  CUDA1: NVIDIA H200 (143771 MiB, 150000 MiB free)
+  RPC0[127.0.0.1:50052]: RPC0[127.0.0.1:50052] (8000 MiB, 7000 MiB free)
+"""
+
+
+def test_device_list_as_llama_cpp_prints_it():
+    devices = engine.parse_devices(LISTED)
+    assert [(d.name, d.backend, d.description, d.total_mib, d.free_mib) for d in devices] == [
+        ("CUDA0", "cuda", H200, 143771, 143000), ("CUDA1", "cuda", H200, 143771, 143771),
+        ("RPC0[127.0.0.1:50052]", "rpc", "RPC0[127.0.0.1:50052]", 8000, 7000)]
+    assert engine.parse_devices("Available devices:\n  (none)\n") == []
+
+
+def test_real_device_list_on_this_machine():
+    """The installed build itself: it runs, and no GPU is claimed here (the machine has none)."""
+    assert engine.build_info().startswith("version:")
     if not os.path.exists("/dev/nvidia0"):
-        assert hardware.gpu_devices() == [] and hardware.probe().backend == "cpu"
+        assert engine.list_devices() == [] and hardware.gpu_devices() == [] and hardware.probe().backend == "cpu"
 
 
 # -- placement: llama.cpp's own report of where the model went ---------------
@@ -156,17 +168,17 @@ def test_out_of_memory_is_recognised_in_the_log():
     assert not LoadError("Failed to load model", "llama_model_load: error loading model: bad magic").out_of_memory
 
 
-def test_real_load_reports_the_model_in_host_memory(model_path):
-    from reticulum_grid.inference.llama_backend import LlamaBackend
-    backend = LlamaBackend(model_path, n_ctx=512, n_threads=1)
+def test_real_load_reports_the_model_in_host_memory(model_path, tmp_path):
+    from reticulum_grid.inference.runner import Runner, RunnerSpec
+    runner = Runner(RunnerSpec(str(model_path), n_ctx=512, threads=1), tmp_path / "runner.log").start()
     try:
-        p = backend.placement
+        p = runner.placement
         file_mib = os.path.getsize(model_path) / (1 << 20)
         assert not p.offloaded and p.mib(True) == 0
         assert abs(p.mib(False, "model") - file_mib) < 0.1 * file_mib, (p.buffers, file_mib)
         assert p.mib(False, "KV") > 0
     finally:
-        backend.close()
+        runner.close()
 
 
 # -- several GPUs: where a model goes, what it needs -------------------------
@@ -205,12 +217,11 @@ def smol_need(model_path):
 @pytest.fixture
 def registry(tmp_path, model_path, smol_need):
     registry = reg.ModelRegistry(BlobStore(tmp_path / "blobs"), [ModelConfig("smol", str(model_path), n_ctx=512,
-                                                                             threads=1)])
+                                                                             threads=1, parallel=1)],
+                                 log_dir=tmp_path)
     registry.find("smol").need_mib = smol_need  # what registry.need_mib would compute, cached as it does
     yield registry
-    for slot in registry.slots():
-        if slot.loaded:
-            slot.backend.close()
+    registry.close()
 
 
 def fake_gpus(monkeypatch, *free):
@@ -225,7 +236,7 @@ def test_admission_refuses_a_model_that_does_not_fit(monkeypatch, registry):
     fake_gpus(monkeypatch, 60, 50)
     slot = registry.find("smol")
     with pytest.raises(WireError) as e:
-        registry.backend(slot)
+        registry.runner(slot)
     assert e.value.code == Code.INSUFFICIENT_MEMORY
     need = registry.need_mib(slot) + reg.gguf_info.RUNTIME_OVERHEAD_MIB  # split over two GPUs: two compute buffers
     assert f"needs ~{need} MiB" in e.value.message and "110 MiB free in this tower's 2 GPU(s)" in e.value.message
@@ -238,7 +249,7 @@ def test_caps_say_cpu_when_llama_cpp_keeps_the_model_off_the_gpu(monkeypatch, re
     hw = fake_gpus(monkeypatch, 20000, 30000)
     assert registry.truthful(hw) == hw, "nothing loaded yet: the machine's own figures"
     slot = registry.find("smol")
-    registry.backend(slot)
+    registry.runner(slot)
     assert slot.offloaded is False and slot.vram_mib == 0
     said = registry.truthful(hw)
     assert (said.backend, said.vram_total_mib, said.gpus, said.ram_free_mib) == ("cpu", 0, 0, hw.ram_free_mib)

@@ -18,6 +18,7 @@ is used as documented in llama.cpp's tools/server/README.md.
 import http.client
 import json
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -38,8 +39,11 @@ MAX_BACKOFF_S = 60.0
 STABLE_S = 60.0
 #: Seconds an HTTP call to the runner may take (a stream: between two events).
 CALL_TIMEOUT_S = 120.0
-#: Log lines kept in memory for error messages.
+#: Log lines (at most TAIL_BYTES) read back for error messages.
 TAIL_LINES = 40
+TAIL_BYTES = 16384
+#: A runner's log is moved aside (to .1) when a start finds it larger (bytes).
+LOG_ROTATE_BYTES = 16 << 20
 
 
 class RunnerError(Exception):
@@ -76,7 +80,9 @@ class RunnerSpec:
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
                 "--api-key", key, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui", "--fit", "off",
-                "--cache-ram", "0", "--metrics", "-ngl", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
+                "--cache-ram", "0", "--metrics", "-ngl", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers),
+                # verbosity 4: llama.cpp's buffer report (placement.py) is logged at this level
+                "-lv", "4"]
         if self.threads:
             argv += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.tensor_split:
@@ -142,6 +148,8 @@ class Runner:
 
     def _spawn(self):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
+            os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         port, key = free_port(), secrets.token_urlsafe(24)
         guard = childguard.start(self.spec.argv(port, key), self.log_path, env=engine.child_env())
@@ -244,19 +252,22 @@ class Runner:
             childguard.stop(life.guard)
 
     # -- log --------------------------------------------------------------
-    def log_text(self):
-        """What the current child wrote to its log so far."""
+    def log_text(self, tail_bytes=None):
+        """What the current child wrote to its log so far (its last ``tail_bytes``)."""
         life = self._life
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(life.log_offset if life else 0)
+                start = life.log_offset if life else 0
+                if tail_bytes is not None:
+                    start = max(start, f.seek(0, os.SEEK_END) - tail_bytes)
+                f.seek(start)
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
 
     def last_error(self):
         """The last line of the child's log that reads like an error ("" if none)."""
-        lines = self.log_text().splitlines()[-TAIL_LINES:]
+        lines = self.log_text(tail_bytes=TAIL_BYTES).splitlines()[-TAIL_LINES:]
         for line in reversed(lines):
             low = line.lower()
             if "error" in low or "failed" in low or "abort" in low or "out of memory" in low:

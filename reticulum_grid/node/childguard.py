@@ -8,8 +8,9 @@ when its own stdin closes (the tower exited, however it went) or it gets
 SIGTERM, it sends the program SIGTERM, then SIGKILL after ``GRACE_S``, and
 exits. It exits with the program's exit code (128 + signal when a signal
 ended it), so the tower sees a crash as the guard ending. On Linux the program
-also gets PR_SET_PDEATHSIG, so it dies with the guard itself (the guard is
-single-threaded, which that signal needs).
+also gets PR_SET_PDEATHSIG, so it dies with the guard itself (the signal
+follows the thread that started it: the guard's main thread, which lives as
+long as the guard).
 
 ``start(argv, log_path)`` is the tower's side.
 """
@@ -102,8 +103,8 @@ def main(argv=None):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tower decides when we end
 
     def watch_stdin():
-        try:
-            while sys.stdin.buffer.read(4096):
+        try:  # os.read: a buffered read would hold a lock the interpreter's exit waits on
+            while os.read(0, 4096):
                 pass
         except OSError:
             pass
@@ -118,4 +119,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.stdout.flush()
+    os._exit(main())  # no interpreter shutdown: the stdin thread may still be in a read

@@ -38,7 +38,7 @@ A tower config (every key optional except as noted)::
                                         # One address, never 0.0.0.0
     [models.smollm2-135m]
     path = "/path/to/model.gguf"        # required per model
-    n_ctx = 4096                        # context window, tokens (any size; 0 = the model's own)
+    n_ctx = 4096                        # context window per stream, tokens (2 or more; 0 = the model's own)
     n_gpu_layers = -1                   # -1: all layers on the GPU when there is one
     threads = 0                         # llama.cpp threads; 0 = its default. Towers sharing
                                         # a machine: split the cores between them
@@ -258,11 +258,18 @@ def _model(alias, spec, base):
         raise ConfigError(f"models.{alias} needs a path")
     path = Path(os.path.expanduser(_get(spec, "path", str, "")))
     return ModelConfig(alias=alias, path=str(path if path.is_absolute() else base / path),
-                       n_ctx=_bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}"),
+                       n_ctx=_n_ctx(spec, alias),
                        n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
                        threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),
                        parallel=_bounded(spec, "parallel", 0, 0, MAX_PARALLEL, f"models.{alias}"),
                        draft=_get(spec, "draft", str, ""), embeddings=_get(spec, "embeddings", bool, False))
+
+
+def _n_ctx(spec, alias):
+    value = _bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}")
+    if value == 1:  # llama-server cannot start with one: its warm-up decodes two tokens
+        raise ConfigError(f"models.{alias}.n_ctx = 1 holds no prompt and answer; give 2 or more (0: the model's own)")
+    return value
 
 
 def _table(doc, key):
