@@ -21,8 +21,8 @@ class Reference:
     text at temperature 0; ``run`` also gives the token ids and the
     Generation. ``close()`` ends the runner."""
 
-    def __init__(self, model_path, log_path, n_ctx=4096, parallel=MAX_AUTO_SLOTS):
-        self.runner = Runner(RunnerSpec(str(model_path), n_ctx=n_ctx, parallel=parallel), log_path,
+    def __init__(self, model_path, log_path, n_ctx=4096, parallel=MAX_AUTO_SLOTS, threads=0):
+        self.runner = Runner(RunnerSpec(str(model_path), n_ctx=n_ctx, parallel=parallel, threads=threads), log_path,
                              name="reference").start()
 
     def run(self, max_tokens, **payload):

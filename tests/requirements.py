@@ -64,8 +64,8 @@ def _user_namespaces():
 
 
 def _llama_rpc():
-    from reticulum_grid.split import ggml
-    return None if ggml.rpc_available() else "this llama.cpp build has no RPC backend (GGML_RPC)"
+    from reticulum_grid.node import engine
+    return None if engine.available(engine.RPC_SERVER) else f"llama.cpp's {engine.RPC_SERVER} is not installed"
 
 
 def _module(name, extra):

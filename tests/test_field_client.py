@@ -137,11 +137,11 @@ def test_a_dead_tower_costs_seconds_and_leaves_the_table(hub, pair):
         hub.wait_tower(a.name)
 
 
-def test_a_stream_that_loses_its_tower_looks_again(hub, pair, local_llama):
+def test_a_stream_that_loses_its_tower_looks_again(hub, pair, reference):
     # Case 12: B is alive but not (yet) in the table; A dies mid-stream.
     a, b = pair["A"], pair["B"]
     _healthy(hub, a, b)
-    reference = local_llama.llm.create_completion(PROMPT, max_tokens=60, temperature=0.0)["choices"][0]["text"]
+    expected = reference.completion(PROMPT, 60)
     hub.grid.table.remove(_hash(hub, b))
     stream = hub.grid.execute("ai/inference", {"model": FC, "prompt": PROMPT, "max_tokens": 60, "temperature": 0.0})
     assert [c.entry.name for c in stream.choices] == ["fc-A"]
@@ -151,7 +151,7 @@ def test_a_stream_that_loses_its_tower_looks_again(hub, pair, local_llama):
             pieces.append(piece)
             if len(pieces) == 10:
                 a.kill()
-        assert "".join(pieces[:-1]) == reference
+        assert "".join(pieces[:-1]) == expected
         assert pieces[-1].tower == "fc-B" and pieces[-1].failovers == 1
     finally:
         a.start()

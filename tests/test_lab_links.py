@@ -73,12 +73,10 @@ def test_discovery_over_lora_fast(lora):
     assert stats["bytes_ab"] + stats["bytes_ba"] > 0, "nothing crossed the relay"
 
 
-def test_inference_over_lora_fast_equals_direct_run(lora, local_llama):
+def test_inference_over_lora_fast_equals_direct_run(lora, reference):
     result = client_run(lora, "--max-tokens", "12", "--prompt", QUESTION)
     run = result["runs"][0]
-    messages = [{"role": "user", "content": QUESTION}]
-    reference = local_llama.llm.create_chat_completion(messages, max_tokens=12, temperature=0.0)
-    assert run["text"] == reference["choices"][0]["message"]["content"]
+    assert run["text"] == reference.chat([{"role": "user", "content": QUESTION}], 12)
     assert run["completion_tokens"] == 12
     # it really crossed the shaped hop: its bytes need this much air at 5.5 kbit/s
     assert run["elapsed_s"] >= profile("lora-fast").payload_airtime(run["wire_bytes"][0]) * 0.5
@@ -168,12 +166,11 @@ def tailnet(tmp_path_factory):
         lab.close()
 
 
-def test_stream_over_tailnet(tailnet, local_llama):
+def test_stream_over_tailnet(tailnet, reference):
     result = client_run(tailnet, "--max-tokens", "48", "--prompt", QUESTION, "--runs", "2")
-    reference = local_llama.llm.create_chat_completion([{"role": "user", "content": QUESTION}], max_tokens=48,
-                                                       temperature=0.0)["choices"][0]["message"]["content"]
+    expected = reference.chat([{"role": "user", "content": QUESTION}], 48)
     for run in result["runs"]:
-        assert run["text"] == reference
+        assert run["text"] == expected
     warm = result["runs"][1]
     # a warm request pays the 40 ms round trip a few times, not per token
     assert warm["ttft_s"] >= 0.04 and warm["elapsed_s"] < 0.04 * 48, warm

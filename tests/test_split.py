@@ -105,17 +105,13 @@ def split_grid(hub, model_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(local_llama):
-    """What one process makes of PROMPT at temperature 0, as text, per max_tokens."""
-    from reticulum_grid.inference.llama_backend import Generation, Sampling
-
-    def run(max_tokens):
-        tokens = local_llama.tokenize_prompt(messages=PROMPT)
-        pieces = local_llama.generate(tokens, Sampling(max_tokens=max_tokens, temperature=0.0),
-                                      threading.Event(), Generation())
-        return b"".join(p for p, _ in pieces).decode("utf-8")
-
-    return run
+def reference(model_path, tmp_path_factory):
+    """What one process makes of PROMPT at temperature 0, as text, per max_tokens,
+    with the split runner's settings (one slot, one thread)."""
+    from tests.reference import Reference
+    ref = Reference(model_path, tmp_path_factory.mktemp("split-ref") / "runner.log", parallel=1, threads=1)
+    yield lambda max_tokens: ref.chat(PROMPT, max_tokens)
+    ref.close()
 
 
 def test_route_shows_the_split_plan(split_grid, hub):
@@ -150,8 +146,8 @@ def test_a_stranger_without_shard_reaches_no_rpc(split_grid, hub):
     with pytest.raises(WireError) as refused:
         hub.grid.connection(worker).request("split/tunnel", {})
     assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
-    # Every socket the towers' children (RPC server, split model) listen on is on 127.0.0.1.
-    listening = [addr for t in towers.values() if t.proc for pid in _children(t.proc.pid) for addr in _listening(pid)]
+    # Every socket the towers' children (RPC server, split model, under their guards) listen on is on 127.0.0.1.
+    listening = [addr for t in towers.values() if t.proc for pid in _descendants(t.proc.pid) for addr in _listening(pid)]
     assert listening, "no RPC server or tunnel is listening: the split test above did not run"
     assert all(host == "127.0.0.1" for host, _ in listening), listening
 
@@ -189,15 +185,13 @@ def test_no_plan_is_a_clear_error_then_a_joining_tower_is_used(split_grid, hub):
     assert plan == ["split-d", "split-a"] and text
 
 
-def _children(pid):
-    """Process ids of ``pid``'s children (one level)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
+def _descendants(pid):
+    """Process ids of ``pid``'s children, theirs, and so on."""
+    import psutil
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _listening(pid):

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from links.wire import WireError
-from reticulum_grid.inference.llama_backend import Generation, LlamaBackend, Sampling
+from reticulum_grid.inference.generation import Generation
 from reticulum_grid.inference.request import parse
+from reticulum_grid.node import childguard
 from reticulum_grid.split import experts
 from reticulum_grid.split.rpcworker import RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
+from tests.reference import Reference
 from tests.requirements import needs
 
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
@@ -82,7 +84,7 @@ def workers(tmp_path):
 
     def start(count):
         for i in range(count):
-            made.append(RpcWorker(tmp_path / f"cache{i}", tmp_path / f"rpc{i}.log", threads=1))
+            made.append(RpcWorker(tmp_path / f"rpc{i}.log", threads=1))
         return [w.endpoint() for w in made]
 
     start.made = made
@@ -92,14 +94,17 @@ def workers(tmp_path):
         worker.stop()
 
 
-def single(path, max_tokens):
-    backend = LlamaBackend(path, n_ctx=512, n_threads=1)
+def single(path, max_tokens, tmp_path):
+    """The text one process gives, with the split runner's settings (one slot, 512 tokens, one thread)."""
+    reference = Reference(path, tmp_path / "single.log", n_ctx=512, parallel=1, threads=1)
     try:
-        pieces = backend.generate(backend.tokenize_prompt(prompt=PROMPT), Sampling(max_tokens=max_tokens, temperature=0.0),
-                                  threading.Event(), Generation())
-        return b"".join(p for p, _ in pieces)
+        return reference.completion(PROMPT, max_tokens).encode("utf-8")
     finally:
-        backend.close()
+        reference.close()
+
+
+def rpc_server_pid(worker):
+    return childguard.program_pid(worker.guard)
 
 
 def split(path, endpoints, counts, tmp_path, experts_on_workers, max_tokens):
@@ -108,7 +113,7 @@ def split(path, endpoints, counts, tmp_path, experts_on_workers, max_tokens):
     try:
         request = parse({"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "stream_id": 1})
         result = Generation()
-        text = b"".join(p for p, _ in model.generate(request, threading.Event(), result))
+        text = b"".join(p.data for p in model.generate(request, threading.Event(), result))
         return text, result, model.weights_mib
     finally:
         model.close()
@@ -123,7 +128,7 @@ def test_expert_placement_matches_one_process(moe_path, workers, tmp_path):
     endpoints = workers(2)
     text, result, weights = split(moe_path, endpoints, [1, 1, 2], tmp_path, True, 24)
     assert result.completion_tokens == 24 and text
-    assert text == single(moe_path, 24)
+    assert text == single(moe_path, 24, tmp_path)
     remote = sum(mib for buffer, mib in weights.items() if buffer.startswith("RPC"))
     # Expert tensors (3 per layer x EXPERTS x FF x DIM x 4 bytes) went to the workers, nothing else did.
     assert remote == pytest.approx(LAYERS * 3 * EXPERTS * FF * DIM * 4 / 2**20, abs=0.1)
@@ -133,18 +138,20 @@ def test_expert_placement_matches_one_process(moe_path, workers, tmp_path):
 def test_layer_split_matches_one_process(model_path, workers, tmp_path):
     endpoints = workers(1)
     text, result, weights = split(model_path, endpoints, [12, 18], tmp_path, False, 24)
-    assert text == single(model_path, 24)
+    assert text == single(model_path, 24, tmp_path)
     assert any(b.startswith("RPC") and mib > 10 for b, mib in weights.items())
 
 
 def test_dead_worker_ends_the_split_model_not_the_caller(model_path, workers, tmp_path):
+    import os
+    import signal
     endpoints = workers(1)
     model = SplitModel("k", model_path, 512, endpoints, [15, 15], tmp_path / "split.log", threads=1).start(timeout=120)
     try:
         request = parse({"model": "m", "prompt": PROMPT, "max_tokens": 200, "temperature": 0.0, "stream_id": 1})
         stream = model.generate(request, threading.Event(), Generation())
         next(stream)
-        workers.made[0].proc.kill()  # llama.cpp's RPC client aborts its process when its server goes away
+        os.kill(rpc_server_pid(workers.made[0]), signal.SIGKILL)  # llama.cpp's RPC client aborts its process then
         with pytest.raises(WireError) as failed:
             for _ in stream:
                 pass
@@ -161,12 +168,12 @@ def test_frozen_worker_is_stopped_within_the_bound(model_path, workers, tmp_path
     endpoints = workers(1)
     model = SplitModel("k", model_path, 512, endpoints, [15, 15], tmp_path / "split.log", threads=1,
                        freeze_s=3.0).start(timeout=120)
-    worker = workers.made[0].proc
+    worker = rpc_server_pid(workers.made[0])
     try:
         request = parse({"model": "m", "prompt": PROMPT, "max_tokens": 400, "temperature": 0.0, "stream_id": 1})
         stream = model.generate(request, threading.Event(), Generation())
         next(stream)
-        os.kill(worker.pid, signal.SIGSTOP)  # RPC sets no socket timeouts: only our bound ends this
+        os.kill(worker, signal.SIGSTOP)  # RPC sets no socket timeouts: only our bound ends this
         stopped = time.monotonic()
         with pytest.raises(WireError) as failed:
             for _ in stream:
@@ -174,7 +181,7 @@ def test_frozen_worker_is_stopped_within_the_bound(model_path, workers, tmp_path
         assert failed.value.code == "timeout" and time.monotonic() - stopped < 10
         assert not model.alive
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        os.kill(worker, signal.SIGCONT)
         model.close()
 
 
@@ -204,7 +211,7 @@ def test_cancel_stops_a_split_generation_and_the_model_serves_on(model_path, wor
             cancel.set()
         assert result.finish_reason == "cancelled" and count < 20 and model.alive
         again = Generation()
-        assert b"".join(p for p, _ in model.generate(parse({**{"model": "m", "prompt": PROMPT, "stream_id": 2},
+        assert b"".join(p.data for p in model.generate(parse({**{"model": "m", "prompt": PROMPT, "stream_id": 2},
                                                              "max_tokens": 8, "temperature": 0.0}),
                                                        threading.Event(), again))
         assert again.completion_tokens == 8

@@ -48,7 +48,9 @@ LOG_ROTATE_BYTES = 16 << 20
 
 class RunnerError(Exception):
     """The runner answered an error (``status``: HTTP status, 0 when it could
-    not be reached) with ``message`` (llama-server's own)."""
+    not be reached) with ``message`` (llama-server's own). ``kind``: llama-
+    server's error type, or for status 0 "timeout" (it stopped answering) or
+    "closed" (its connection ended: it died)."""
 
     def __init__(self, status, message, kind=""):
         super().__init__(f"{status}: {message}")
@@ -330,6 +332,9 @@ class RunnerStream:
             raise _error(self._resp.status, _json(data), data)
 
     def __iter__(self):
+        """The stream's events, up to the one that ends it (``stop`` true, or
+        OpenAI's ``[DONE]``). Raises RunnerError when it breaks off before,
+        unless ``close()`` ended it."""
         try:
             for raw in self._resp:
                 line = raw.strip()
@@ -342,10 +347,19 @@ class RunnerStream:
                 if isinstance(event, dict) and "error" in event:
                     raise _error(500, event, payload)
                 yield event
-        except (OSError, http.client.HTTPException) as e:
-            if self._closed:
-                return
-            raise RunnerError(0, f"the runner's stream broke: {type(e).__name__}: {e}") from None
+                if isinstance(event, dict) and event.get("stop") is True:
+                    return
+            if not self._closed:
+                raise RunnerError(0, "the runner's stream ended before its last event", "closed")
+        except RunnerError:
+            raise
+        except TimeoutError:
+            if not self._closed:
+                raise RunnerError(0, "the runner stopped answering", "timeout") from None
+        except (OSError, http.client.HTTPException, ValueError, AttributeError) as e:
+            # (close() from another thread leaves http.client reading a shut socket: any of these)
+            if not self._closed:
+                raise RunnerError(0, f"the runner's stream broke: {type(e).__name__}: {e}", "closed") from None
         finally:
             self.close()
 

@@ -69,9 +69,12 @@ def available(name=SERVER):
 def child_env():
     """The environment llama.cpp's processes run in: ours without llama.cpp's
     own LLAMA_ARG_* settings (the tower passes every flag itself), GPUs
-    numbered in PCI bus order as nvidia-smi numbers them."""
+    numbered in PCI bus order as nvidia-smi numbers them, and no backtrace on
+    an abort (ggml would attach gdb to itself, which holds a dying process
+    for seconds)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    env.setdefault("GGML_NO_BACKTRACE", "1")
     return env
 
 

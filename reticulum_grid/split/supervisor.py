@@ -96,9 +96,8 @@ class SplitModel:
         try:
             yield from generation.generate(self.runner, request, cancel, result)
         except RunnerError as e:
-            exited = self.runner.exited
             self.close()
-            if not exited:
+            if e.kind == "timeout":
                 raise WireError(Code.TIMEOUT, f"a shard stopped answering while generating (nothing for "
                                               f"{self.freeze_s:.0f} s); the split model was stopped") from None
             raise WireError(Code.UNREACHABLE, f"the split model process ended ({e.message}): a shard tower "
