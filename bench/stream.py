@@ -1,50 +1,54 @@
-"""Streaming overhead of the grid: local llama-cpp-python vs the same model
+"""Streaming overhead of the grid: the model's runner alone vs the same model
 through a tower on loopback RNS.
 
-Same GGUF, parameters (temperature 0, fixed max_tokens) and llama.cpp threads
-(1, what a test tower gets) on both sides. Each pair of runs gets a prompt
-neither side has seen (a different number up front), so TTFT is never a
-cached-prefix time; the order inside a pair alternates. Every run must stop
-at max_tokens, so both sides produce exactly that many tokens, and tokens/s
-is counted the same way on both: (max_tokens - 1) / (last text - first text).
+One side streams straight from a llama-server runner over HTTP (what the
+tower itself reads), the other through a tower (RNS Link, Channel, client):
+the same GGUF, runner settings (slots, one llama.cpp thread, as a test tower
+has) and parameters (temperature 0, fixed max_tokens). Each pair of runs
+gets a prompt neither side has seen (a different number up front), so TTFT
+is never a cached-prefix time; the order inside a pair alternates. Every run
+must stop at max_tokens, so both sides produce exactly that many tokens, and
+tokens/s is counted the same way on both (bench.common.tokens_per_s).
 Figures are as the caller sees them:
 
 - TTFT: request sent -> first text received (ms). The grid's link is warm.
 - tokens/s: as above.
 
 Medians over the runs are printed with their ranges; the last line is
-``stream_ratio=<grid tokens/s / local tokens/s>`` (the median of the per-pair ratios).
-Goal (issue 2): ratio >= 0.98 and added TTFT <= 15 ms.
+``stream_ratio=<grid tokens/s / runner tokens/s>`` (the median of the per-pair ratios).
+Goal: ratio >= 0.98 and added TTFT <= 15 ms.
 """
 
 import argparse
 import tempfile
-import time
+import threading
 from pathlib import Path
 
-from llama_cpp import Llama
-
-from bench.common import grid_run, report_pairs
-from reticulum_grid.node import identity, rnsnet
+from bench.common import grid_run, report_pairs, time_stream
 from reticulum_grid.client import Grid
+from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.inference.registry import MAX_AUTO_SLOTS
+from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess
 
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
 
-def local_run(llm, prompt, max_tokens):
-    started = time.perf_counter()
-    first = last = finish = None
-    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, stream=True):
-        choice = chunk["choices"][0]
-        if choice["text"]:
-            last = time.perf_counter()
-            first = first or last
-        finish = choice.get("finish_reason") or finish
-    if finish != "length":
-        raise RuntimeError(f"local run ended with {finish!r} before {max_tokens} tokens; pick another prompt")
-    return first - started, (max_tokens - 1) / (last - first)
+def runner_run(runner, prompt, max_tokens):
+    """One request straight to the runner, streamed: (TTFT s, tokens/s)."""
+    request = inference_request.parse({"model": "m", "prompt": prompt, "max_tokens": max_tokens,
+                                       "temperature": 0.0, "stream_id": 0})
+    result = generation.Generation()
+    pieces = generation.generate(runner, request, threading.Event(), result)
+    return time_stream(_with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
+                       max_tokens, "runner")[:2]
+
+
+def _with_end(pieces, result):
+    yield from pieces
+    yield result  # carries completion_tokens
 
 
 def main():
@@ -56,24 +60,27 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
-        tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: model}, allow={client_id: ["infer"]}).start()
+        tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: {"path": model, "parallel": MAX_AUTO_SLOTS}},
+                             allow={client_id: ["infer"]}).start()
+        runner = Runner(RunnerSpec(model, n_ctx=4096, parallel=MAX_AUTO_SLOTS, threads=1), Path(tmp) / "runner.log")
         try:
+            runner.start()
             grid = Grid(home=home, connect=[tower.address])
             grid.route(DEFAULT_ALIAS, timeout=120)
-            llm = Llama(model_path=model, n_ctx=4096, n_threads=1, n_threads_batch=1, verbose=False)
-            local_run(llm, PROMPT.format(k=1), 8), grid_run(grid, PROMPT.format(k=2), 8, DEFAULT_ALIAS)  # warm caches and link
+            runner_run(runner, PROMPT.format(k=1), 8), grid_run(grid, PROMPT.format(k=2), 8, DEFAULT_ALIAS)  # warm up
             local, remote = [], []
             for k in range(args.runs):
                 prompt = PROMPT.format(k=100 + 137 * k)  # differs from the first digit on
                 if k % 2:
                     remote.append(grid_run(grid, prompt, args.max_tokens, DEFAULT_ALIAS))
-                    local.append(local_run(llm, prompt, args.max_tokens))
+                    local.append(runner_run(runner, prompt, args.max_tokens))
                 else:
-                    local.append(local_run(llm, prompt, args.max_tokens))
+                    local.append(runner_run(runner, prompt, args.max_tokens))
                     remote.append(grid_run(grid, prompt, args.max_tokens, DEFAULT_ALIAS))
-            report_pairs(local, remote, ("local", "grid"), "stream_ratio", args, DEFAULT_ALIAS)
+            report_pairs(local, remote, ("runner", "grid"), "stream_ratio", args, DEFAULT_ALIAS)
             grid.close()
         finally:
+            runner.close()
             rnsnet.stop()
             tower.stop()
 

@@ -6,8 +6,6 @@ tensors on an RPC worker and must give the same text as one process."""
 
 import threading
 
-import gguf
-import numpy as np
 import pytest
 
 from links.wire import WireError
@@ -18,6 +16,7 @@ from reticulum_grid.split import experts
 from reticulum_grid.split.rpcworker import RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from tests.reference import Reference
+from tests.tiny_models import write_tiny
 from tests.requirements import needs
 
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
@@ -26,55 +25,10 @@ LAYERS, DIM, FF, HEADS, EXPERTS = 4, 64, 128, 4, 4
 PROMPT = "The lighthouse keeper"
 
 
-def write_tiny_moe(path, tokenizer_source):
-    """A llama-architecture GGUF with EXPERTS experts per layer (2 used),
-    random f32 weights and the tokenizer of ``tokenizer_source``."""
-    src = gguf.GGUFReader(tokenizer_source)
-    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(HEADS)
-    w.add_rope_dimension_count(DIM // HEADS)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_expert_count(EXPERTS)
-    w.add_expert_used_count(2)
-    w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in src.fields.items():
-        if key.startswith("tokenizer.ggml."):
-            value = field.contents()
-            sub = field.types[1] if len(field.types) > 1 else None
-            w.add_key_value(key, value, field.types[0], sub_type=sub)
-    rng = np.random.default_rng(7)
-
-    def tensor(name, *shape, scale=0.2):
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
-
-    tensor("token_embd.weight", vocab, DIM, scale=1.0)
-    tensor("output_norm.weight", DIM)
-    for i in range(LAYERS):
-        tensor(f"blk.{i}.attn_norm.weight", DIM)
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            tensor(f"blk.{i}.{name}.weight", DIM, DIM)
-        tensor(f"blk.{i}.ffn_norm.weight", DIM)
-        tensor(f"blk.{i}.ffn_gate_inp.weight", EXPERTS, DIM)
-        tensor(f"blk.{i}.ffn_gate_exps.weight", EXPERTS, FF, DIM)
-        tensor(f"blk.{i}.ffn_up_exps.weight", EXPERTS, FF, DIM)
-        tensor(f"blk.{i}.ffn_down_exps.weight", EXPERTS, DIM, FF)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory, model_path):
     path = tmp_path_factory.mktemp("moe") / "tiny-moe.gguf"
-    write_tiny_moe(path, model_path)
+    write_tiny(path, model_path, LAYERS, DIM, FF, HEADS, experts=EXPERTS)
     return path
 
 

@@ -4,6 +4,7 @@ Uses `store`, `node`, `announce` and `links`.
 """
 
 from reticulum_grid.client.grid import Grid
-from reticulum_grid.client.stream import InferenceStream, Usage
+from reticulum_grid.client.embeddings import Embeddings
+from reticulum_grid.client.stream import InferenceStream, Text, ToolCallDelta, Usage
 
-__all__ = ["Grid", "InferenceStream", "Usage"]
+__all__ = ["Embeddings", "Grid", "InferenceStream", "Text", "ToolCallDelta", "Usage"]

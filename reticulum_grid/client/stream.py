@@ -82,7 +82,9 @@ class Usage:
 
     ``ttft_s`` is measured by the client, from execute() to the first text;
     ``tower_ttft_s`` is the (last) tower's prompt processing time to the first token;
-    ``failovers`` counts towers that failed mid-stream and were replaced."""
+    ``failovers`` counts towers that failed mid-stream and were replaced;
+    ``cached_tokens``: prompt tokens the runner took from its cache;
+    ``draft_tokens`` / ``draft_accepted``: speculative decoding's proposals and how many held."""
     prompt_tokens: int
     completion_tokens: int
     ttft_s: float
@@ -92,6 +94,9 @@ class Usage:
     tower_ttft_s: float = 0.0
     queued_s: float = 0.0
     failovers: int = 0
+    cached_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 class InferenceStream:
@@ -295,7 +300,8 @@ class InferenceStream:
                      completion_tokens=num("completion_tokens", int) + generated_before,
                      ttft_s=(self._first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
                      tower=entry.name, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
-                     queued_s=num("queued_s"), failovers=self._failovers)
+                     queued_s=num("queued_s"), failovers=self._failovers, cached_tokens=num("cached_tokens", int),
+                     draft_tokens=num("draft_tokens", int), draft_accepted=num("draft_accepted", int))
 
 
 def _uses_tools(payload):

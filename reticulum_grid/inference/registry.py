@@ -44,6 +44,8 @@ log = logging.getLogger("rngrid.models")
 MIB = 1 << 20
 #: Slots a runner gets at most when ``parallel`` is 0 (as many as fit).
 MAX_AUTO_SLOTS = 4
+#: Seconds a request waits for a runner that died and is being restarted.
+RESTART_WAIT_S = 60.0
 
 
 @dataclass
@@ -173,6 +175,9 @@ class ModelRegistry:
         WireError(insufficient_memory), AdapterError, LoadError."""
         with slot.load_lock:
             slot.last_used = time.monotonic()
+            if slot.runner is not None and not slot.runner.alive and not slot.runner.wait_up(RESTART_WAIT_S):
+                raise WireError(Code.RUNNER_LOST, f"model {slot.settings.alias}'s engine is restarting: "
+                                f"{slot.runner.last_error() or 'see the tower log'}", retry_after=RESTART_WAIT_S)
             missing = adapter is not None and adapter not in slot.adapters
             if slot.runner is not None and not missing and (slot.embeddings or not embeddings):
                 return slot.runner
@@ -201,7 +206,7 @@ class ModelRegistry:
         draft = self.find(s.draft).path if s.draft else ""
         spec = RunnerSpec(slot.path, n_ctx=self.n_ctx(slot), parallel=parallel, n_gpu_layers=s.n_gpu_layers,
                           threads=s.threads, tensor_split=tuple(split or ()), adapters=tuple(adapters), draft=draft,
-                          embeddings=embeddings)
+                          embeddings=embeddings, pooling="" if gguf_info.pooling(slot.path) else "mean")
         name = s.alias if s.alias != slot.blob_id.hex() else slot.blob_id.hex()[:16]
         try:
             runner = Runner(spec, self.log_dir / f"runner-{slot.blob_id.hex()[:16]}.log", name=name).start()

@@ -63,7 +63,8 @@ class RunnerSpec:
     ``n_gpu_layers`` -1 for all; ``threads`` 0 for llama.cpp's default;
     ``tensor_split``: each device's share (llama.cpp's device order);
     ``adapters``: GGUF LoRA paths, registered at scale 0 (requests pick theirs);
-    ``draft``: a draft model's path for speculative decoding; ``rpc``:
+    ``draft``: a draft model's path for speculative decoding; ``embeddings``
+    with ``pooling`` (for a model that names none, e.g. a chat model); ``rpc``:
     "127.0.0.1:port" RPC endpoints (split models); ``overrides``:
     llama.cpp ``--override-tensor`` rules ("regex=buffer type")."""
     path: str
@@ -75,6 +76,7 @@ class RunnerSpec:
     adapters: tuple = ()
     draft: str = ""
     embeddings: bool = False
+    pooling: str = ""  # embeddings' pooling ("mean", ...); "": the model's own
     rpc: tuple = ()
     overrides: tuple = ()
 
@@ -94,9 +96,12 @@ class RunnerSpec:
         if self.adapters:
             argv.append("--lora-init-without-apply")
         if self.draft:
-            argv += ["-md", self.draft, "-ngld", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
+            argv += ["-md", self.draft, "--spec-type", "draft-simple",
+                     "-ngld", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
         if self.embeddings:
             argv.append("--embeddings")
+            if self.pooling:
+                argv += ["--pooling", self.pooling]
         if self.rpc:
             argv += ["--rpc", ",".join(self.rpc)]
         for rule in self.overrides:

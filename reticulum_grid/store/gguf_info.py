@@ -71,6 +71,13 @@ def context_length(path):
     return int(field.parts[-1][0]) if field is not None else 4096
 
 
+def pooling(path):
+    """The embedding pooling type a GGUF names (llama.cpp's enum: 1 mean, 2 cls, 3 last, 4 rank), 0 for none."""
+    reader = gguf.GGUFReader(path)
+    field = reader.fields.get(f"{_field(reader, 'general.architecture')}.pooling_type")
+    return int(field.parts[-1][0]) if field is not None else 0
+
+
 def need_mib(path, n_ctx, file_size):
     """Memory (MiB) the model at ``path`` needs loaded with a ``n_ctx``-token
     context (0: the model's own context length): weights (the file) + f16 KV

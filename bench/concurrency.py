@@ -1,0 +1,198 @@
+"""Concurrent streams on one tower: what batching in the runner gives, and what the grid keeps of it.
+
+One tower serves the bundled model with ``--slots`` parallel slots; N = 1, 2,
+4, 8 streams of ``--max-tokens`` tokens each (temperature 0, each its own
+prompt) start together from one client. Beside it, in the same run, the same
+llama-server binary with the same slots and threads is driven directly over
+HTTP with the same requests. Per N and side: the aggregate rate (all tokens
+over the wall time from the first request to the last token) and the median
+per-stream rate (bench.common.tokens_per_s). Rounds alternate which side goes
+first.
+
+Last lines: ``batch_gain_4=<grid aggregate at 4 / grid at 1>`` and
+``concurrent_vs_llama_server=<grid aggregate / direct aggregate at N=4>`` (goal >= 0.95).
+
+``--determinism`` instead measures how often text at temperature 0 is the
+same: a request alone on a fresh slot twice; with three other streams in the
+batch; and a stream continued from its first k tokens (k = 1, 8, 24), once
+evaluated as one batch and once replayed token by token as towers do
+(inference/generation.py ``_replay``).
+"""
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import spread, tokens_per_s
+from reticulum_grid.client import Grid, Usage
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.node import identity, rnsnet
+from reticulum_grid.node.localgrid import TowerProcess
+
+QUESTIONS = ["List three colours and say why each matters.", "Why is the sky blue?", "Name two rivers in Europe.",
+             "What is a prime number? Give examples.", "Write a haiku about the sea.", "Explain rain to a child.",
+             "What do cats eat?", "Describe a good breakfast.", "How does a bicycle work?", "What is music?"]
+
+
+#: Throughput prompts never stop before max_tokens: every stream counts the same tokens.
+COUNTING = "{k}. Count from {k} to 5000, separated by commas: {k},"
+
+
+def chat(question, round_):
+    return [{"role": "user", "content": f"({round_}) {question}"}]
+
+
+def direct_stream(runner, prompt, max_tokens):
+    """One streamed completion straight to the runner: arrival times of its text pieces."""
+    times = []
+    for event in runner.stream("/completion", {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+                                               "cache_prompt": True}):
+        if event.get("content"):
+            times.append(time.perf_counter())
+        if event.get("stop") and event.get("tokens_predicted") != max_tokens:
+            raise RuntimeError(f"direct run ended after {event.get('tokens_predicted')} of {max_tokens} tokens")
+    return times
+
+
+def grid_stream(grid, prompt, max_tokens):
+    times = []
+    for piece in grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": prompt,
+                                               "max_tokens": max_tokens, "temperature": 0.0}):
+        if isinstance(piece, Usage):
+            if piece.completion_tokens != max_tokens:
+                raise RuntimeError(f"grid run ended after {piece.completion_tokens} of {max_tokens} tokens")
+        elif piece:
+            times.append(time.perf_counter())
+    return times
+
+
+def together(run, n, round_, max_tokens):
+    """(aggregate tokens/s, [per-stream tokens/s]) of ``n`` streams started at once."""
+    results, errors = [None] * n, []
+
+    def one(i):
+        try:
+            results[i] = run(COUNTING.format(k=100 * round_ + 7 * i + 3), max_tokens)
+        except Exception as e:  # reported after the join
+            errors.append(e)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    if errors or any(r is None for r in results):
+        raise RuntimeError(f"{len(errors)} of {n} streams failed: {errors[:1]}")
+    wall = max(times[-1] for times in results) - started
+    return n * max_tokens / wall, [tokens_per_s(max_tokens, t[0], t[-1]) for t in results]
+
+
+def throughput(args, tmp):
+    model = default_model_path()
+    home = Path(tmp) / "client"
+    client_id = identity.load_or_create(home / "identity").hash.hex()
+    tower = TowerProcess(tmp, "conc-tower", {DEFAULT_ALIAS: {"path": model, "parallel": args.slots}},
+                         allow={client_id: ["infer"]}, threads=args.threads,
+                         limits={"queue_depth": max(args.counts)}).start()
+    runner = Runner(RunnerSpec(model, n_ctx=4096, parallel=args.slots, threads=args.threads), Path(tmp) / "direct.log")
+    try:
+        runner.start()
+        grid = Grid(home=home, connect=[tower.address])
+        grid.route(DEFAULT_ALIAS, timeout=120)
+        sides = {"grid": lambda m, n: grid_stream(grid, m, n), "direct": lambda m, n: direct_stream(runner, m, n)}
+        for run in sides.values():
+            together(run, args.slots, 0, 8)
+        figures = {(side, n): [] for side in sides for n in args.counts}
+        for round_ in range(args.rounds):
+            for n in args.counts:
+                order = ("grid", "direct") if round_ % 2 == 0 else ("direct", "grid")
+                for side in order:
+                    figures[(side, n)].append(together(sides[side], n, 1 + round_ * 10 + n, args.max_tokens))
+        print(f"model={DEFAULT_ALIAS} slots={args.slots} threads={args.threads or 'default'} "
+              f"max_tokens={args.max_tokens} rounds={args.rounds} (medians, ranges)")
+        aggregate = {}
+        for n in args.counts:
+            for side in sides:
+                runs = figures[(side, n)]
+                aggregate[(side, n)] = statistics.median(a for a, _ in runs)
+                per = [p for _, streams in runs for p in streams]
+                print(f"N={n} {side:6} aggregate_tokens_per_s={spread([a for a, _ in runs])} "
+                      f"per_stream_tokens_per_s={spread(per)}")
+        print(f"batch_gain_4={aggregate[('grid', 4)] / aggregate[('grid', 1)]:.2f}")
+        print(f"concurrent_vs_llama_server={aggregate[('grid', 4)] / aggregate[('direct', 4)]:.3f}")
+        grid.close()
+    finally:
+        runner.close()
+        rnsnet.stop()
+        tower.stop()
+
+
+def determinism(args, tmp):
+    """How often text at temperature 0 is the same (see the module doc)."""
+    runner = Runner(RunnerSpec(default_model_path(), n_ctx=4096, parallel=args.slots, threads=args.threads),
+                    Path(tmp) / "det.log").start()
+
+    def tokens(question):
+        prompt = runner.call("POST", "/apply-template", {"messages": chat(question, "d")})["prompt"]
+        return runner.call("POST", "/tokenize", {"content": prompt, "add_special": True,
+                                                 "parse_special": True})["tokens"]
+
+    def run(prompt, n, cache=True, slot=-1):
+        return runner.call("POST", "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0.0,
+                                                   "cache_prompt": cache, "id_slot": slot, "return_tokens": True})
+
+    try:
+        prompts = {q: tokens(q) for q in QUESTIONS}
+        alone = {q: run(prompts[q], args.max_tokens, cache=False)["tokens"] for q in QUESTIONS}
+        again = sum(run(prompts[q], args.max_tokens, cache=False)["tokens"] == alone[q] for q in QUESTIONS)
+        print(f"alone_twice_same={again}/{len(QUESTIONS)}")
+        batched = {}
+
+        def one(q):
+            batched[q] = run(prompts[q], args.max_tokens, cache=False)["tokens"]
+
+        for group in (QUESTIONS[:4], QUESTIONS[4:8]):
+            threads = [threading.Thread(target=one, args=(q,)) for q in group]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(600)
+        print(f"batched_with_3_others_same={sum(batched[q] == alone[q] for q in batched)}/{len(batched)}")
+        as_batch = replayed = tried = 0
+        for q in QUESTIONS:
+            ids = alone[q]
+            for k in (1, 8, 24):
+                if k >= len(ids):
+                    continue
+                tried += 1
+                as_batch += ids[:k] + run(prompts[q] + ids[:k], len(ids) - k, cache=False)["tokens"] == ids
+                slot = run(prompts[q], 0, cache=False)["id_slot"]
+                for end in range(1, k):
+                    run(prompts[q] + ids[:end], 0, slot=slot)
+                replayed += ids[:k] + run(prompts[q] + ids[:k], len(ids) - k, slot=slot)["tokens"] == ids
+        print(f"continued_as_one_batch_same={as_batch}/{tried}")
+        print(f"continued_replayed_same={replayed}/{tried}")
+    finally:
+        runner.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: its default)")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--determinism", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
+        (determinism if args.determinism else throughput)(args, tmp)
+
+
+if __name__ == "__main__":
+    main()

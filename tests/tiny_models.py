@@ -1,0 +1,77 @@
+"""Tiny GGUF models written on the spot with the gguf library (no hub): random
+f32 weights, the real tokenizer of the bundled model, so any runner loads them
+and their vocabulary matches SmolLM2's (a draft for speculative decoding, a
+mixture of experts for expert placement)."""
+
+import shutil
+
+import gguf
+import numpy as np
+
+
+def write_tiny(path, tokenizer_source, layers=2, dim=64, ff=128, heads=4, experts=0, seed=7):
+    """A llama-architecture GGUF with ``layers`` blocks of width ``dim``;
+    ``experts`` > 0 gives each layer that many experts (2 used) instead of one
+    feed-forward network."""
+    src = gguf.GGUFReader(tokenizer_source)
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_rope_dimension_count(dim // heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer.ggml.") or key == "tokenizer.chat_template":
+            value = field.contents()
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, value, field.types[0], sub_type=sub)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name, *shape, scale=0.2):
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    tensor("token_embd.weight", vocab, dim, scale=1.0)
+    tensor("output_norm.weight", dim)
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_norm.weight", dim)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            tensor(f"blk.{i}.{name}.weight", dim, dim)
+        tensor(f"blk.{i}.ffn_norm.weight", dim)
+        if experts:
+            tensor(f"blk.{i}.ffn_gate_inp.weight", experts, dim)
+            tensor(f"blk.{i}.ffn_gate_exps.weight", experts, ff, dim)
+            tensor(f"blk.{i}.ffn_up_exps.weight", experts, ff, dim)
+            tensor(f"blk.{i}.ffn_down_exps.weight", experts, dim, ff)
+        else:
+            tensor(f"blk.{i}.ffn_gate.weight", ff, dim)
+            tensor(f"blk.{i}.ffn_up.weight", ff, dim)
+            tensor(f"blk.{i}.ffn_down.weight", dim, ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def renamed_copy(path, out):
+    """``path``'s GGUF with one letter of its general.name changed: the same
+    weights as another blob (a draft that agrees with its model)."""
+    shutil.copy(path, out)
+    with open(out, "r+b") as f:
+        head = f.read(1 << 16)
+        key = head.index(b"general.name")
+        value = key + len(b"general.name") + 4 + 8  # the value's type (u32), then its length (u64)
+        f.seek(value)
+        first = f.read(1)
+        f.seek(value)
+        f.write(b"X" if first != b"X" else b"Y")
+    return out
