@@ -1,6 +1,6 @@
 """GPU check: a tower on this machine's NVIDIA GPU, end to end, next to the CPU.
 
-Run by bench/gpu_check.sh in a venv whose llama-cpp-python is the CUDA build.
+Run by bench/gpu_check.sh in a venv whose llama-server is the CUDA build.
 In one run, on one machine:
 
 1. A tower serving the bundled model (n_gpu_layers -1) must announce backend

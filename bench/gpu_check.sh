@@ -41,7 +41,7 @@ run make setup VENV="$VENV" LLAMA_BACKEND=cuda PYTHON="$PYTHON"
 if [ "$DRY" = 1 ]; then
   echo "# what make would run, and the llama.cpp build it would do:"
   make -s -n setup VENV="$VENV" LLAMA_BACKEND=cuda PYTHON="$PYTHON" | sed 's/^/#   /'
-  "$PYTHON" scripts/llama_wheel.py --pip "$VENV/bin/pip" --backend cuda --dry-run | sed 's/^/#   /'
+  "$PYTHON" scripts/llama_build.py --venv "$VENV" --backend cuda --dry-run | sed 's/^/#   /'
 fi
 echo "set-up: $(( $(date +%s) - started )) s"
 

@@ -267,9 +267,9 @@ class StreamSender:
 
 class TextDecoder:
     """Incremental UTF-8: a character split across chunks (or across towers,
-    after a failover) comes out whole. "ignore" drops a character cut off by
-    max_tokens, as llama-cpp-python's own completion does, so a joined stream
-    equals the non-streamed text."""
+    after a failover) comes out whole. "ignore" drops a character a stream
+    ends inside of (llama.cpp's server holds back such a character and drops
+    it when max_tokens ends the stream before it is whole)."""
 
     def __init__(self):
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")

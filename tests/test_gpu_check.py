@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_dry_run_shows_the_cuda_build_and_the_checks(tmp_path):
-    venv, wheels = tmp_path / "venv-cuda", tmp_path / "wheels"
+    venv, wheels = tmp_path / "venv-cuda", tmp_path / "llama"
     out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], cwd=tmp_path,
-                         env={**os.environ, "VENV": str(venv), "PYTHON": sys.executable, "RNGRID_WHEELS": str(wheels)},
+                         env={**os.environ, "VENV": str(venv), "PYTHON": sys.executable,
+                              "RNGRID_LLAMA_CACHE": str(wheels)},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -24,12 +25,13 @@ def test_dry_run_shows_the_cuda_build_and_the_checks(tmp_path):
     assert commands[2] == ["env", "PYTHONUNBUFFERED=1", f"{venv}/bin/python", "-m", "bench.gpu_check",
                            "--tokens", "256", "--steps", "20"]
     # make's own plan passes the backend to the set-up script ...
-    assert any("LLAMA_BACKEND=cuda" in line and "scripts/llama_wheel.py" in line for line in lines)
-    # ... which builds the CUDA wheel with RPC, for the local architecture only
-    build = [line for line in lines if " wheel --no-deps --no-cache-dir" in line]
-    assert len(build) == 1 and "-DGGML_CUDA=on" in build[0] and "-DGGML_RPC=on" in build[0]
-    assert "-DCMAKE_CUDA_ARCHITECTURES=" in build[0] and f"-w {wheels}/cuda-" in build[0]
+    assert any("LLAMA_BACKEND=cuda" in line and "scripts/llama_build.py" in line for line in lines)
+    # ... which builds llama-server and the RPC server for CUDA, for the local architecture only
+    build = [line for line in lines if " cmake -S " in line]
+    assert len(build) == 1 and "-DGGML_CUDA=ON" in build[0] and "-DGGML_RPC=ON" in build[0]
+    assert "-DCMAKE_CUDA_ARCHITECTURES=" in build[0] and f"-B {wheels}/cuda-" in build[0]
     assert "-DCMAKE_CUDA_ARCHITECTURES=all" not in build[0]
+    assert any(line.endswith("--target llama-server ggml-rpc-server") for line in lines)
     # the checks: a GPU tower, a CPU tower with the GPU hidden, and training on both
     towers = [line for line in lines if " -m reticulum_grid -v tower --config " in line]
     assert len(towers) == 2 and "CUDA_VISIBLE_DEVICES" not in towers[0]

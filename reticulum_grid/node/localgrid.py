@@ -110,8 +110,8 @@ class TowerProcess(LocalProcess):
         super().__init__(Path(root) / name, name, free_port() if listen else None)
         self.config_path = self.dir / "tower.toml"
         sections.setdefault("announce", {"floor_s": 1, "heartbeat_s": 600})
-        # Several towers share this machine: one llama.cpp thread each keeps them
-        # from fighting over the cores (see LlamaBackend).
+        # Several towers share this machine: one llama.cpp thread each keeps their
+        # runners' spinning thread barriers from fighting over the cores.
         config.write_tower(self.config_path, name, models, listen=self.address if listen else "",
                            connect=connect, allow=allow, threads=threads, **sections)
 
