@@ -188,9 +188,9 @@ def test_a_client_that_leaves_stops_the_tower_within_a_second(hub, tower, gatewa
             time.sleep(0.5)
     finally:
         sock.close()
-    seconds = wait_idle(hub, tower, timeout=5.0)
+    seconds = wait_idle(hub, tower, timeout=5.0)  # up to the answer of the caps/full that saw it idle
     print(f"stream={stream}: tower idle {seconds} s after the client closed its socket")
-    assert seconds is not None and seconds < 1.5, seconds
+    assert seconds is not None and seconds < 1.0, seconds
 
 
 def test_an_error_mid_stream_is_one_sse_error_event_then_the_end():

@@ -105,8 +105,14 @@ def test_missing_libs():
     assert lw.missing_libs("cpu", {"libllama.so"}) == ["ggml-rpc"]
 
 
-def test_pinned_version_comes_from_pyproject():
-    assert lw.pinned_version().count(".") == 2
+def test_pinned_version_comes_from_pyproject(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["rns==0.9.4", "llama-cpp-python==9.8.7", "msgpack>=1.0"]\n')
+    assert lw.pinned_version(pyproject) == "9.8.7"
+    pyproject.write_text('[project]\ndependencies = ["llama-cpp-python>=0.3"]\n')
+    with pytest.raises(SystemExit, match="does not pin"):
+        lw.pinned_version(pyproject)
+    assert f"llama-cpp-python=={lw.pinned_version()}" in (ROOT / "pyproject.toml").read_text()
 
 
 def fake_cuda_machine(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """Eight client processes, three requests each, over two towers: every request
-succeeds and both towers serve (busy answers send a client elsewhere)."""
+succeeds and both towers serve. (That a busy answer sends a client to another
+tower is shown, deterministically, in tests/test_routing.py.)"""
 
 import json
 import subprocess

@@ -17,7 +17,7 @@ import pytest
 from links.wire import Code, WireError
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node.localgrid import wait_port
-from reticulum_grid.training import rendezvous
+from reticulum_grid.training import distributed, rendezvous
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 SPEC = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "learning_rate": 4e-3,
@@ -92,8 +92,8 @@ def intruders(port):
     try:  # torch's own store client, straight at the front
         dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=3))
         seen["tcpstore_client"] = "joined"
-    except Exception as e:
-        seen["tcpstore_client"] = f"refused: {type(e).__name__}"
+    except dist.DistError as e:  # torch's store and network errors only: a crash of ours is no refusal
+        seen["tcpstore_client"] = f"refused: {type(e).__name__}: {e}"
     return seen
 
 
@@ -110,8 +110,8 @@ def runs(tmp_path_factory):
         seen = intruders(port)
         procs.append(worker(tmp, "rank1", {**dp, "rank": 1}))
         procs.append(worker(tmp, "one", {**dp, "world_size": 1, "rank": 0}))
-        ips = set()
-        while procs[0].poll() is None:
+        ips, deadline = set(), time.monotonic() + 600
+        while procs[0].poll() is None and time.monotonic() < deadline:
             ips |= listening_ips(procs[0].pid)
             time.sleep(0.2)
         events = [finish(p) for p in procs]
@@ -149,9 +149,15 @@ def test_two_ranks_train_the_same_adapter_as_one(runs):
 def test_a_store_connection_without_the_secret_joins_nothing(runs):
     seen = runs["seen"]
     print(f"refusals measured: {seen}")
-    assert seen["wrong_answer_closed_s"] is not None and seen["wrong_answer_closed_s"] < 1.0
-    assert seen["silent_closed_s"] is not None and seen["silent_closed_s"] <= rendezvous.AUTH_TIMEOUT_S + 1
-    assert seen["tcpstore_client"].startswith("refused")
+    # A wrong answer is closed on at once, well before the timeout a silent one waits out.
+    assert seen["wrong_answer_closed_s"] is not None and seen["wrong_answer_closed_s"] < rendezvous.AUTH_TIMEOUT_S / 2
+    assert seen["silent_closed_s"] is not None and seen["silent_closed_s"] >= rendezvous.AUTH_TIMEOUT_S - 0.1
+    assert seen["silent_closed_s"] <= rendezvous.AUTH_TIMEOUT_S + 5
+    # torch's client read the front's challenge where it expected the store's answer to its
+    # ping (the greeting's first 4 bytes, read as a little-endian int), and gave up.
+    greeting = int.from_bytes(rendezvous.GREETING[:4], "little")
+    assert seen["tcpstore_client"].startswith("refused: DistNetworkError") and f"Got: {greeting}" in \
+        seen["tcpstore_client"], seen["tcpstore_client"]
     front = next(e for e in runs["two"] if e["event"] == "done")["store_front"]
     assert front["refused"] >= 3 and front["admitted"] >= 1, front
     # The job was unharmed (it trained as the 1-rank run did: the test above), nothing
@@ -214,7 +220,8 @@ def test_a_killed_rank_resumes_on_the_towers_left(hub, pair, tmp_path):
     print(f"rank 1 killed; the job went back to the queue {requeued_at - killed_at:.1f} s later; "
           f"history {end['history']}")
     assert end["state"] == "succeeded" and end["error"] is None, end
-    assert requeued_at - killed_at <= 60
+    # A lost rank is noticed when a collective times out (COLLECTIVE_TIMEOUT_S), then the job requeues.
+    assert requeued_at - killed_at <= distributed.COLLECTIVE_TIMEOUT_S + 60
     assert [s["world_size"] for s in started] == [2, 1]
     resumed = started[-1]["resumed_from"]
     assert resumed in (3, 6) and resumed < max(before)

@@ -72,9 +72,12 @@ class LinkSession:
     def cancel(self, stream_id):
         event = self.streams.get(stream_id)
         if event is not None:
+            log.info("stream %d: a cancel from the client", stream_id)
             event.set()
 
     def _closed(self, link):
+        if self.streams:
+            log.info("link closed with %d stream(s) running: stopping them", len(self.streams))
         for event in list(self.streams.values()):
             event.set()
         self.fetcher.link_closed()
