@@ -29,7 +29,7 @@ from bench.common import grid_run, report_pairs, time_stream
 from reticulum_grid.client import Grid
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
 
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
@@ -48,6 +48,7 @@ def start_gateway(tmp, home, tower):
     gateway_home = Path(tmp) / "gateway"
     gateway_home.mkdir()
     shutil.copy(home / "identity", gateway_home / "identity")
+    trust_local_towers(gateway_home, follow=False)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(gateway_home), "serve",
                              "--listen", f"127.0.0.1:{port}", "--connect", tower.address],
@@ -73,6 +74,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: default_model_path()},
                              allow={client_id: ["infer"]}).start()
         proc = None

@@ -134,7 +134,7 @@ def run(tokens, steps):
     from reticulum_grid.client import Grid
     from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
     from reticulum_grid.node import identity, rnsnet
-    from reticulum_grid.node.localgrid import TowerProcess
+    from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
     failures = []
     smi = nvidia_smi()
@@ -142,6 +142,7 @@ def run(tokens, steps):
         tmp = Path(tmp)
         home = tmp / "client"
         allow = {identity.load_or_create(home / "identity").hash.hex(): ["infer"]}
+        trust_local_towers(home)  # this client trusts the towers it starts
         models = {DEFAULT_ALIAS: default_model_path()}
         towers = []
         try:

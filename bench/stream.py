@@ -28,7 +28,7 @@ from bench.common import grid_run, report_pairs
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.client import Grid
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
@@ -56,6 +56,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: model}, allow={client_id: ["infer"]}).start()
         try:
             grid = Grid(home=home, connect=[tower.address])

@@ -34,7 +34,7 @@ from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
 from reticulum_grid.node.connection import open_link
-from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
 
 HERE = Path(__file__).parent
 MB = 1e6
@@ -163,6 +163,7 @@ def main():
         shaped.write_bytes(os.urandom(args.shaped_mib << 20))
         home = tmp / "bench-client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         towers = []
         for name, blob in (("bench-direct", big), ("bench-a", shaped), ("bench-b", shaped)):
             tower = TowerProcess(tmp, name, {}, allow={client_id: ["sync"]})

@@ -44,6 +44,7 @@ class Code:
     UNSUPPORTED = "unsupported"
     UNKNOWN_ADAPTER = "unknown_adapter"
     TOO_SLOW = "too_slow"  # a transfer the link would take longer than allowed to carry
+    UNTRUSTED = "untrusted"  # a tower this client does not trust (rngrid trust): nothing is sent to it
 
 
 class WireError(Exception):

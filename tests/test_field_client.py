@@ -20,7 +20,7 @@ from reticulum_grid.cli.infer import _tower_row
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.identity import load_or_create
-from reticulum_grid.node.localgrid import TransportProcess
+from reticulum_grid.node.localgrid import TransportProcess, trust_local_towers
 from tests.conftest import ROOT, rngrid
 
 FC = "fc-model"  # the bundled GGUF under an alias only this module's towers A and B have
@@ -207,6 +207,7 @@ def test_a_long_lived_client_survives_a_transport_restart(hub, tmp_path):
     transport = TransportProcess(hub.root, "fc-transport").start()
     tower = hub.start_tower("fc-T", models={"fc-t-model": default_model_path()}, connect=[transport.address],
                             allow={client_id: ["infer"]})
+    trust_local_towers(home, follow=False)
     client = subprocess.Popen([sys.executable, "-m", "tests.long_client", str(home), transport.address], cwd=ROOT,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.node.localgrid import trust_local_towers
 from tests.leftovers import end
 
 HERE = Path(__file__).parent
@@ -21,6 +22,7 @@ def test_eight_clients_three_requests_two_towers(hub, tmp_path):
     procs, results = [], []
     try:
         for h in homes:
+            trust_local_towers(h, follow=False)
             procs.append(subprocess.Popen([sys.executable, str(HERE / "load_client.py"), str(h), "3"]
                                           + [t.address for t in towers],
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

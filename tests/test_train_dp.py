@@ -16,6 +16,8 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import wait_port
 from reticulum_grid.training import distributed, rendezvous
 
@@ -103,7 +105,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
     port = rendezvous.free_port("127.0.0.1")
     dp = {"world_size": 2, "units": 2, "host": "127.0.0.1", "dataplane": "127.0.0.1", "port": port,
-          "secret": secrets.token_hex(32)}
+          "secret": secrets.token_hex(32), "peers": ["127.0.0.1"]}
     procs = [worker(tmp, "rank0", {**dp, "rank": 0})]
     try:
         assert wait_port(port, 120), "rank 0's store front never listened"
@@ -185,7 +187,7 @@ def pair(hub):
 def start_pair(hub, roles):
     a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, train=DATAPLANE)
     # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
-    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train"]},
+    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
                         connect=[hub.address, a.address], train=DATAPLANE)
     hub.wait_tower(a.name)
     hub.wait_tower(b.name)
@@ -266,6 +268,8 @@ def test_a_participant_without_train_is_refused(hub, pair):
     with pytest.raises(WireError) as e:  # the tower itself refuses an identity without train
         hub.grid.execute("train/join", join, tower=c.name)
     assert e.value.code == Code.NOT_ALLOWED and "train" in e.value.message
-    with pytest.raises(WireError) as e:  # and a job whose owner may not train there
-        hub.grid.execute("train/join", {**join, "owner": "ab" * 16}, tower=b.name)
+    as_a = TowerConnection(load_or_create(a.dir / "identity"), hub.wait_tower(b.name).destination_hash, "as dp-a")
+    with pytest.raises(WireError) as e:  # and a job whose owner may not train there (asked by b's training peer)
+        as_a.request("train/join", {**join, "job_id": "0123456789ab", "owner": "ab" * 16}, timeout=20)
     assert e.value.code == Code.NOT_ALLOWED and "owner" in e.value.message
+    as_a.close()

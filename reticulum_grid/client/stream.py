@@ -33,6 +33,8 @@ RETRY_BEFORE_OUTPUT = {Code.BUSY, Code.UNREACHABLE, Code.TIMEOUT, Code.NOT_ALLOW
 LINK_LOST = {Code.UNREACHABLE, Code.TIMEOUT}
 #: Towers tried for one request at most.
 MAX_TOWERS = 4
+#: Tokens after a stream's first message needed to measure its rate (router.HealthBook.measured).
+MEASURE_MIN_TOKENS = 4
 #: A stream silent this long (no token, no heartbeat) lost its tower (seconds;
 #: at least 3 heartbeats, more on a slow link: 10 RTTs).
 STREAM_SILENCE_S = 3.5
@@ -53,6 +55,29 @@ def continued(payload, ids):
         asked = payload.get("max_tokens")
         payload["max_tokens"] = max(0, (256 if asked is None else asked) - len(ids))
     return payload
+
+
+class _Meter:
+    """A stream's rate on this client's clock: tokens after the first message
+    over the time since it (the first message carries the prompt's latency)."""
+
+    def __init__(self):
+        self.first_at = self.last_at = None
+        self.after_first = 0
+
+    def tokens(self, count):
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+        else:
+            self.after_first += count
+            self.last_at = now
+
+    def rate(self):
+        """Tokens/s, or None when too few tokens came to tell."""
+        if self.after_first < MEASURE_MIN_TOKENS or self.last_at <= self.first_at:
+            return None
+        return self.after_first / (self.last_at - self.first_at)
 
 
 @dataclass
@@ -126,11 +151,13 @@ class InferenceStream:
             return False
         self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
         ids_before = len(self.ids)
+        meter = _Meter()
         try:
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
             silence = max(STREAM_SILENCE_S, 10 * rtt)
             for event in receiver.events(silence, self._current[0].router):
                 if event[0] == "data":
+                    meter.tokens(len(event[2]))
                     self.ids += event[2]
                     text = decoder.feed(event[1])
                     if text:
@@ -141,6 +168,8 @@ class InferenceStream:
                         yield self._emit(tail)
                     self._release()
                     self.grid.health.succeeded(entry.destination_hash)
+                    if meter.rate() is not None:
+                        self.grid.health.measured(entry.destination_hash, meter.rate())
                     self.usage = self._usage(entry, event[1], event[2], ids_before)
                     yield self.usage
                     return True

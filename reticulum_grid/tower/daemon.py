@@ -8,7 +8,8 @@ never stuck behind them.
 Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
 ``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
 (sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
-``jobs/watch``, ``jobs/cancel`` (train).
+``jobs/watch``, ``jobs/cancel`` (train); tower to tower: ``train/join``
+(train-peer), ``split/tunnel`` (shard).
 """
 
 import logging
@@ -111,7 +112,7 @@ class Tower:
             rnsnet.check_listen(net.listen)
         configdir = net.rns_config or rnsnet.write_config(
             self.config.directory / "rns", listen=net.listen, connect=net.connect,
-            transport=net.transport, bitrate=net.bitrate)
+            transport=net.transport, bitrate=net.bitrate, network_name=net.network_name, passphrase=net.passphrase)
         rnsnet.start(configdir)
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
                                       on_tokens_per_s=self._record_tokens_per_s)
@@ -132,7 +133,7 @@ class Tower:
                     "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
                     "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
                     "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
-                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train", self.jobs.dp.join),
+                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train-peer", self.jobs.dp.join),
                     **self.split.commands()}
         for path, (role, command) in commands.items():
             self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
