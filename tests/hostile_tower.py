@@ -1,10 +1,12 @@
 """A hostile tower for the trust tests: the real ``rngrid tower``, lying in its
 announce and caps (another tower's name, an absurd tokens/s), optionally
-slow, and writing down every ``ai/inference`` request that reaches it (before
-its own allow-list is asked: a prompt a tower refuses has still been sent to it).
+slow, answering chosen commands with an error message of its choice (terminal
+escapes, markup), and writing down every ``ai/inference`` request that
+reaches it (before its own allow-list is asked: a prompt a tower refuses has
+still been sent to it).
 
 Run: ``python -m tests.hostile_tower [--claim-name N] [--claim-tokens-per-s X]
-[--token-delay S] [--record FILE] -- -v tower --config tower.toml``.
+[--token-delay S] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
 ``HostileTower`` is a TowerProcess that runs it.
 """
 
@@ -24,10 +26,11 @@ class HostileTower(TowerProcess):
     added after every token; ``record``: where its received prompts go (JSON lines).
     Untrusted unless ``trusted=True``."""
 
-    def __init__(self, root, name, models, claim=None, token_delay=0.0, trusted=False, **kwargs):
+    def __init__(self, root, name, models, claim=None, token_delay=0.0, refuse=None, trusted=False, **kwargs):
         super().__init__(root, name, models, trusted=trusted, **kwargs)
         self.claim = claim or {}
         self.token_delay = token_delay
+        self.refuse = refuse or {}  # {command path: error message it answers with}
         self.record = self.dir / "received.jsonl"
 
     def argv(self):
@@ -36,6 +39,8 @@ class HostileTower(TowerProcess):
             flags += ["--claim-name", self.claim["name"]]
         if "tokens_per_s" in self.claim:
             flags += ["--claim-tokens-per-s", str(self.claim["tokens_per_s"])]
+        for path, message in self.refuse.items():
+            flags += ["--refuse", f"{path}={message}"]
         return [sys.executable, "-m", "tests.hostile_tower", *flags, "--", *super().argv()[3:]]
 
     def received(self):
@@ -46,11 +51,13 @@ class HostileTower(TowerProcess):
 
 
 def _patch(args):
+    from links import wire
     from reticulum_grid.tower import daemon
 
     real_caps, real_usage, real_handler = daemon.Tower.caps, daemon.Tower.usage, daemon.Tower._handler
     real_start = daemon.start_stream
     claims = {k: v for k, v in (("name", args.claim_name), ("tokens_per_s", args.claim_tokens_per_s)) if v is not None}
+    refusals = dict(item.split("=", 1) for item in args.refuse)
 
     def caps(self):
         return dataclasses.replace(real_caps(self), **claims)
@@ -60,6 +67,8 @@ def _patch(args):
 
     def handler(self, path, role, command):
         handle = real_handler(self, path, role, command)
+        if path in refusals:  # RNS reads a handler's signature: six named parameters
+            return lambda _path, data, request_id, link_id, identity, at: wire.error("internal", refusals[path])
         if path != "ai/inference":
             return handle
 
@@ -92,6 +101,7 @@ def main():
     parser.add_argument("--claim-name", default=None)
     parser.add_argument("--claim-tokens-per-s", type=float, default=None)
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--refuse", action="append", default=[], metavar="PATH=MESSAGE")
     parser.add_argument("--record", required=True)
     parser.add_argument("rngrid", nargs=argparse.REMAINDER)
     args = parser.parse_args()

@@ -18,7 +18,7 @@ from reticulum_grid.gateway.app import Gateway
 from reticulum_grid.gateway.openai_api import Reply
 from reticulum_grid.gateway.server import BindRefused, check_bind
 from reticulum_grid.node.config import allow, revoke
-from reticulum_grid.node.localgrid import free_port, wait_port
+from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
 from tests.gateway_support import serve, start_tower, wait_idle, wait_streaming
 
 MODEL = "gw-smol"  # only this module's tower has this alias
@@ -247,6 +247,7 @@ def test_rngrid_serve_command(hub, tower, tmp_path):
     home = tmp_path / "laptop"
     home.mkdir()
     shutil.copy(hub.grid.home / "identity", home / "identity")  # the same person on another process
+    trust_local_towers(home, follow=False)  # ... who trusts the same towers
     refused = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
                               "0.0.0.0:1"], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "API key" in refused.stderr

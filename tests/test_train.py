@@ -15,6 +15,7 @@ from announce.caps import decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.localgrid import trust_local_towers
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from tests.leftovers import end
 
@@ -37,6 +38,7 @@ def same_identity_home(hub, tmp_path, name):
     home = tmp_path / name
     home.mkdir()
     shutil.copy(hub.grid.home / "identity", home / "identity")
+    trust_local_towers(home, follow=False)  # ... who trusts the same towers
     return home
 
 
@@ -223,6 +225,7 @@ def test_notification_waits_on_the_propagation_node_for_an_offline_client(hub, t
     from reticulum_grid.training.notify import delivery_hash
     home = tmp_path / "offline-laptop"
     address = delivery_hash(load_or_create(home / "identity")).hex()  # never announced: no path to it
+    trust_local_towers(home, follow=False)
     entry, job_id = hub.grid.train({**JOB, "output_alias": "for-later", "notify": address}, data_path=DATA,
                                    tower=tower.name)
     hub.grid.cancel_job(job_id, tower=tower.name)

@@ -96,7 +96,7 @@ def test_the_cli_uses_only_trusted_towers_and_lists_strangers_apart(grid3):
     assert apart == {plain.identity_hash, liar.identity_hash} and all(
         r["state"] == "untrusted" for r in rows if not r["trusted"])
     table = rngrid("towers", "--wait", "8", "--connect", legit.address, "--connect", plain.address, home=home)
-    assert "not trusted" in table.stderr and plain.identity_hash in table.stderr, table.stderr
+    assert "not trusted" in table.stdout and plain.identity_hash in table.stdout, table.stdout
 
 
 def test_trust_any_is_an_explicit_choice_with_a_warning(grid3, tmp_path):

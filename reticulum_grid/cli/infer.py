@@ -33,11 +33,16 @@ def towers(ctx, connect, rns_config, wait, as_json):
     if not rows and not strangers:
         err.print(f"no towers heard within {wait:.0f} s")
         sys.exit(1)
+    if rows:
+        _print_towers(rows)
     if strangers:
         _print_strangers(strangers)
     if not rows:
         err.print(f"no trusted tower heard within {wait:.0f} s")
         sys.exit(1)
+
+
+def _print_towers(rows):
     table = Table("name", "destination", "state", "hops", "age", "backend", "memory free/total", "models", "tok/s")
     table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
     for r in rows:
@@ -52,14 +57,13 @@ def towers(ctx, connect, rns_config, wait, as_json):
                       f"{r['tokens_per_s']:.0f}")
     out.print(table)
 
-
 def _print_strangers(rows):
     table = Table("announced name", "destination", "identity", "models", title="heard, not trusted: never used")
     table.columns[1].overflow = table.columns[2].overflow = "fold"
     for r in rows:
         table.add_row(r["name"], r["destination"], r["identity"] or "?", ", ".join(m["alias"] for m in r["models"]))
-    err.print(table)
-    err.print("to use one of them (if it is yours): rngrid trust IDENTITY --name NAME")
+    out.print(table)
+    out.print("to use one of them (if it is yours): rngrid trust IDENTITY --name NAME")
 
 
 def _tower_row(entry, health):

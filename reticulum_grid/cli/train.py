@@ -194,7 +194,11 @@ def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
         except queue.Empty:
             break
         received += 1
+        # Anyone can send an LXMF message: say which ones come from a tower this client trusts.
+        message["trusted"] = message["source"] in grid.trust.trust.lxmf_sources()
         if as_json:
             json_line(message)
         else:
-            out.print(styled((message["title"], "bold"), "\n", message["content"], "\n"))
+            warning = () if message["trusted"] else ((f"not from a trusted tower (sender {message['source']}): ",
+                                                      "yellow"),)
+            out.print(styled(*warning, (message["title"], "bold"), "\n", message["content"], "\n"))

@@ -18,7 +18,7 @@ compared left to right (lower is better):
 6. ``cost``: an estimate of seconds per generated token for this request,
    (streams + queue + pending + 1) / tokens_per_s, plus the measured RTT in
    seconds, where ``pending`` counts the streams this client started there
-   since it last read the tower's load; a busy fast tower and an idle slow one
+   since it last read the tower's load and that are still running; a busy fast tower and an idle slow one
    compare fairly, and simultaneous requests do not all pick the same tower.
    ``tokens_per_s`` is what this client measured of the tower's streams (its
    own clock, tokens after the first message); a tower it never streamed
@@ -115,6 +115,11 @@ class HealthBook:
 
     def started(self, destination_hash):
         self._health.setdefault(destination_hash, Health()).pending += 1
+
+    def ended(self, destination_hash):
+        """A stream this client started there ended: it is no longer load to add."""
+        h = self._health.setdefault(destination_hash, Health())
+        h.pending = max(0, h.pending - 1)
 
     def measured(self, destination_hash, tokens_per_s):
         """A stream from the tower reached ``tokens_per_s`` on this client's clock."""

@@ -167,6 +167,7 @@ class InferenceStream:
                     if tail:
                         yield self._emit(tail)
                     self._release()
+                    self.grid.health.ended(entry.destination_hash)
                     self.grid.health.succeeded(entry.destination_hash)
                     if meter.rate() is not None:
                         self.grid.health.measured(entry.destination_hash, meter.rate())
@@ -175,6 +176,7 @@ class InferenceStream:
                     return True
         except WireError as e:
             self._release()
+            self.grid.health.ended(entry.destination_hash)
             if e.code not in LINK_LOST and not (e.code in RETRY_BEFORE_OUTPUT and not self.ids):
                 raise
             self._failed(entry, e)

@@ -47,6 +47,10 @@ class Trust:
         """{tower destination hash (16 bytes): name} for the trusted identities."""
         return {tower_destination(h): name for h, name in self.towers.items()}
 
+    def lxmf_sources(self):
+        """{LXMF delivery hash hex: name} of the trusted towers (the sender of their job notifications)."""
+        return {RNS.Destination.hash(bytes.fromhex(h), "lxmf", "delivery").hex(): name for h, name in self.towers.items()}
+
 
 def tower_destination(identity_hash_hex):
     """The destination hash (16 bytes) a tower with this identity hash serves on."""

@@ -28,7 +28,7 @@ from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.inference import request as inference_request
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
-from reticulum_grid.node.config import LiveAllowList
+from reticulum_grid.node.config import TOWER_ROLES, LiveAllowList
 from reticulum_grid.inference.llama_backend import ContextLengthExceeded
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
@@ -174,7 +174,7 @@ class Tower:
         def handle(_path, data, request_id, link_id, remote_identity, requested_at):
             try:
                 if role:
-                    auth.require(remote_identity, role, self.allow.roles_of)
+                    auth.require(remote_identity, role, self.allow.roles_of, tower_role=role in TOWER_ROLES)
                 session, request = self._session(link_id), wire.unpack_map(data)
                 id_field = wire.ANSWERED_ONCE.get(path)
                 if id_field is None or id_field not in request:
