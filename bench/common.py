@@ -1,10 +1,21 @@
-"""Pieces the benchmarks share: timing a token stream and printing paired figures.
+"""Pieces the benchmarks share: the one tokens/s formula, timing a token
+stream and printing paired figures.
 
 Run benchmarks as modules from the repository root (``python -m bench.stream``).
 """
 
 import statistics
 import time
+
+
+def tokens_per_s(tokens, first_s, last_s):
+    """The tokens/s of every benchmark here: ``tokens`` generated, the first text
+    seen at ``first_s`` and the last at ``last_s`` (seconds on one clock), counted
+    as the caller sees them: (tokens - 1) / (last - first). The first token's time
+    is TTFT's, so it is not counted again; the end message is not text."""
+    if tokens < 2 or last_s <= first_s:
+        raise ValueError(f"no rate from {tokens} tokens between {first_s} and {last_s} s")
+    return (tokens - 1) / (last_s - first_s)
 
 
 def spread(values, scale=1.0):
@@ -17,8 +28,8 @@ def time_stream(pieces, is_text, max_tokens, label, started=None):
     """Consume ``pieces`` (a stream started just now, or at perf_counter
     ``started``) and return (TTFT s, tokens/s, last piece). ``is_text(piece)`` says whether a piece is generated text; the
     last piece must carry ``completion_tokens`` (a usage) equal to ``max_tokens``,
-    so both sides of a comparison count the same tokens: (max_tokens - 1) /
-    (last text - first text). Raises RuntimeError otherwise."""
+    so both sides of a comparison count the same tokens (``tokens_per_s``).
+    Raises RuntimeError otherwise."""
     started = started or time.perf_counter()
     first = last = usage = None
     for piece in pieces:
@@ -30,7 +41,7 @@ def time_stream(pieces, is_text, max_tokens, label, started=None):
     done = getattr(usage, "completion_tokens", None)
     if done != max_tokens:
         raise RuntimeError(f"{label} run ended after {done} of {max_tokens} tokens")
-    return first - started, (max_tokens - 1) / (last - first), usage
+    return first - started, tokens_per_s(max_tokens, first, last), usage
 
 
 def report_pairs(base, other, names, ratio_key, args, model):

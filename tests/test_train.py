@@ -14,7 +14,7 @@ import pytest
 from announce.caps import decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.connection import TowerConnection, wait_until
 from reticulum_grid.node.localgrid import trust_local_towers
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from tests.leftovers import end
@@ -175,11 +175,12 @@ def test_cancel(hub, tower, finished_job):
         conn = TowerConnection(hub.grid.identity, hub.wait_tower(tower.name).destination_hash, tower.name)
         next(conn.watch_job(job_id))
         conn.close()
-    time.sleep(2.0)
     # rns 0.9.4 keeps each closed Link's watchdog thread until its next wake-up
     # (up to its 360 s keepalive): one per Link is RNS's; a watcher's sender
     # thread left behind would make it two.
-    assert psutil.Process(tower.proc.pid).num_threads() <= threads + 8 + 2
+    bound = threads + 8 + 2
+    assert wait_until(lambda: psutil.Process(tower.proc.pid).num_threads() <= bound, 30), \
+        f"{psutil.Process(tower.proc.pid).num_threads()} threads, {threads} before the watchers"
     assert hub.grid.cancel_job(job_id, tower=tower.name)["id"] == job_id
     end = next(e for e in events if e["type"] == "end")
     assert end["state"] == "cancelled"
