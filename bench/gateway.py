@@ -95,9 +95,9 @@ def main():
             grid_run(grid, PROMPT.format(k=1), 8, DEFAULT_ALIAS), gateway_run(client, PROMPT.format(k=2), 8)  # warm links and caches
             direct, through = [], []
             for k in range(args.runs):
-                # Both sides reach the same tower with the same two prompts, whose first
-                # digits differ from each other's and from the pair before.
-                x, y = PROMPT.format(k=2000 + 137 * k), PROMPT.format(k=5000 + 137 * k)
+                # Both sides reach the same tower with the same two prompts (their numbers
+                # differ from each other's and from the pair before's).
+                x, y = PROMPT.format(k=200 + 137 * k), PROMPT.format(k=700 + 137 * k)
                 g_x = grid_run(grid, x, args.max_tokens, DEFAULT_ALIAS)
                 w_y = gateway_run(client, y, args.max_tokens)
                 w_x = gateway_run(client, x, args.max_tokens)

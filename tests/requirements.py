@@ -151,6 +151,7 @@ def pytest_configure(config):
     _skipped.clear()
 
 
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs"):
         need(*marker.args)
