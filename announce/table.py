@@ -4,6 +4,13 @@ Thread-safe. An entry expires ``EXPIRY_HEARTBEATS`` heartbeats (as the tower
 itself declares in its caps) after it was last heard, unless refreshed.
 Petals keeps ~2x its announce period; we keep 2.5x so one lost heartbeat on a
 lossy radio link does not drop a tower.
+
+A table may ``vet`` what it hears: ``vet(destination_hash, caps)`` returns
+``(caps, trusted)`` for a tower to use (its caps possibly renamed: a client
+names a tower as its trust entry says) or None for one to keep apart. Towers
+kept apart are only listed (``strangers``); every other method sees the vetted
+ones alone. When ``vet.version`` changes (the client's trust list was edited)
+every entry is vetted again.
 """
 
 import threading
@@ -20,6 +27,7 @@ class TowerEntry:
     caps: object
     hops: int
     heard_at: float
+    trusted: bool = True  # False: heard and used only because the client uses every tower (trust any)
 
     @property
     def name(self):
@@ -37,50 +45,87 @@ class TowerEntry:
 
 
 class TowerTable:
-    """Destination hash -> TowerEntry, with expiry and waiting."""
+    """Destination hash -> TowerEntry, with expiry, waiting and vetting (see above)."""
 
-    def __init__(self, clock=time.time):
+    def __init__(self, clock=time.time, vet=None):
         self._clock = clock
-        self._entries = {}
+        self._vet = vet
+        self._version = getattr(vet, "version", None)
+        self._heard = {}  # destination hash -> TowerEntry as announced
+        self._entries = {}  # destination hash -> vetted TowerEntry
         self._changed = threading.Condition()
 
-    def update(self, destination_hash, caps, hops):
-        """Insert or refresh a tower; returns the new entry."""
-        entry = TowerEntry(bytes(destination_hash), caps, int(hops), self._clock())
-        with self._changed:
-            self._entries[entry.destination_hash] = entry
-            self._changed.notify_all()
+    def _vetted(self, heard):
+        if self._vet is None:
+            return heard
+        verdict = self._vet(heard.destination_hash, heard.caps)
+        return None if verdict is None else replace(heard, caps=verdict[0], trusted=bool(verdict[1]))
+
+    def _put(self, heard):
+        """Store ``heard`` and its vetted entry (the lock is held). Returns the vetted one or None."""
+        self._heard[heard.destination_hash] = heard
+        entry = self._vetted(heard)
+        if entry is None:
+            self._entries.pop(heard.destination_hash, None)
+        else:
+            self._entries[heard.destination_hash] = entry
+        self._changed.notify_all()
         return entry
 
-    def refresh_caps(self, destination_hash, caps):
-        """Replace caps (e.g. from caps/full) keeping hops; no-op for unknown towers."""
+    def _revet(self):
+        """Vet everything again when the vet's verdicts may have changed (the lock is held)."""
+        version = getattr(self._vet, "version", None)
+        if version != self._version:
+            self._version = version
+            self._entries = {}
+            for heard in list(self._heard.values()):
+                self._put(heard)
+
+    def update(self, destination_hash, caps, hops):
+        """Insert or refresh a tower; returns its vetted entry (None: kept apart)."""
         with self._changed:
-            old = self._entries.get(destination_hash)
-            if old is None:
+            self._revet()
+            return self._put(TowerEntry(bytes(destination_hash), caps, int(hops), self._clock()))
+
+    def refresh_caps(self, destination_hash, caps):
+        """Replace caps (e.g. from caps/full) keeping hops; no-op (None) for unknown or unvetted towers."""
+        with self._changed:
+            self._revet()
+            old = self._heard.get(destination_hash)
+            if old is None or destination_hash not in self._entries:
                 return None
-            entry = replace(old, caps=caps, heard_at=self._clock())
-            self._entries[destination_hash] = entry
-            self._changed.notify_all()
-            return entry
+            return self._put(replace(old, caps=caps, heard_at=self._clock()))
 
     def remove(self, destination_hash):
         with self._changed:
             self._entries.pop(destination_hash, None)
+            self._heard.pop(destination_hash, None)
 
     def get(self, destination_hash):
-        entry = self._entries.get(destination_hash)
+        with self._changed:
+            self._revet()
+            entry = self._entries.get(destination_hash)
         return entry if entry is not None and not self._expired(entry) else None
 
     def live(self):
-        """Unexpired entries, most recently heard first."""
+        """Unexpired vetted entries, most recently heard first."""
         with self._changed:
+            self._revet()
             self._expire()
             return sorted(self._entries.values(), key=lambda e: -e.heard_at)
 
+    def strangers(self):
+        """Unexpired towers heard but kept apart by the vet (as they announced themselves)."""
+        with self._changed:
+            self._revet()
+            self._expire()
+            return sorted((e for h, e in self._heard.items() if h not in self._entries), key=lambda e: -e.heard_at)
+
     def find(self, name_or_hash):
         """The live entry whose full hash, hash prefix (>= 8 hex) or name matches
-        one tower only. Names are not authenticated: two towers announcing the
-        same name match neither (use the hash)."""
+        one tower only. A trusted tower's name is its trust entry's; a name that
+        a trusted tower and untrusted ones share (trust any) is the trusted
+        tower's; two towers with one name otherwise match neither (use the hash)."""
         key = name_or_hash.lower()
         live = self.live()
         for entry in live:
@@ -90,10 +135,12 @@ class TowerTable:
         if len(prefixed) == 1:
             return prefixed[0]
         named = [e for e in live if e.name == name_or_hash]
+        trusted = [e for e in named if e.trusted]
+        named = trusted or named
         return named[0] if len(named) == 1 else None
 
     def named(self, name):
-        """Live entries announcing ``name``."""
+        """Live entries called ``name``."""
         return [e for e in self.live() if e.name == name]
 
     def wait_for(self, predicate, timeout):
@@ -103,6 +150,7 @@ class TowerTable:
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
+                self._revet()
                 self._expire()
                 result = predicate(sorted(self._entries.values(), key=lambda e: -e.heard_at))
                 remaining = deadline - time.monotonic()
@@ -114,5 +162,6 @@ class TowerTable:
         return self._clock() > entry.expires_at()
 
     def _expire(self):
-        for key in [k for k, e in self._entries.items() if self._expired(e)]:
-            del self._entries[key]
+        for table in (self._entries, self._heard):
+            for key in [k for k, e in table.items() if self._expired(e)]:
+                del table[key]

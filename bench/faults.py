@@ -37,7 +37,7 @@ from links.wire import WireError
 from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess, free_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
 
 PROFILES = {"quick": {"kills": 3, "freezes": 2, "train_kills": 1, "sync_kills": 3},
@@ -63,6 +63,7 @@ class Lab:
         self.address = f"127.0.0.1:{port}"
         home = root / "client"
         self.client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         self.grid = Grid(home=home, rns_config=rnsnet.write_config(home / "rns", listen=self.address))
         self.towers = []
 
@@ -186,6 +187,7 @@ def sync_round(lab, source, source_file, k, rng):
     home = lab.root / f"puller-{k}"
     home.mkdir()
     (home / "identity").write_bytes((lab.root / "client" / "identity").read_bytes())  # allowed to sync
+    trust_local_towers(home, follow=False)
     argv = [sys.executable, "-m", "reticulum_grid", "--home", str(home), "pull", "faults-blob", "--json",
             "--from", source.name, "--connect", source.address]
     puller = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -4,9 +4,14 @@ through `rngrid serve` with the `openai` client, streamed.
 One tower process on loopback RNS; the gateway is its own process (`rngrid
 serve`, as deployed) with the same identity; the Grid and the openai client
 run in this process. Same model, parameters (temperature 0, fixed
-max_tokens) and prompts that neither side has seen (a different number up
-front); the order inside a pair alternates. tokens/s is counted the same way
-on both sides: (max_tokens - 1) / (last text - first text), as the caller sees it.
+max_tokens) and the same prompts on both sides: a pair is two prompts X and Y
+(a different number up front), run as Grid X, gateway Y, gateway X, Grid Y.
+No request follows one with its own prompt (nothing it asks is cached), and
+each side goes first on one prompt and second on the other, so whatever the
+tower keeps of an earlier request favours neither; each side's figure in a
+pair is the mean of its two runs. tokens/s is counted the same way on both
+sides: (max_tokens - 1) / (last text - first text), as the caller sees it
+(bench/common.py).
 
 Medians over the runs are printed with their ranges; the last line is
 ``gateway_ratio=<gateway tokens/s / Grid tokens/s>`` (the median of the
@@ -29,7 +34,7 @@ from bench.common import grid_run, report_pairs, time_stream
 from reticulum_grid.client import Grid
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
 
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
@@ -43,11 +48,17 @@ def gateway_run(client, prompt, max_tokens):
                        "gateway", started=started)[:2]
 
 
+def mean_run(a, b):
+    """The mean (TTFT s, tokens/s) of two runs."""
+    return tuple((p + q) / 2 for p, q in zip(a, b))
+
+
 def start_gateway(tmp, home, tower):
     """`rngrid serve` in its own process with this client's identity; (process, openai client)."""
     gateway_home = Path(tmp) / "gateway"
     gateway_home.mkdir()
     shutil.copy(home / "identity", gateway_home / "identity")
+    trust_local_towers(gateway_home, follow=False)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(gateway_home), "serve",
                              "--listen", f"127.0.0.1:{port}", "--connect", tower.address],
@@ -73,6 +84,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: default_model_path()},
                              allow={client_id: ["infer"]}).start()
         proc = None
@@ -83,15 +95,15 @@ def main():
             grid_run(grid, PROMPT.format(k=1), 8, DEFAULT_ALIAS), gateway_run(client, PROMPT.format(k=2), 8)  # warm links and caches
             direct, through = [], []
             for k in range(args.runs):
-                # Both sides reach the same tower: each run gets a prompt whose first
-                # digit differs from the run before, so no run reuses a cached prefix.
-                mine, theirs = PROMPT.format(k=200 + 137 * k), PROMPT.format(k=700 + 137 * k)
-                if k % 2:
-                    through.append(gateway_run(client, theirs, args.max_tokens))
-                    direct.append(grid_run(grid, mine, args.max_tokens, DEFAULT_ALIAS))
-                else:
-                    direct.append(grid_run(grid, mine, args.max_tokens, DEFAULT_ALIAS))
-                    through.append(gateway_run(client, theirs, args.max_tokens))
+                # Both sides reach the same tower with the same two prompts (their numbers
+                # differ from each other's and from the pair before's).
+                x, y = PROMPT.format(k=200 + 137 * k), PROMPT.format(k=700 + 137 * k)
+                g_x = grid_run(grid, x, args.max_tokens, DEFAULT_ALIAS)
+                w_y = gateway_run(client, y, args.max_tokens)
+                w_x = gateway_run(client, x, args.max_tokens)
+                g_y = grid_run(grid, y, args.max_tokens, DEFAULT_ALIAS)
+                direct.append(mean_run(g_x, g_y))
+                through.append(mean_run(w_x, w_y))
             report_pairs(direct, through, ("Grid", "gateway"), "gateway_ratio", args, DEFAULT_ALIAS)
             grid.close()
         finally:

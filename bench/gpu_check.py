@@ -8,8 +8,9 @@ In one run, on one machine:
    its caps/full must show the model offloaded (llama.cpp's buffer report).
 2. 256 tokens at temperature 0 stream from it and from a CPU tower (the same
    build with CUDA_VISIBLE_DEVICES='', so llama.cpp sees no GPU): TTFT (ms,
-   request to first text, as the client sees it) and tokens/s (the tower's
-   decode rate), median of 3 runs after a warm-up.
+   request to first text, as the client sees it) and tokens/s ((tokens - 1) /
+   (last text - first text), as every benchmark counts it: bench/common.py),
+   median of 3 runs after a warm-up.
 3. 20 LoRA steps of the training worker on CUDA and on the CPU (the same
    spec; CUDA_VISIBLE_DEVICES='' for the CPU): seconds per step after 3
    warm-up steps, and the device and precision the job reports.
@@ -97,19 +98,21 @@ def check_caps(grid, entry, smi, failures):
 
 def stream(grid, tower, tokens):
     """(median TTFT s, median tokens/s) of RUNS streams of ``tokens`` tokens, after a warm-up."""
+    from bench.common import tokens_per_s
     from reticulum_grid.client import Usage
     from reticulum_grid.inference.default_model import DEFAULT_ALIAS
     runs = []
     for k in range(RUNS + 1):
-        started, first, usage = time.perf_counter(), None, None
+        started, first, last, usage = time.perf_counter(), None, None, None
         payload = {"model": DEFAULT_ALIAS, "prompt": PROMPT, "max_tokens": tokens if k else 16, "temperature": 0.0}
         for piece in grid.execute("ai/inference", payload, tower=tower):
             if isinstance(piece, Usage):
                 usage = piece
-            elif piece and first is None:
-                first = time.perf_counter()
+            elif piece:
+                last = time.perf_counter()
+                first = first or last
         if k:
-            runs.append((first - started, usage.tokens_per_s, usage.completion_tokens))
+            runs.append((first - started, tokens_per_s(usage.completion_tokens, first, last), usage.completion_tokens))
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs), runs[-1][2]
 
 
@@ -134,7 +137,7 @@ def run(tokens, steps):
     from reticulum_grid.client import Grid
     from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
     from reticulum_grid.node import identity, rnsnet
-    from reticulum_grid.node.localgrid import TowerProcess
+    from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
     failures = []
     smi = nvidia_smi()
@@ -142,6 +145,7 @@ def run(tokens, steps):
         tmp = Path(tmp)
         home = tmp / "client"
         allow = {identity.load_or_create(home / "identity").hash.hex(): ["infer"]}
+        trust_local_towers(home)  # this client trusts the towers it starts
         models = {DEFAULT_ALIAS: default_model_path()}
         towers = []
         try:

@@ -6,7 +6,8 @@ one client session that discovers the tower, runs the same chat request
 once cold (the Link is set up first) and three times warm (on the kept
 Link), and pulls a small blob. Printed per path, from the median warm run:
 
-- ``tokens_per_s``: completion tokens / time from the first token to the end
+- ``tokens_per_s``: (completion tokens - 1) / (last text - first text), as every
+  benchmark counts it (bench/common.py)
 - ``ttft_s``: time to the first token (warm; cold in ``cold_ttft_s``)
 - ``wire_bytes_per_token``: bytes the request put on every hop, both ways, per token
 - ``airtime_ratio``: the request's time / the airtime of its bytes on the
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import tokens_per_s  # noqa: E402
 from tests.lab.profiles import PATHS, profile  # noqa: E402
 from tests.lab.topology import Lab  # noqa: E402
 from tests.requirements import bench_needs  # noqa: E402
@@ -73,7 +75,8 @@ def figures(path, result):
     warm = warm_runs[len(warm_runs) // 2]  # the median: a lost packet makes one run much slower
     tokens = warm["completion_tokens"]
     airtime = max(h.payload_airtime(b) for h, b in zip(hops, warm["wire_bytes"]))
-    return {"path": path, "tokens": tokens, "tokens_per_s": round(tokens / max(1e-6, warm["elapsed_s"] - warm["ttft_s"]), 1),
+    rate = tokens_per_s(tokens, warm["ttft_s"], warm["last_s"])
+    return {"path": path, "tokens": tokens, "tokens_per_s": round(rate, 1),
             "ttft_s": warm["ttft_s"], "cold_ttft_s": cold["ttft_s"], "elapsed_s": warm["elapsed_s"],
             "wire_bytes_per_token": round(sum(warm["wire_bytes"]) / tokens, 1),
             "airtime_ratio": round(warm["elapsed_s"] / airtime, 2) if airtime > 0.05 else None,

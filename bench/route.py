@@ -34,7 +34,7 @@ from reticulum_grid.client import Grid, router
 from reticulum_grid.client.grid import LIVE_MAX_AGE_S
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, free_port
+from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, free_port, trust_local_towers
 from tests.arrivals import Arrivals
 
 ANNOUNCED = re.compile(r"^(\S+ \S+) rngrid.announce INFO announced \((.*?)\)", re.M)
@@ -152,6 +152,7 @@ def main():
         tmp = Path(tmp)
         home = tmp / "client"
         identity.load_or_create(home / "identity")
+        trust_local_towers(home)  # this client trusts the towers it starts
         address = f"127.0.0.1:{free_port()}"
         grid = Grid(home=home, rns_config=rnsnet.write_config(home / "rns-bench", listen=address))
         arrivals = Arrivals(clock=time.time)  # compared with the towers' log times

@@ -28,7 +28,7 @@ from reticulum_grid.client import Grid, Usage
 from reticulum_grid.client.split import SplitStream, make_plan
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
 
 ALIAS = "bench-split"
@@ -56,10 +56,11 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         ids = {n: identity.load_or_create(Path(tmp) / n / "identity").hash.hex() for n in ("coord", "worker")}
         lend = {"lend_mib": 200, "threads": 1}
         single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0})
-        coord = TowerProcess(tmp, "coord", {}, allow={client_id: ["infer"]}, shard=lend)
+        coord = TowerProcess(tmp, "coord", {}, allow={client_id: ["infer"], ids["worker"]: ["shard"]}, shard=lend)
         BlobStore(coord.dir / "blobs").add_file(model, alias=ALIAS, kind="model")
         towers = [single.start(), coord.start()]
         worker = TowerProcess(tmp, "worker", {}, allow={client_id: ["infer"], ids["coord"]: ["shard"]},

@@ -31,7 +31,7 @@ from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_
 from reticulum_grid.inference.registry import MAX_AUTO_SLOTS
 from reticulum_grid.inference.runner import Runner, RunnerSpec
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
@@ -60,6 +60,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         home = Path(tmp) / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         tower = TowerProcess(tmp, "bench-tower", {DEFAULT_ALIAS: {"path": model, "parallel": MAX_AUTO_SLOTS}},
                              allow={client_id: ["infer"]}).start()
         runner = Runner(RunnerSpec(model, n_ctx=4096, parallel=MAX_AUTO_SLOTS, threads=1), Path(tmp) / "runner.log")

@@ -8,16 +8,21 @@ Part 1, one file over loopback TCP between two RNS instances:
   link before the first byte moves: that start-up is measured, as the median
   of several sends of a 1-byte file, printed, and subtracted from each big
   send (the rate without subtracting it is printed too);
-- a plain RNS Resource of the open file (no compression) to a sink.
+- a plain RNS Resource of the open file (no compression) to a sink: the
+  strongest baseline (what RNS itself gives a program on a kept Link), run in
+  pairs with ours, alternating which goes first.
 Part 2, each source's link shaped to the same bandwidth by a rate-limited TCP
 proxy on 127.0.0.1: pull from two towers at once vs from one, alternating.
 
 Every figure is the median of ``--runs`` runs, printed with its range.
-Prints MB/s (10^6 bytes/s) for each; last lines ``sync_vs_rncp=<ours / best rncp>``
-and ``two_sources_vs_one=<two / one>``. Goals (issue 3): >= 1.0 and >= 1.8.
+Prints MB/s (10^6 bytes/s) for each; last lines
+``sync_vs_resource=<ours / plain RNS Resource>`` (the median of the per-pair
+ratios: the headline), ``sync_vs_rncp=<ours / best rncp>`` and
+``two_sources_vs_one=<two / one>``. Goals (issue 3): >= 1.0 and >= 1.8.
 """
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
@@ -34,7 +39,7 @@ from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
 from reticulum_grid.node.connection import open_link
-from reticulum_grid.node.localgrid import TowerProcess, free_port, wait_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
 
 HERE = Path(__file__).parent
 MB = 1e6
@@ -125,24 +130,27 @@ def rncp_rates(tmp, path, flags, runs):
         listener.wait()
 
 
-def resource_rates(tmp, path, client_address, runs):
-    """MB/s of ``runs`` plain RNS Resources of the file over one link."""
+@contextlib.contextmanager
+def resource_sink(tmp, client_address):
+    """A sink process on a kept Link; gives ``send(path)``: MB/s of one plain RNS
+    Resource of the file over it."""
     # As a module from the repository root: a script's own folder would come first on its path.
     proc = subprocess.Popen([sys.executable, "-m", "bench.resource_sink", str(tmp / "sink"), client_address],
                             stdout=subprocess.PIPE, text=True, cwd=HERE.parent)
     try:
         link = open_link(bytes.fromhex(proc.stdout.readline().strip()), "rngridbench", "sink", timeout=30)
-        rates = []
-        for _ in range(runs):
+
+        def send(path):
             done = threading.Event()
             started = time.perf_counter()
             with open(path, "rb") as f:
                 RNS.Resource(f, link, callback=lambda r: done.set(), auto_compress=False)
                 if not done.wait(600):
                     raise RuntimeError("a Resource did not complete within 600 s")
-            rates.append(path.stat().st_size / (time.perf_counter() - started) / MB)
+            return path.stat().st_size / (time.perf_counter() - started) / MB
+
+        yield send
         link.teardown()
-        return rates
     finally:
         proc.kill()
         proc.wait()
@@ -163,6 +171,7 @@ def main():
         shaped.write_bytes(os.urandom(args.shaped_mib << 20))
         home = tmp / "bench-client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         towers = []
         for name, blob in (("bench-direct", big), ("bench-a", shaped), ("bench-b", shaped)):
             tower = TowerProcess(tmp, name, {}, allow={client_id: ["sync"]})
@@ -177,13 +186,19 @@ def main():
             grid = Grid(home=home, rns_config=rns_dir)
             grid.wait_for(lambda entries: len(entries) == 3, 60)
             runs = args.runs
-            ours = [timed_pull(grid, tmp / f"s1-{k}", "big", from_tower="bench-direct")[0] for k in range(runs)]
+            ours, resource = [], []
+            with resource_sink(tmp, client_address) as send:
+                for k in range(runs):  # pairs: ours and a plain Resource of the same file, alternating the order
+                    for side in (("ours", "resource") if k % 2 == 0 else ("resource", "ours")):
+                        if side == "ours":
+                            ours.append(timed_pull(grid, tmp / f"s1-{k}", "big", from_tower="bench-direct")[0])
+                        else:
+                            resource.append(send(big))
             try:
                 rncp_default, default_timed, default_start = rncp_rates(tmp, big, "", runs)
             except RuntimeError as e:  # rns 0.9.4's rncp gives up on big incompressible files
                 rncp_default, default_error = [], str(e).splitlines()[-1].strip()
             rncp_plain, plain_timed, plain_start = rncp_rates(tmp, big, "-C", runs)
-            resource = resource_rates(tmp, big, client_address, runs)
             print(f"part 1: {args.size_mib} MiB over loopback TCP, MB/s, median of {runs} runs")
             print(f"  ours:               {spread(ours)}")
             if rncp_default:
@@ -194,6 +209,8 @@ def main():
             print(f"  rncp -C:            {spread(rncp_plain)}; as timed {spread(plain_timed)}; "
                   f"start-up {spread(plain_start, '.2f')} s")
             print(f"  plain RNS Resource: {spread(resource)}")
+            vs_resource = [o / r for o, r in zip(ours, resource)]
+            print(f"  ours / plain RNS Resource, per pair: {spread(vs_resource, '.2f')}")
             one, two = [], []
             for k in range(runs):
                 one.append(timed_pull(grid, tmp / f"s2-{k}", "shaped", from_tower="bench-b")[0])
@@ -204,6 +221,7 @@ def main():
             print(f"  one source:  {spread(one, '.2f')} MB/s")
             print(f"  two sources: {spread(two, '.2f')} MB/s (chunks per source, last run: {report.fetched})")
             best_rncp = max(statistics.median(rncp_default) if rncp_default else 0.0, statistics.median(rncp_plain))
+            print(f"sync_vs_resource={statistics.median(vs_resource):.2f}")
             print(f"sync_vs_rncp={statistics.median(ours) / best_rncp:.2f}")
             print(f"two_sources_vs_one={statistics.median(two) / statistics.median(one):.2f}")
             grid.close()

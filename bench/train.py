@@ -31,7 +31,7 @@ from pathlib import Path
 from reticulum_grid.client import Grid
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.training import trainer
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "secret.jsonl"
@@ -80,6 +80,7 @@ def main():
         tmp = Path(tmp)
         home = tmp / "client"
         client_id = identity.load_or_create(home / "identity").hash.hex()
+        trust_local_towers(home)  # this client trusts the towers it starts
         tower = TowerProcess(tmp, "bench-trainer", {DEFAULT_ALIAS: default_model_path()},
                              allow={client_id: ["train", "sync"]}).start()
         try:

@@ -1,12 +1,15 @@
 """Data-parallel LoRA scaling: the same job on 2 ranks vs 1 rank.
 
 Runs the multi-tower worker (reticulum_grid/training/distributed.py) directly
-as processes on loopback: once with one rank, once with two ranks over gloo
-through the store front, same base (SmolLM2-135M GGUF), dataset, LoRA settings,
-global batch, seed and steps. Seconds per step come from the workers' own step
-timestamps (``elapsed_s``) after WARMUP steps, so model loading is outside
-them. Also printed: the LoRA gradient bytes all-reduced per step and the time
-of one such all-reduce (measured by the worker before training).
+as processes on loopback: with one rank and with two ranks over gloo through
+the store front, same base (SmolLM2-135M GGUF), dataset, LoRA settings, global
+batch, seed and steps, in ``--pairs`` pairs whose order alternates (one rank
+first, then two; then two first). Seconds per step come from the workers' own
+step timestamps (``elapsed_s``) after WARMUP steps, so model loading is outside
+them; each figure is the median over the pairs with its range, and the scaling
+the median of the per-pair ratios. Also printed: the LoRA gradient bytes
+all-reduced per step and the time of one such all-reduce (measured by the
+worker before training).
 
 On a machine whose cores both ranks share (2 cores here) two ranks cannot be
 faster than one: the figure shows the overhead, not the gain. The script then
@@ -18,13 +21,14 @@ the all-reduce does not overlap the backward pass and t1 / max(t1/2, t_comm)
 when DDP overlaps it fully. t1 on a GPU is estimated from FLOPs (6 x params x
 tokens per step) at an assumed sustained rate, stated in the output.
 
-Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>``.
+Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>`` (median of the pairs).
 """
 
 import argparse
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,25 +78,42 @@ def seconds_per_step(events):
     return (b["elapsed_s"] - a["elapsed_s"]) / (b["step"] - a["step"])
 
 
+def spread(values, fmt=".3f"):
+    return f"{statistics.median(values):{fmt}} (range {min(values):{fmt}}-{max(values):{fmt}}, n={len(values)})"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--pairs", type=int, default=3, help="1-rank/2-rank pairs (their order alternates)")
     args = parser.parse_args()
+    one_s, two_s, allreduce = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        one = run(tmp, "one", args.steps, {"world_size": 1, "units": 1, "host": "127.0.0.1", "port": 1,
-                                           "dataplane": "127.0.0.1", "secret": ""})
-        two = run(tmp, "two", args.steps, {"world_size": 2, "units": 2, "host": "127.0.0.1",
-                                           "port": rendezvous.free_port("127.0.0.1"), "dataplane": "127.0.0.1",
-                                           "secret": secrets.token_hex(32)})
+        for k in range(args.pairs):
+            for ranks in ((1, 2) if k % 2 == 0 else (2, 1)):
+                if ranks == 1:
+                    one = run(tmp, f"one-{k}", args.steps, {"world_size": 1, "units": 1, "host": "127.0.0.1",
+                                                            "port": 1, "dataplane": "127.0.0.1", "secret": ""})
+                    one_s.append(seconds_per_step(one))
+                else:
+                    two = run(tmp, f"two-{k}", args.steps, {"world_size": 2, "units": 2, "host": "127.0.0.1",
+                                                            "port": rendezvous.free_port("127.0.0.1"),
+                                                            "dataplane": "127.0.0.1", "peers": ["127.0.0.1"],
+                                                            "secret": secrets.token_hex(32)})
+                    two_s.append(seconds_per_step(two))
+                    started = next(e for e in two if e["event"] == "started")
+                    allreduce.append(started["allreduce_s"])
+                print(f"pair {k + 1}: {ranks} rank(s) {(one_s if ranks == 1 else two_s)[-1]:.3f} s/step", flush=True)
     batch = SPEC["batch_size"]
-    t1, t2 = seconds_per_step(one), seconds_per_step(two)
-    started = next(e for e in two if e["event"] == "started")
-    grad_bytes, allreduce_s = started["grad_bytes"], started["allreduce_s"]
-    print(f"1 rank : {t1:.3f} s/step, {batch / t1:.2f} samples/s")
-    print(f"2 ranks: {t2:.3f} s/step, {batch / t2:.2f} samples/s (both ranks share this machine's cores; noisy)")
+    scaling = [a / b for a, b in zip(one_s, two_s)]
+    t1, t2 = statistics.median(one_s), statistics.median(two_s)
+    grad_bytes, allreduce_s = started["grad_bytes"], statistics.median(allreduce)
+    print(f"1 rank : {spread(one_s)} s/step, {batch / t1:.2f} samples/s")
+    print(f"2 ranks: {spread(two_s)} s/step, {batch / t2:.2f} samples/s (both ranks share this machine's cores; noisy)")
+    print(f"per pair, 2 ranks vs 1 (samples/s): {spread(scaling, '.2f')}")
     print(f"LoRA gradients all-reduced per step: {grad_bytes} bytes ({grad_bytes / 2**20:.2f} MiB); "
-          f"one all-reduce on loopback: {allreduce_s * 1000:.1f} ms")
+          f"one all-reduce on loopback: {spread([s * 1000 for s in allreduce], '.1f')} ms")
     comm = grad_bytes * 2 * (2 - 1) / 2 / LINK_BYTES_PER_S
     tokens = batch * SPEC["seq_len"]
     gpu_t1 = 6 * BASE_PARAMS * tokens / GPU_FLOPS
@@ -102,7 +123,7 @@ def main():
                           ("batch 128 x 1024 tokens", 6 * BASE_PARAMS * 128 * 1024 / GPU_FLOPS)):
         print(f"  {label}: t1 ~ {step_t * 1000:.1f} ms at {GPU_FLOPS / 1e12:.0f} TFLOP/s -> scaling "
               f"{step_t / (step_t / 2 + comm):.2f} (no overlap) .. {step_t / max(step_t / 2, comm):.2f} (full overlap)")
-    print(f"dp_scaling={t1 / t2:.2f}")
+    print(f"dp_scaling={statistics.median(scaling):.2f}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ class Code:
     UNKNOWN_ADAPTER = "unknown_adapter"
     TOO_SLOW = "too_slow"  # a transfer the link would take longer than allowed to carry
     RUNNER_LOST = "runner_lost"  # the model's engine process died mid-request; the tower restarts it
+    UNTRUSTED = "untrusted"  # a tower this client does not trust (rngrid trust): nothing is sent to it
 
 
 class WireError(Exception):

@@ -13,7 +13,7 @@ from rich.table import Table
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 
 def run_demo(prompt, max_tokens, out, err):
@@ -23,6 +23,9 @@ def run_demo(prompt, max_tokens, out, err):
         tower = TowerProcess(tmp, "demo-tower", {DEFAULT_ALIAS: default_model_path()},
                              allow={client_id: ["infer"]})
         err.print(f"starting tower process (config {tower.config_path}) ...")
+        # The demo's client trusts its own tower; with a tower of your own, run on the laptop:
+        err.print(f"this client trusts it, as on a laptop: {tower.trust_line()}")
+        trust_local_towers(client_home)
         tower.start()
         try:
             _client(prompt, max_tokens, client_home, tower, out, err)
@@ -38,15 +41,15 @@ def _client(prompt, max_tokens, client_home, tower, out, err):
     grid = Grid(home=client_home, connect=[tower.address])
     started = time.monotonic()
     entry = grid.route(DEFAULT_ALIAS, timeout=120)
-    err.print(f"heard tower [bold]{entry.name}[/bold] <{entry.hash_hex}> after {time.monotonic() - started:.1f} s",
-              markup=True)
+    # ``out`` and ``err`` (the CLI's consoles) show every string as plain text: a name is never markup.
+    err.print(f"heard tower {entry.name} <{entry.hash_hex}> after {time.monotonic() - started:.1f} s")
     table = Table("tower", "backend", "device", "RAM free", "models", "tokens/s")
     hw = entry.caps.hardware
     table.add_row(entry.name, hw.backend, hw.device, f"{hw.ram_free_mib} MiB",
                   ", ".join(m.alias for m in entry.caps.models), f"{entry.caps.tokens_per_s:.0f}")
     err.print(table)
-    err.print(f"[bold]you:[/bold] {prompt}", markup=True)
-    err.print(f"[bold]{DEFAULT_ALIAS}@{entry.name}:[/bold] ", markup=True, end="")
+    err.print(f"you: {prompt}")
+    err.print(f"{DEFAULT_ALIAS}@{entry.name}: ", end="")
     stream = grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "max_tokens": max_tokens, "temperature": 0.7,
                                            "messages": [{"role": "user", "content": prompt}]})
     for piece in stream:
@@ -56,5 +59,5 @@ def _client(prompt, max_tokens, client_home, tower, out, err):
                       f"{piece.tokens_per_s:.1f} tokens/s, {piece.completion_tokens} tokens, "
                       f"finish: {piece.finish_reason}")
         else:
-            print(piece, end="", flush=True)
+            out.print(piece, end="", soft_wrap=True)
     grid.close()

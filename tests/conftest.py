@@ -24,7 +24,7 @@ from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.node.identity import load_or_create
-from reticulum_grid.node.localgrid import TowerProcess, free_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers
 
 logging.basicConfig(level=logging.INFO)
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,14 +41,17 @@ class Hub:
         self.root = root
         self.towers = []
 
-    def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, blobs=(), **sections):
+    def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, blobs=(), trusted=True,
+                    **sections):
         """Start a tower process connected to the hub (or to ``connect``); the hub's
         identity gets ``roles`` unless ``allow`` is given. ``blobs``: (path, alias,
-        kind, copy) tuples put in the tower's store before it starts."""
+        kind, copy) tuples put in the tower's store before it starts. The hub and
+        the CLI runs of ``rngrid()`` trust it unless ``trusted`` is False (a stranger)."""
         if allow is None:
             allow = {self.grid.identity_hash: list(roles)}
         models = models if models is not None else {DEFAULT_ALIAS: default_model_path()}
-        tower = TowerProcess(self.root, name, models, allow=allow, connect=connect or [self.address], **sections)
+        tower = TowerProcess(self.root, name, models, allow=allow, connect=connect or [self.address],
+                             trusted=trusted, **sections)
         store = BlobStore(tower.dir / "blobs")
         for path, alias, kind, copy in blobs:
             store.add_file(path, alias=alias, kind=kind, copy=copy)
@@ -90,6 +93,7 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
     port = free_port()
     rnsdir = rnsnet.write_config(root / "client" / "rns", listen=f"127.0.0.1:{port}")
+    trust_local_towers(root / "client")  # the hub trusts every tower the tests start as trusted
     grid = Grid(home=root / "client", rns_config=rnsdir)
     hub = Hub(grid, f"127.0.0.1:{port}", root)
     yield hub
@@ -113,7 +117,9 @@ def reference(model_path, tmp_path_factory):
 
 
 def rngrid(*args, home, timeout=120, **kwargs):
-    """Run the rngrid CLI in a subprocess (its own RNS instance)."""
+    """Run the rngrid CLI in a subprocess (its own RNS instance), trusting the
+    towers the tests started as trusted (as their user would have)."""
     import subprocess
+    trust_local_towers(home, follow=False)
     return subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), *args],
                           capture_output=True, text=True, timeout=timeout, **kwargs)

@@ -118,7 +118,8 @@ def need(thing, why):
     message = f"needs {thing} ({why}): {reason}" + (f"; {hint}" if hint else "")
     if hint and required():
         pytest.fail(f"{REQUIRE_ALL_ENV}=1 and a test {message}", pytrace=False)
-    pytest.skip(message)
+    # Reported at the test's own place (as a skipif mark is), not at this line.
+    raise pytest.skip.Exception(message, _use_item_location=True)
 
 
 def bench_needs(thing, bench):
@@ -150,6 +151,7 @@ def pytest_configure(config):
     _skipped.clear()
 
 
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
 def pytest_runtest_setup(item):
     for marker in item.iter_markers("needs"):
         need(*marker.args)

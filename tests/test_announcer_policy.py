@@ -20,7 +20,7 @@ class DestinationDouble:
         self.times.append(time.monotonic())
 
 
-def wait_count(dest, n, timeout=3.0):
+def wait_count(dest, n, timeout=10.0):
     deadline = time.monotonic() + timeout
     while len(dest.times) < n and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -54,8 +54,9 @@ def test_heartbeat():
     a = Announcer(dest, lambda: c.Caps(name="t"), heartbeat_s=0.3, floor_s=0.1, check_s=0.05)
     a.start()
     try:
-        assert wait_count(dest, 3, timeout=3) == 3
+        assert wait_count(dest, 3) == 3
         assert a.last_reason == "heartbeat"
+        assert all(b - a_ >= 0.3 - 0.001 for a_, b in zip(dest.times, dest.times[1:3])), dest.times
     finally:
         a.stop()
 
@@ -71,10 +72,8 @@ def test_radio_budget_caps_announces_per_window():
         for _ in range(8):
             a.request("discovery ping")
             time.sleep(0.03)
-        assert wait_count(dest, 3) == 3
-        time.sleep(0.2)
-        assert len(dest.times) == 3, "a fourth announce inside the window"
-        assert wait_count(dest, 4, timeout=2.0) == 4  # the window moved on
-        assert dest.times[3] - dest.times[0] >= 0.59
+        assert wait_count(dest, 4) == 4  # the window moved on
+        # However late this thread ran, no four announces ever fell within one window.
+        assert dest.times[3] - dest.times[0] >= 0.6 - 0.001, dest.times
     finally:
         a.stop()

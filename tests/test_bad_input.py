@@ -1,5 +1,6 @@
 """Bad input gets a clear error with a code, and the tower keeps serving."""
 
+import struct
 import threading
 
 import msgpack
@@ -7,14 +8,20 @@ import pytest
 import RNS
 
 from links import wire
+from links.stream import StreamCancel
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.connection import wait_until
 
 
 @pytest.fixture(scope="module")
-def conn(hub):
-    tower = hub.start_tower("bad-a")
+def tower(hub):
+    return hub.start_tower("bad-a")
+
+
+@pytest.fixture(scope="module")
+def conn(hub, tower):
     return hub.grid.connection(hub.wait_tower(tower.name))
 
 
@@ -82,7 +89,15 @@ def test_duplicate_stream_id_refused(hub, conn):
     assert error.code == Code.BAD_REQUEST and "already in use" in error.message
 
 
-def test_garbage_channel_message_is_ignored(hub, conn):
+def test_garbage_channel_message_is_ignored(hub, tower, conn):
+    # A stream cancel that is no msgpack, on the Link this client streams on (the
+    # next sequence number of its Channel, as its next real message would have):
+    # the tower reads it, refuses it in our decoder, and the same Link serves on
+    # (tests/test_channel_garbage.py has more of these, on a Link of their own).
     link = conn.ensure_link()
-    RNS.Packet(link, b"\x01\x01\x00\x00\x00\x03\xc1\xc1\xc1", context=RNS.Packet.CHANNEL).send()
+    before = tower.log().count("malformed message")
+    sequence = link.get_channel()._next_sequence
+    RNS.Packet(link, struct.pack(">HHH", StreamCancel.MSGTYPE, sequence, 3) + b"\xc1\xc1\xc1",
+               context=RNS.Packet.CHANNEL).send()
+    assert wait_until(lambda: tower.log().count("malformed message") > before, 10), "the garbage never arrived"
     assert_still_serving(hub, conn)

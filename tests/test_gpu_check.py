@@ -19,10 +19,13 @@ def test_dry_run_shows_the_cuda_build_and_the_checks(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     commands = [shlex.split(line[2:]) for line in lines if line.startswith("+ ")]
-    assert [cmd[0] for cmd in commands] == ["nvidia-smi", "make", "env"]
+    assert [cmd[0] for cmd in commands] == ["nvidia-smi", "make", "env", "env"]
     assert commands[0][1] == "--query-gpu=name,memory.total,compute_cap,driver_version"
     assert commands[1] == ["make", "setup", f"VENV={venv}", "LLAMA_BACKEND=cuda", f"PYTHON={sys.executable}"]
-    assert commands[2] == ["env", "PYTHONUNBUFFERED=1", f"{venv}/bin/python", "-m", "bench.gpu_check",
+    # the tests marked gpu (tests/test_gpu_real.py), in the CUDA venv
+    assert commands[2] == ["env", "PYTHONUNBUFFERED=1", f"{venv}/bin/python", "-m", "pytest", "-m", "gpu", "-q",
+                           "-p", "no:cacheprovider"]
+    assert commands[3] == ["env", "PYTHONUNBUFFERED=1", f"{venv}/bin/python", "-m", "bench.gpu_check",
                            "--tokens", "256", "--steps", "20"]
     # make's own plan passes the backend to the set-up script ...
     assert any("LLAMA_BACKEND=cuda" in line and "scripts/llama_build.py" in line for line in lines)

@@ -10,10 +10,13 @@ import pytest
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.node.connection import wait_until
 from tests.conftest import rngrid
 from tests.leftovers import end
 
 LONG_PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+#: What the tower logs when a client cancels a stream, and when a Link closes under a running one.
+CANCELLED, CLOSED = "a cancel from the client", "link closed with 1 stream(s) running"
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +157,8 @@ def test_breaking_out_of_the_loop_cancels(hub, tower):
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
 def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
-    """Ctrl-C sends a cancel; a killed client drops the link. Either way the tower stops."""
+    """Ctrl-C sends a cancel; a killed client drops the link. Either way the tower stops
+    (its log says which of the two it was told)."""
     from reticulum_grid.node.config import allow
     client_id = rngrid("id", home=tmp_path).stdout.strip()
     allow(tower.config_path, client_id, ["infer"])
@@ -167,6 +171,7 @@ def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
     try:
         assert proc.stdout.read(10), "the CLI streamed nothing"
         assert live_load(hub, tower).streams == 1
+        cancels, closes = tower.log().count(CANCELLED), tower.log().count(CLOSED)
         proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
         proc.wait(20)
         started = time.monotonic()
@@ -177,3 +182,7 @@ def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
         proc.wait()
     if how == "sigint":
         assert proc.returncode == 130
+        assert tower.log().count(CANCELLED) == cancels + 1, "Ctrl-C sent no cancel (the tower only saw the link go)"
+    else:
+        assert tower.log().count(CANCELLED) == cancels, "a killed client cannot send a cancel"
+        assert wait_until(lambda: tower.log().count(CLOSED) > closes, 30), "the tower never saw the link go"

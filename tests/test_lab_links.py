@@ -111,22 +111,29 @@ def test_pull_survives_a_link_drop(lora):
     """A pull over lora-fast while the hop goes down for 30 s (the relay loses
     everything meanwhile) completes, and the file verifies: the Channel keeps
     resending (RADIO_MAX_TRIES) and the fetch waits (ChunkFetcher) through it."""
+    cut = {}
+
     def cut_when_moving():
         start = lora.hop_stats(0)["bytes_ba"]
         deadline = time.monotonic() + 60
         while lora.hop_stats(0)["bytes_ba"] < start + 1500 and time.monotonic() < deadline:
             time.sleep(0.1)
         lora.set_hop(0, up=False)
-        time.sleep(30)
+        cut["down"] = time.monotonic()
+        time.sleep(30)  # the outage
         lora.set_hop(0, up=True)
+        cut["up"] = time.monotonic()
 
     cutter = threading.Thread(target=cut_when_moving, daemon=True)
     cutter.start()
     lost_before = lora.hop_stats(0)["lost"]
     result = lora.rngrid("pull", "small-blob", "--from", "lab-tower", "--json", "--rns-config",
                          str(lora.client_rns), timeout=300)
+    ended = time.monotonic()
     cutter.join(100)
     assert result.returncode == 0, result.stderr[-3000:]
+    # The hop went down while the blob was moving, and the pull needed it again after.
+    assert "up" in cut and cut["down"] < ended and ended > cut["up"], (cut, ended)
     assert lora.hop_stats(0)["lost"] > lost_before, "the link never dropped anything"
     pulled = (lora.client_home / "blobs").rglob("*")
     assert any(p.is_file() and p.read_bytes() == (lora.root / "small-blob").read_bytes() for p in pulled)
@@ -172,5 +179,8 @@ def test_stream_over_tailnet(tailnet, reference):
     for run in result["runs"]:
         assert run["text"] == expected
     warm = result["runs"][1]
-    # a warm request pays the 40 ms round trip a few times, not per token
-    assert warm["ttft_s"] >= 0.04 and warm["elapsed_s"] < 0.04 * 48, warm
+    # A warm request pays the 40 ms round trip a few times, not per token (48 would be 1.9 s):
+    # what it took beyond the tower's own prompt and generation time (the baseline, however
+    # loaded this machine is; the tower never waits for the link while it generates).
+    tower_s = warm["tower_ttft_s"] + warm["completion_tokens"] / warm["tower_tokens_per_s"]
+    assert warm["ttft_s"] >= 0.04 and warm["elapsed_s"] - tower_s < 0.04 * 48 / 2, (warm, tower_s)

@@ -138,6 +138,12 @@ def test_the_source_pin_comes_from_pyproject():
     assert source.startswith("llama-cpp-python==") and len(sha) == 64 and int(sha, 16) >= 0
 
 
+def test_the_pin_is_read_from_the_pyproject_given(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.rngrid.llama]\nsource = "llama-cpp-python==9.8.7"\nsha256 = "' + "ab" * 32 + '"\n')
+    assert lw.pinned_source(pyproject) == ("llama-cpp-python==9.8.7", "ab" * 32)
+
+
 def test_a_pyproject_without_the_pin_is_refused(tmp_path):
     bare = tmp_path / "pyproject.toml"
     bare.write_text("[project]\nname = 'x'\n")

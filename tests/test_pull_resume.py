@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from links.wire import Code, WireError
 from reticulum_grid.node.connection import wait_until
 from reticulum_grid.node.localgrid import free_port, wait_port
 from tests.leftovers import end
@@ -58,9 +59,11 @@ def test_a_killed_pull_resumes_from_the_have_map(hub, towers, blob):
         if done >= total * 0.3 and puller.proc.poll() is None:
             puller.kill()  # SIGKILL: no chance to tidy up
 
-    with pytest.raises(Exception):
+    with pytest.raises(WireError) as cut:
         hub.grid.tower_pull(entry, "big", [src], alias="big", kind="dataset", progress=progress)
     assert puller.proc.poll() is not None, f"the pull ended before the kill (progress {seen[-3:]})"
+    # What a client sees when the tower it follows dies: its Link went, not a refusal.
+    assert cut.value.code == Code.UNREACHABLE and "link" in cut.value.message, cut.value
     partial = puller.dir / "blobs" / "partial"
     have = [p / "have" for p in partial.iterdir()] if partial.exists() else []
     assert have and 0 < have[0].read_bytes().count(1) < SIZE >> 20, "a have-map with some chunks stays on disk"

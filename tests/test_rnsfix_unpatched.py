@@ -14,10 +14,14 @@ on purpose (without the pause race 1 was not lost once in 600 round trips on
 loopback); race 2 is lost within the first few Resources; the unlocked ring
 walk breaks within a fraction of a second of its 3 s loop (a fixed 20,000
 rounds once missed it); the others are deterministic. A test listed in UNRELIABLE is still run and reported, and
-its unpatched pass is not held against the fix.
+its unpatched pass is not held against the fix. A test counts as failing
+without its fix only when it failed in its own body with the symptom its fix
+is for (an assertion message listed below); an error in set-up or any other
+failure does not count.
 """
 
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -29,36 +33,46 @@ from links.rnsfix import FIXES, UNPATCHED_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 RNSFIX = "tests/test_rnsfix.py::"
-#: The fixes a group of tests runs without -> {test node id: what goes wrong without them}.
+#: The fixes a group of tests runs without -> {test node id: (what goes wrong without them,
+#: a pattern of the failure message that shows exactly that)}.
 GROUPS = {
     "request_reply": {
         RNSFIX + "test_many_fast_request_round_trips_lose_no_reply":
-            "race 1: replies that beat their RequestReceipt are dropped (requests time out)"},
+            ("race 1: replies that beat their RequestReceipt are dropped (requests time out)",
+             r"\d+ of 600 replies lost")},
     "resource_advertise": {
         RNSFIX + "test_resource_responses_need_no_retry":
-            "race 2: a part request that beats the Resource's registration stalls it ~3 s"},
+            ("race 2: a part request that beats the Resource's registration stalls it ~3 s",
+             r"round trip \d+: \[.*(requesting retry|retrying resource advertisement)")},
     # One test covers both: a proof can beat the PacketReceipt (3) or its callback (4).
     "receipt_after_transmit,late_delivery_callback": {
         RNSFIX + "test_channel_messages_need_no_resend":
-            "races 3 and 4: delivery proofs that beat the PacketReceipt or its callback are lost"},
+            ("races 3 and 4: delivery proofs that beat the PacketReceipt or its callback are lost",
+             r"message \d+: \d+ resent|\d+ of \d+ messages had to be resent|delivered envelopes stuck in the ring")},
     "ring_iteration,spawned_ingress,interleaved_tcp_writes": {
-        RNSFIX + "test_channel_ring_iteration_is_locked": "the Channel walks its send ring without its lock",
+        RNSFIX + "test_channel_ring_iteration_is_locked":
+            ("the Channel walks its send ring without its lock", r"RuntimeError\(.*mutated during iteration"),
         RNSFIX + "test_spawned_interfaces_follow_their_servers_ingress_control":
-            "spawned TCP interfaces ignore the server's ingress_control = No",
+            ("spawned TCP interfaces ignore the server's ingress_control = No",
+             r"assert True is False.*should_ingress_limit"),
         RNSFIX + "test_concurrent_writes_on_one_tcp_interface_stay_whole_frames":
-            "TCP frames from several threads interleave on the wire"},
+            ("TCP frames from several threads interleave on the wire", r"frames were interleaved on the wire")},
     "fatal_transport_jobs": {
         "tests/test_announce.py::test_app_data_limit_through_a_transport_node":
-            "one announce a transport node cannot re-send ends its job loop for good"},
+            ("one announce a transport node cannot re-send ends its job loop for good",
+             r"the transport node stopped forwarding after an oversized announce")},
 }
-FIX_TESTS = {node: why for group in GROUPS.values() for node, why in group.items()}
+FIX_TESTS = {node: why for group in GROUPS.values() for node, (why, _) in group.items()}
+SYMPTOMS = {node: symptom for group in GROUPS.values() for node, (_, symptom) in group.items()}
 UNRELIABLE = {}
 #: Bound on each unpatched run (its tests bound their own waits far below it).
 RUN_TIMEOUT_S = 120
 
 
 def run_unpatched(left_out, nodes, tmp):
-    """{test node id: "passed" | "failure" | "error" | "skipped"} of ``nodes`` run without ``left_out``."""
+    """{test node id: (outcome, message)} of ``nodes`` run without ``left_out``; the outcome
+    is "passed", "failure" (in the test's body), "error" (in its set-up or tear-down) or
+    "skipped", the message what the report says about it (empty for a pass)."""
     report = tmp / "junit.xml"
     env = dict(os.environ, **{UNPATCHED_ENV: left_out})
     # Its own --basetemp: pytest prunes old numbered temp dirs, which must never be ours.
@@ -69,8 +83,10 @@ def run_unpatched(left_out, nodes, tmp):
     outcomes = {}
     for case in ET.parse(report).iter("testcase"):
         node = f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        outcomes[node] = next((k for k in ("failure", "error", "skipped") if k in kinds), "passed")
+        found = {child.tag: child for child in case}
+        kind = next((k for k in ("failure", "error", "skipped") if k in found), "passed")
+        message = "" if kind == "passed" else f"{found[kind].get('message', '')}\n{found[kind].text or ''}"
+        outcomes[node] = (kind, message)
     return outcomes
 
 
@@ -107,8 +123,10 @@ def test_the_switch_leaves_out_what_it_names(switch, request_patched):
 
 @pytest.mark.parametrize("node", list(FIX_TESTS))
 def test_fails_without_its_fix(unpatched, node):
-    outcome = unpatched.get(node)
-    assert outcome is not None, f"{node} did not run unpatched"
+    assert node in unpatched, f"{node} did not run unpatched"
+    outcome, message = unpatched[node]
     if node in UNRELIABLE and outcome == "passed":
         pytest.skip(f"unpatched run passed; {UNRELIABLE[node]}")
-    assert outcome in ("failure", "error"), f"{node} {outcome} without its fix ({FIX_TESTS[node]})"
+    assert outcome == "failure", f"{node} {outcome} without its fix ({FIX_TESTS[node]}):\n{message[-2000:]}"
+    assert re.search(SYMPTOMS[node], message, re.S), \
+        f"{node} failed without its fix, but not with {FIX_TESTS[node]}:\n{message[-2000:]}"

@@ -87,6 +87,28 @@ def test_all_busy_is_a_clear_error(hub, grid):
             stream.close()
 
 
+def test_a_busy_reply_sends_the_request_to_the_other_tower(hub, grid):
+    """A asks first (as a client whose reading of A's load is stale would) and answers
+    busy (queue_depth 0, one stream running): the same request goes on to B at once."""
+    from reticulum_grid.client.stream import InferenceStream
+    from tests.gateway_support import wait_idle
+    busy = grid["A"]
+    assert all(wait_idle(hub, t, timeout=30) is not None for t in (grid["A"], grid["B"])), "streams left running"
+    hold = iter(hub.grid.execute("ai/inference", {"model": AB, "prompt": PROMPT, "max_tokens": 3000,
+                                                  "temperature": 0.0}, tower=busy.name))
+    try:
+        next(hold)
+        refusals = busy.log().count("ai/inference refused: busy")
+        ranked = sorted(hub.grid.rank(AB), key=lambda choice: choice.entry.name != busy.name)
+        assert [c.entry.name for c in ranked] == ["tower-A", "tower-B"]
+        payload = {"model": AB, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0}
+        pieces = list(InferenceStream(hub.grid, payload, ranked))
+        assert pieces[-1].tower == "tower-B" and pieces[-1].completion_tokens == 8
+        assert busy.log().count("ai/inference refused: busy") == refusals + 1, "A was never asked"
+    finally:
+        hold.close()
+
+
 def test_killed_mid_stream_continues_on_the_other_tower(hub, grid, reference):
     expected = reference.completion(PROMPT, 240)
     stream = hub.grid.execute("ai/inference", {"model": AB, "prompt": PROMPT, "max_tokens": 240,

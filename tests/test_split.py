@@ -20,7 +20,7 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.node.identity import load_or_create
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
 from tests.requirements import needs
 
@@ -96,6 +96,7 @@ def split_grid(hub, model_path, tmp_path_factory):
     d = tower("split-d", [a.address])  # joins later; the client dials it from the start
     # A new tower reads the GGUF's metadata once (seconds on a busy machine) before its caps/full is quick.
     hub.grid.caps_full([hub.wait_tower(n) for n in ("split-a", "split-b", "split-c")], timeout=60)
+    trust_local_towers(home)  # the client process trusts these towers (and d once it starts)
     client = Client(home, [a.address, b.address, c.address, d.address])
     towers = {"split-a": a, "split-b": b, "split-c": c, "split-d": d}
     yield towers, client, home

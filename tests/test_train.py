@@ -14,7 +14,8 @@ import pytest
 from announce.caps import decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.connection import TowerConnection, wait_until
+from reticulum_grid.node.localgrid import trust_local_towers
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from tests.leftovers import end
 
@@ -37,6 +38,7 @@ def same_identity_home(hub, tmp_path, name):
     home = tmp_path / name
     home.mkdir()
     shutil.copy(hub.grid.home / "identity", home / "identity")
+    trust_local_towers(home, follow=False)  # ... who trusts the same towers
     return home
 
 
@@ -173,11 +175,12 @@ def test_cancel(hub, tower, finished_job):
         conn = TowerConnection(hub.grid.identity, hub.wait_tower(tower.name).destination_hash, tower.name)
         next(conn.watch_job(job_id))
         conn.close()
-    time.sleep(2.0)
     # rns 0.9.4 keeps each closed Link's watchdog thread until its next wake-up
     # (up to its 360 s keepalive): one per Link is RNS's; a watcher's sender
     # thread left behind would make it two.
-    assert psutil.Process(tower.proc.pid).num_threads() <= threads + 8 + 2
+    bound = threads + 8 + 2
+    assert wait_until(lambda: psutil.Process(tower.proc.pid).num_threads() <= bound, 30), \
+        f"{psutil.Process(tower.proc.pid).num_threads()} threads, {threads} before the watchers"
     assert hub.grid.cancel_job(job_id, tower=tower.name)["id"] == job_id
     end = next(e for e in events if e["type"] == "end")
     assert end["state"] == "cancelled"
@@ -223,6 +226,7 @@ def test_notification_waits_on_the_propagation_node_for_an_offline_client(hub, t
     from reticulum_grid.training.notify import delivery_hash
     home = tmp_path / "offline-laptop"
     address = delivery_hash(load_or_create(home / "identity")).hex()  # never announced: no path to it
+    trust_local_towers(home, follow=False)
     entry, job_id = hub.grid.train({**JOB, "output_alias": "for-later", "notify": address}, data_path=DATA,
                                    tower=tower.name)
     hub.grid.cancel_job(job_id, tower=tower.name)

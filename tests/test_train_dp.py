@@ -16,8 +16,10 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import wait_port
-from reticulum_grid.training import rendezvous
+from reticulum_grid.training import distributed, rendezvous
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 SPEC = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "learning_rate": 4e-3,
@@ -92,8 +94,8 @@ def intruders(port):
     try:  # torch's own store client, straight at the front
         dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=3))
         seen["tcpstore_client"] = "joined"
-    except Exception as e:
-        seen["tcpstore_client"] = f"refused: {type(e).__name__}"
+    except dist.DistError as e:  # torch's store and network errors only: a crash of ours is no refusal
+        seen["tcpstore_client"] = f"refused: {type(e).__name__}: {e}"
     return seen
 
 
@@ -103,15 +105,15 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
     port = rendezvous.free_port("127.0.0.1")
     dp = {"world_size": 2, "units": 2, "host": "127.0.0.1", "dataplane": "127.0.0.1", "port": port,
-          "secret": secrets.token_hex(32)}
+          "secret": secrets.token_hex(32), "peers": ["127.0.0.1"]}
     procs = [worker(tmp, "rank0", {**dp, "rank": 0})]
     try:
         assert wait_port(port, 120), "rank 0's store front never listened"
         seen = intruders(port)
         procs.append(worker(tmp, "rank1", {**dp, "rank": 1}))
         procs.append(worker(tmp, "one", {**dp, "world_size": 1, "rank": 0}))
-        ips = set()
-        while procs[0].poll() is None:
+        ips, deadline = set(), time.monotonic() + 600
+        while procs[0].poll() is None and time.monotonic() < deadline:
             ips |= listening_ips(procs[0].pid)
             time.sleep(0.2)
         events = [finish(p) for p in procs]
@@ -149,9 +151,15 @@ def test_two_ranks_train_the_same_adapter_as_one(runs):
 def test_a_store_connection_without_the_secret_joins_nothing(runs):
     seen = runs["seen"]
     print(f"refusals measured: {seen}")
-    assert seen["wrong_answer_closed_s"] is not None and seen["wrong_answer_closed_s"] < 1.0
-    assert seen["silent_closed_s"] is not None and seen["silent_closed_s"] <= rendezvous.AUTH_TIMEOUT_S + 1
-    assert seen["tcpstore_client"].startswith("refused")
+    # A wrong answer is closed on at once, well before the timeout a silent one waits out.
+    assert seen["wrong_answer_closed_s"] is not None and seen["wrong_answer_closed_s"] < rendezvous.AUTH_TIMEOUT_S / 2
+    assert seen["silent_closed_s"] is not None and seen["silent_closed_s"] >= rendezvous.AUTH_TIMEOUT_S - 0.1
+    assert seen["silent_closed_s"] <= rendezvous.AUTH_TIMEOUT_S + 5
+    # torch's client read the front's challenge where it expected the store's answer to its
+    # ping (the greeting's first 4 bytes, read as a little-endian int), and gave up.
+    greeting = int.from_bytes(rendezvous.GREETING[:4], "little")
+    assert seen["tcpstore_client"].startswith("refused: DistNetworkError") and f"Got: {greeting}" in \
+        seen["tcpstore_client"], seen["tcpstore_client"]
     front = next(e for e in runs["two"] if e["event"] == "done")["store_front"]
     assert front["refused"] >= 3 and front["admitted"] >= 1, front
     # The job was unharmed (it trained as the 1-rank run did: the test above), nothing
@@ -179,7 +187,7 @@ def pair(hub):
 def start_pair(hub, roles):
     a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, train=DATAPLANE)
     # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
-    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train"]},
+    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
                         connect=[hub.address, a.address], train=DATAPLANE)
     hub.wait_tower(a.name)
     hub.wait_tower(b.name)
@@ -214,7 +222,8 @@ def test_a_killed_rank_resumes_on_the_towers_left(hub, pair, tmp_path):
     print(f"rank 1 killed; the job went back to the queue {requeued_at - killed_at:.1f} s later; "
           f"history {end['history']}")
     assert end["state"] == "succeeded" and end["error"] is None, end
-    assert requeued_at - killed_at <= 60
+    # A lost rank is noticed when a collective times out (COLLECTIVE_TIMEOUT_S), then the job requeues.
+    assert requeued_at - killed_at <= distributed.COLLECTIVE_TIMEOUT_S + 60
     assert [s["world_size"] for s in started] == [2, 1]
     resumed = started[-1]["resumed_from"]
     assert resumed in (3, 6) and resumed < max(before)
@@ -259,6 +268,8 @@ def test_a_participant_without_train_is_refused(hub, pair):
     with pytest.raises(WireError) as e:  # the tower itself refuses an identity without train
         hub.grid.execute("train/join", join, tower=c.name)
     assert e.value.code == Code.NOT_ALLOWED and "train" in e.value.message
-    with pytest.raises(WireError) as e:  # and a job whose owner may not train there
-        hub.grid.execute("train/join", {**join, "owner": "ab" * 16}, tower=b.name)
+    as_a = TowerConnection(load_or_create(a.dir / "identity"), hub.wait_tower(b.name).destination_hash, "as dp-a")
+    with pytest.raises(WireError) as e:  # and a job whose owner may not train there (asked by b's training peer)
+        as_a.request("train/join", {**join, "job_id": "0123456789ab", "owner": "ab" * 16}, timeout=20)
     assert e.value.code == Code.NOT_ALLOWED and "owner" in e.value.message
+    as_a.close()

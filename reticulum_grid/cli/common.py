@@ -1,21 +1,79 @@
-"""Shared pieces of the ``rngrid`` command: the click group, consoles, errors, client options, progress."""
+"""Shared pieces of the ``rngrid`` command: the click group, consoles, errors, client options, progress.
+
+Everything printed may hold strings from the network (tower names, aliases,
+error messages, job fields, generated text), so nothing is ever printed as
+rich markup or emoji codes, and control characters (terminal escapes,
+carriage returns, bidirectional overrides) are shown as escapes: ``out`` and
+``err`` render every string that way, ``styled`` builds styled text from
+pieces the same way, ``visible`` is the rule itself, and log lines go
+through it too (``VisibleFormatter``).
+"""
 
 
+import functools
 import json
 import logging
 import sys
 import threading
+import unicodedata
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from links.wire import WireError
 from reticulum_grid.node import config as cfg
 
+#: Characters of category Cf that reorder or hide text on a terminal (bidirectional controls).
+_BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+
+
+def visible(text, newlines=True):
+    """``text`` with every control character (C0, DEL, C1, and bidirectional
+    controls) written as an escape (``\x1b``, ``\u202e``); tabs stay, and
+    newlines too when ``newlines``."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    keep = "\t\n" if newlines else "\t"
+    return "".join(c if c in keep or not (unicodedata.category(c) == "Cc" or ord(c) in _BIDI)
+                   else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in text)
+
+
+class TextConsole(Console):
+    """A rich Console that shows every string as plain text (``visible``): markup
+    and emoji codes are never interpreted, whatever a caller passes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(highlight=False, markup=False, emoji=False, **kwargs)
+
+    def render_str(self, text, **kwargs):
+        kwargs.update(markup=False, emoji=False)
+        return super().render_str(visible(text), **kwargs)
+
+
+def styled(*parts):
+    """Text from ``parts``: strings, or (string, rich style) pairs; every string made ``visible``."""
+    return Text.assemble(*((visible(p[0]), p[1]) if isinstance(p, tuple) else visible(p) for p in parts))
+
+
+class VisibleFormatter(logging.Formatter):
+    """Log lines whose message shows control characters, newlines included, as
+    escapes (a name from the network cannot forge a line); tracebacks keep
+    their lines."""
+
+    def formatMessage(self, record):
+        record.message = visible(record.message, newlines=False)
+        return super().formatMessage(record)
+
+    def formatException(self, ei):
+        return visible(super().formatException(ei))
+
+
 # Piped output is read by scripts and people alike: give tables room instead of cutting hashes.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = TextConsole(width=None if sys.stdout.isatty() else 200)
+err = TextConsole(stderr=True, soft_wrap=True)
 
 
 
@@ -33,22 +91,43 @@ def json_line(obj):
 
 
 def fail(message, code=1):
-    err.print(f"[red]error:[/red] {message}", markup=True)
+    err.print(styled(("error:", "red"), " ", message))
     sys.exit(code)
 
 
-def client_options(f):
-    f = click.option("--connect", "connect", multiple=True, metavar="HOST:PORT",
-                     help="Tower or transport node to reach over TCP (repeatable). Default: client.toml, else 127.0.0.1:4242.")(f)
-    f = click.option("--rns-config", type=click.Path(file_okay=False), default=None,
-                     help="Use this existing RNS config directory (e.g. a shared rnsd).")(f)
+def ifac_options(f):
+    """``--network-name`` and ``--passphrase``: a private grid's RNS interface access code."""
+    f = click.option("--network-name", default=None, envvar="RNGRID_NETWORK_NAME",
+                     help="Private grid: the RNS network name (IFAC) of every interface rngrid writes.")(f)
+    f = click.option("--passphrase", default=None, envvar="RNGRID_PASSPHRASE",
+                     help="Private grid: the RNS IFAC passphrase (or set RNGRID_PASSPHRASE: a command line is "
+                          "visible to other local users).")(f)
     return f
+
+
+def client_options(f):
+    """``--connect``, ``--rns-config`` (passed to the command) and the IFAC
+    options (kept for ``open_grid``; default: client.toml's [network])."""
+    @functools.wraps(f)
+    def command(*args, network_name=None, passphrase=None, **kwargs):
+        click.get_current_context().obj["ifac"] = (network_name, passphrase)
+        return f(*args, **kwargs)
+
+    command = ifac_options(command)
+    command = click.option("--connect", "connect", multiple=True, metavar="HOST:PORT",
+                           help="Tower or transport node to reach over TCP (repeatable). Default: client.toml, "
+                                "else 127.0.0.1:4242.")(command)
+    command = click.option("--rns-config", type=click.Path(file_okay=False), default=None,
+                           help="Use this existing RNS config directory (e.g. a shared rnsd).")(command)
+    return command
 
 
 def open_grid(ctx, connect, rns_config):
     from reticulum_grid.client import Grid
+    network_name, passphrase = ctx.obj.get("ifac", (None, None))
     try:
-        return Grid(home=ctx.obj["home"], connect=list(connect) or None, rns_config=rns_config)
+        return Grid(home=ctx.obj["home"], connect=list(connect) or None, rns_config=rns_config,
+                    network_name=network_name, passphrase=passphrase)
     except (cfg.ConfigError, OSError, RuntimeError) as e:
         fail(str(e))
 
@@ -61,7 +140,9 @@ def open_grid(ctx, connect, rns_config):
 def main(ctx, home, verbose):
     """A GPU grid over Reticulum: run models on whichever of your machines can."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     if home:
         Path(home).mkdir(parents=True, exist_ok=True)
     ctx.obj = {"home": Path(home) if home else cfg.home()}
@@ -93,10 +174,10 @@ class ProgressBar:
                 TimeRemainingColumn,
                 TransferSpeedColumn,
             )
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=err)
             self._bar.start()
-            self._task = self._bar.add_task(self.label, total=total)
+            self._task = self._bar.add_task(visible(self.label, newlines=False), total=total)
         self._bar.update(self._task, completed=done, total=total)
 
     def __exit__(self, *exc):

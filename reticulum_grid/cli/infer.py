@@ -9,7 +9,7 @@ from rich.table import Table
 
 from links.wire import Code, WireError
 
-from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out
+from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out, visible
 
 
 @main.command()
@@ -18,18 +18,31 @@ from reticulum_grid.cli.common import json_line, ProgressBar, client_options, er
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def towers(ctx, connect, rns_config, wait, as_json):
-    """List the towers heard on the grid, each probed once: state "ok" with its
-    RTT, or "silent" (no answer in its bound) / "failed" (and why)."""
+    """List the towers heard on the grid, each trusted one probed once: state
+    "ok" with its RTT, or "silent" (no answer in its bound) / "failed" (and why).
+    Towers this client does not trust are listed apart: heard, never used."""
+    from reticulum_grid.client.grid import stranger_identity
     grid = open_grid(ctx, connect, rns_config)
     entries = grid.towers(wait=wait)
     grid.refresh(entries)
     rows = [_tower_row(grid.table.get(e.destination_hash) or e, grid.health.get(e.destination_hash)) for e in entries]
+    strangers = [{**_tower_row(e, None), "identity": stranger_identity(e)} for e in grid.table.strangers()]
     if as_json:
-        json_line(rows)
+        json_line(rows + strangers)
         return
-    if not rows:
+    if not rows and not strangers:
         err.print(f"no towers heard within {wait:.0f} s")
         sys.exit(1)
+    if rows:
+        _print_towers(rows)
+    if strangers:
+        _print_strangers(strangers)
+    if not rows:
+        err.print(f"no trusted tower heard within {wait:.0f} s")
+        sys.exit(1)
+
+
+def _print_towers(rows):
     table = Table("name", "destination", "state", "hops", "age", "backend", "memory free/total", "models", "tok/s")
     table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
     for r in rows:
@@ -44,11 +57,24 @@ def towers(ctx, connect, rns_config, wait, as_json):
                       f"{r['tokens_per_s']:.0f}")
     out.print(table)
 
+def _print_strangers(rows):
+    table = Table("announced name", "destination", "identity", "models", title="heard, not trusted: never used")
+    table.columns[1].overflow = table.columns[2].overflow = "fold"
+    for r in rows:
+        table.add_row(r["name"], r["destination"], r["identity"] or "?", ", ".join(m["alias"] for m in r["models"]))
+    out.print(table)
+    out.print("to use one of them (if it is yours): rngrid trust IDENTITY --name NAME")
+
 
 def _tower_row(entry, health):
+    """A tower's row; ``health`` None for a tower this client does not trust (never asked)."""
     hw = entry.caps.hardware
-    return {"name": entry.name, "destination": entry.hash_hex, "state": health.state or "not asked",
-            "error": health.error, "rtt_ms": round(health.rtt_s * 1000, 1),
+    if health is None:
+        state, error, rtt_ms = "untrusted", "", 0.0
+    else:
+        state, error, rtt_ms = health.state or "not asked", health.error, round(health.rtt_s * 1000, 1)
+    return {"name": entry.name, "destination": entry.hash_hex, "trusted": health is not None, "state": state,
+            "error": error, "rtt_ms": rtt_ms,
             "hops": entry.hops, "age_s": round(entry.age(), 1),
             "backend": hw.backend, "device": hw.device, "gpus": hw.gpus, "vram_free_mib": hw.vram_free_mib,
             "vram_total_mib": hw.vram_total_mib, "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
@@ -117,12 +143,12 @@ def _stream(stream, as_json):
                 json_line({"usage": piece.__dict__})
             else:
                 print(flush=True)
-                err.print(f"[dim]{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
-                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}[/dim]", markup=True)
+                err.print(f"{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
+                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}", style="dim")
         elif as_json:
             json_line({"text": piece})
         else:
-            print(piece, end="", flush=True)
+            print(visible(piece), end="", flush=True)
 
 
 @main.command()

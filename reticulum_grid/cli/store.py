@@ -8,7 +8,7 @@ from rich.table import Table
 
 from links.wire import WireError
 
-from reticulum_grid.cli.common import json_line, with_progress, client_options, err, fail, main, open_grid, out
+from reticulum_grid.cli.common import json_line, with_progress, client_options, err, fail, main, open_grid, out, styled
 from reticulum_grid.store.sync import MAX_TRANSFER_S
 
 
@@ -139,4 +139,4 @@ def _report(report, as_json, summary):
     err.print(f"{summary}: {report.get('chunks', 0)} chunks, {report.get('reused', 0)} already here, "
               f"{fetched} fetched ({sources}) in {report.get('seconds', 0):.1f} s")
     for name in report.get("lying_sources", []):
-        err.print(f"[yellow]warning:[/yellow] {name} served data that failed verification; it was dropped", markup=True)
+        err.print(styled(("warning:", "yellow"), f" {name} served data that failed verification; it was dropped"))

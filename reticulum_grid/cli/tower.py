@@ -2,6 +2,7 @@
 
 
 import logging
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 from reticulum_grid.node import config as cfg
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 
-from reticulum_grid.cli.common import err, fail, main, out
+from reticulum_grid.cli.common import err, fail, ifac_options, main, out, styled
 
 
 @main.command()
@@ -22,19 +23,21 @@ from reticulum_grid.cli.common import err, fail, main, out
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
 @click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
               help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}).")
+@ifac_options
 @click.pass_context
-def tower(ctx, config_path, name, listen, connect, models):
-    """Run a tower: serve the models in its config to allowed identities."""
+def tower(ctx, config_path, name, listen, connect, models, network_name, passphrase):
+    """Run a tower: serve the models in its config to allowed identities
+    (--network-name/--passphrase: a private grid's IFAC, for a new config)."""
     from reticulum_grid.node.identity import IdentityError
     from reticulum_grid.tower import Tower
 
     logging.getLogger("rngrid").setLevel(min(logging.getLogger().level, logging.INFO))
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     if not path.exists():
-        _new_tower_config(path, name or _host_name(), listen, connect, models)
+        _new_tower_config(path, name or _host_name(), listen, connect, models, network_name or "", passphrase or "")
         err.print(f"wrote new tower config {path}")
     else:
-        given = [f"--{p}" for p in ("name", "listen", "connect", "model")
+        given = [f"--{p.replace('_', '-')}" for p in ("name", "listen", "connect", "model", "network_name", "passphrase")
                  if ctx.get_parameter_source(p if p != "model" else "models") == click.core.ParameterSource.COMMANDLINE]
         if given:
             err.print(f"{path} exists, so {', '.join(given)} only shape a new config and are ignored; "
@@ -47,8 +50,10 @@ def tower(ctx, config_path, name, listen, connect, models):
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    err.print(f"tower [bold]{tower.config.name}[/bold] serving {', '.join(tower.registry.aliases()) or 'no models'} "
-              f"at {tower.destination.hash.hex()}", markup=True)
+    serving = ", ".join(tower.registry.aliases()) or "no models"
+    err.print(styled("tower ", (tower.config.name, "bold"), f" serving {serving} at {tower.destination.hash.hex()}"))
+    err.print(f"on each machine that may use it, run: rngrid trust {tower.identity.hash.hex()} "
+              f"--name {shlex.quote(tower.config.name)}")
     listen = tower.config.network.listen
     if listen.startswith("127."):
         port = listen.rsplit(":", 1)[1]
@@ -62,19 +67,23 @@ def tower(ctx, config_path, name, listen, connect, models):
 @main.command()
 @click.option("--config-dir", type=click.Path(file_okay=False), default=None,
               help="RNS config directory to write and use (default HOME/transport).")
-@click.option("--listen", default="0.0.0.0:4242", show_default=True, help="TCP listen address.")
+@click.option("--listen", default="127.0.0.1:4242", show_default=True,
+              help="TCP listen address (0.0.0.0:PORT, or a tailnet/LAN address, for other machines).")
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Other nodes to connect to (repeatable).")
 @click.option("--link-bitrate", "bitrate", default=0, type=click.IntRange(0),
               help="The links' speed as told to RNS (bits/s): at or below 62500 RNS uses its 500-byte MTU and "
                    "paces announces to 2 % of it. It does not limit the rate.")
+@ifac_options
 @click.pass_context
-def transport(ctx, config_dir, listen, connect, bitrate):
+def transport(ctx, config_dir, listen, connect, bitrate, network_name, passphrase):
     """Run an RNS transport node for the grid (forwards announces and links
-    between towers and clients that are not directly connected)."""
+    between towers and clients that are not directly connected); with
+    --network-name/--passphrase only nodes of that private grid get through."""
     from reticulum_grid.node import rnsnet
     directory = Path(config_dir) if config_dir else ctx.obj["home"] / "transport"
     try:
-        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True, bitrate=bitrate))
+        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True, bitrate=bitrate,
+                                         network_name=network_name or "", passphrase=passphrase or ""))
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     stop = threading.Event()
@@ -92,7 +101,7 @@ def _host_name():
     return name.encode()[:cfg.NAME_MAX_BYTES].decode(errors="ignore")
 
 
-def _new_tower_config(path, name, listen, connect, models):
+def _new_tower_config(path, name, listen, connect, models, network_name="", passphrase=""):
     parsed = {}
     for spec in models:
         alias, sep, gguf = spec.partition("=")
@@ -101,7 +110,8 @@ def _new_tower_config(path, name, listen, connect, models):
         parsed[alias] = str(Path(gguf).expanduser().resolve())
     if not parsed:
         parsed = {DEFAULT_ALIAS: default_model_path()}
-    cfg.write_tower(path, name, parsed, listen=listen, connect=connect)
+    cfg.write_tower(path, name, parsed, listen=listen, connect=connect, network_name=network_name,
+                    passphrase=passphrase)
 
 
 @main.command("id")
@@ -130,13 +140,17 @@ def show_id(ctx, config_path):
               help="Tower config to edit (default HOME/tower/tower.toml).")
 @click.pass_context
 def allow(ctx, identity_hash, roles, config_path):
-    """Let IDENTITY_HASH use a tower with the given roles (takes effect at once)."""
+    """Let IDENTITY_HASH use a tower with the given roles (takes effect at once).
+    A user's roles: infer, train, sync, admin; another tower's: shard, train-peer."""
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:
         granted = cfg.allow(path, identity_hash, roles)
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     out.print(f"{identity_hash} may now: {', '.join(granted)} on {path}")
+    if set(roles) & set(cfg.TOWER_ROLES):
+        err.print(f"{' and '.join(r for r in cfg.TOWER_ROLES if r in roles)}: for another tower's identity only "
+                  "(rngrid id --config tower.toml on that tower), never a user's; admin does not include it")
 
 
 @main.command()

@@ -5,12 +5,12 @@ import sys
 import time
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from links.wire import WireError
 
-from reticulum_grid.cli.common import json_line, with_progress, client_options, err, fail, main, open_grid, out
+from reticulum_grid.cli.common import (client_options, err, fail, json_line, main, open_grid, out, styled, visible,
+                                       with_progress)
 
 
 @main.command()
@@ -49,9 +49,9 @@ def train(ctx, connect, rns_config, base, data_path, output_alias, tower, towers
     if as_json:
         json_line({"job_id": job_id, "tower": entry.name})
     else:
-        err.print(f"job [bold]{job_id}[/bold] on {entry.name}; watch it with: rngrid jobs watch {job_id}", markup=True)
+        err.print(styled("job ", (job_id, "bold"), f" on {entry.name}; watch it with: rngrid jobs watch {job_id}"))
         if detach:
-            print(job_id, flush=True)  # stdout, for JOB=$(rngrid train ... --detach)
+            print(visible(job_id), flush=True)  # stdout, for JOB=$(rngrid train ... --detach)
     if not detach:
         _watch(grid, job_id, entry.name, as_json)
 
@@ -114,13 +114,14 @@ def _watch(grid, job_id, tower, as_json):
         TimeRemainingColumn,
     )
     end = None
-    bar = None if as_json else Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=err)
+    bar = None if as_json else Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                        MofNCompleteColumn(), TextColumn("{task.fields[info]}", markup=False),
+                                        TimeRemainingColumn(), console=err)
     try:
         events = grid.watch(job_id, tower)  # finds the job's tower first: no bar for an unknown job
         if bar:
             bar.start()
-            task = bar.add_task(f"job {job_id}", total=None, info="")
+            task = bar.add_task(visible(f"job {job_id}", newlines=False), total=None, info="")
         for event in events:
             if as_json:
                 json_line(event)
@@ -184,8 +185,8 @@ def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
         except WireError as e:
             fail(f"{e.code}: {e.message}")
         if not box.sync_from(RNS.Identity.recall(entry.destination_hash)):
-            err.print(f"[yellow]could not collect from {entry.name}: it runs no propagation node "
-                      "or did not answer; still listening[/yellow]")
+            err.print(f"could not collect from {entry.name}: it runs no propagation node "
+                      "or did not answer; still listening", style="yellow")
     deadline, received = time.monotonic() + wait, 0
     while (left := deadline - time.monotonic()) > 0 and received != count:
         try:
@@ -193,7 +194,11 @@ def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
         except queue.Empty:
             break
         received += 1
+        # Anyone can send an LXMF message: say which ones come from a tower this client trusts.
+        message["trusted"] = message["source"] in grid.trust.trust.lxmf_sources()
         if as_json:
             json_line(message)
         else:
-            out.print(f"[bold]{escape(message['title'])}[/bold]\n{escape(message['content'])}\n", markup=True)
+            warning = () if message["trusted"] else ((f"not from a trusted tower (sender {message['source']}): ",
+                                                      "yellow"),)
+            out.print(styled(*warning, (message["title"], "bold"), "\n", message["content"], "\n"))

@@ -9,7 +9,11 @@
 
 One RNS instance per process (RNS allows no more); one Link per tower, reused
 and identified with this machine's identity so towers can check their
-allow-lists. The client keeps its own blob store (``HOME/blobs``) for pulls,
+allow-lists. Only towers this client trusts (``[trust]`` in ``client.toml``,
+node/trust.py) are in its table and get anything from it: prompts, datasets,
+adapters, shard plans, sync requests; a trusted tower goes by the name its
+trust entry gives it. Others heard are listed apart (``table.strangers()``).
+The client keeps its own blob store (``HOME/blobs``) for pulls,
 pushes and models it can hand to a tower before running them there.
 """
 
@@ -23,7 +27,7 @@ import RNS
 from announce.announcer import Pinger, TowerListener, remembered_towers
 from announce.table import TowerTable
 from links.wire import Code, WireError
-from reticulum_grid.node import config, identity, rnsnet
+from reticulum_grid.node import config, identity, rnsnet, trust
 from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
 from reticulum_grid.client import embeddings, split as splitroute
@@ -71,10 +75,14 @@ class _Quiet:
         return bool(entries) and now - self.since >= self.quiet_s and now - self.started >= self.at_least_s
 
 
-def _start_rns(home, connect, rns_config):
+def _start_rns(home, connect, rns_config, network_name="", passphrase=""):
     if RNS.Reticulum.get_instance() is not None:
         return
-    configdir = rns_config or rnsnet.write_config(home / "rns", connect=connect)
+    if rns_config and (network_name or passphrase):
+        raise config.ConfigError("a network name or passphrase shapes the RNS config rngrid writes; with an "
+                                 "RNS config of your own, set them on its interfaces instead")
+    configdir = rns_config or rnsnet.write_config(home / "rns", connect=connect, network_name=network_name,
+                                                  passphrase=passphrase)
     rnsnet.start(configdir)
 
 
@@ -85,9 +93,13 @@ class Grid(BlobTransfers, JobCommands):
     ``connect``: towers or transport nodes to reach over TCP ("host:port"); default
     from ``home/client.toml``, else the local tower on 127.0.0.1:4242.
     ``rns_config``: use an existing RNS config dir (e.g. a shared rnsd) instead.
+    ``network_name``/``passphrase``: a private grid's IFAC for the RNS config
+    written here (default from ``home/client.toml``'s [network]).
+    Towers used: those trusted in ``home/client.toml`` (re-read when it changes).
+    Raises config.ConfigError for a bad client.toml.
     """
 
-    def __init__(self, home=None, connect=None, rns_config=None):
+    def __init__(self, home=None, connect=None, rns_config=None, network_name=None, passphrase=None):
         self.home = Path(home) if home else config.home()
         self.home.mkdir(parents=True, exist_ok=True)
         net = config.load_network(self.home / "client.toml")
@@ -95,8 +107,14 @@ class Grid(BlobTransfers, JobCommands):
         self.identity = identity.load_or_create(self.home / "identity")
         self.store = BlobStore(self.home / "blobs")
         collect(self.store)  # leftovers: blobs without an alias, abandoned transfers
-        _start_rns(self.home, connect, rns_config or net.rns_config)
-        self.table = TowerTable()
+        _start_rns(self.home, connect, rns_config or net.rns_config,
+                   net.network_name if network_name is None else network_name,
+                   net.passphrase if passphrase is None else passphrase)
+        self.trust = trust.LiveTrust(self.home / "client.toml")
+        if self.trust.trust.any:
+            log.warning("[trust] any = true in %s: every tower heard gets prompts and data, "
+                        "including towers nobody vouched for", self.home / "client.toml")
+        self.table = TowerTable(vet=self.trust)
         self.listener = TowerListener(self.table)
         RNS.Transport.register_announce_handler(self.listener)
         self.connections = {}
@@ -165,16 +183,31 @@ class Grid(BlobTransfers, JobCommands):
             RNS.Transport.request_path(bytes.fromhex(key))
         # A full hash may be a tower far away: only a name or prefix search ends early.
         quiet = (lambda entries: False) if full_hash else _Quiet(QUIET_S, ANSWER_S)
-        self.wait_for(lambda entries: self.table.find(name_or_hash) or quiet(entries), timeout)
+        self.wait_for(lambda entries: self.table.find(name_or_hash) or self._stranger(key) or quiet(entries),
+                      timeout)
         entry = self.table.find(name_or_hash)
+        stranger = None if entry else self._stranger(key)
+        if stranger is not None:
+            raise WireError(Code.UNTRUSTED, untrusted_message(stranger))
         if not entry:
             same = self.table.named(name_or_hash)
             if len(same) > 1:
                 raise WireError(Code.NO_TOWER, f"{len(same)} towers are called {name_or_hash!r}: "
                                                f"{', '.join(e.hash_hex for e in same)}; name one by its hash")
             heard = ", ".join(e.name for e in self.table.live()) or "none"
-            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard; heard: {heard}" + _offline_note())
+            raise WireError(Code.NO_TOWER, f"no tower {name_or_hash!r} heard; heard: {heard}" + self._strangers_note()
+                            + _offline_note())
         return entry
+
+    def _stranger(self, key):
+        """An untrusted tower heard with destination hash (or a prefix of >= 8 hex) ``key``."""
+        found = [e for e in self.table.strangers() if e.hash_hex == key or len(key) >= 8 and e.hash_hex.startswith(key)]
+        return found[0] if len(found) == 1 else None
+
+    def _strangers_note(self):
+        count = len(self.table.strangers())
+        return (f"; {count} tower(s) heard that this client does not trust (rngrid towers lists them)"
+                if count else "")
 
     def route(self, model, tower=None, timeout=15.0, adapter=None):
         """The best tower to run ``model`` on (``tower`` overrides). Raises WireError(no_tower)."""
@@ -218,7 +251,8 @@ class Grid(BlobTransfers, JobCommands):
                               for e in live) or "none"
             # Towers were there and none has it: that, not routing, is why it cannot run.
             raise WireError(Code.UNKNOWN_MODEL if live else Code.NO_TOWER,
-                            f"no tower with model {model!r} heard; heard: {heard}" + _offline_note())
+                            f"no tower with model {model!r} heard; heard: {heard}" + self._strangers_note()
+                            + _offline_note())
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
         return self.table.live()
 
@@ -300,6 +334,19 @@ class Grid(BlobTransfers, JobCommands):
         for t in threads:
             t.join(timeout + 16)
         return list(results)
+
+
+def stranger_identity(entry):
+    """The identity hash (hex) of a tower heard, or "" when RNS lost it."""
+    identity = RNS.Identity.recall(entry.destination_hash)
+    return identity.hash.hex() if identity is not None else ""
+
+
+def untrusted_message(entry):
+    """Why nothing goes to the untrusted tower ``entry``, and the line that trusts it."""
+    who = stranger_identity(entry) or "IDENTITY"
+    return (f"tower {entry.hash_hex} (announcing itself as {entry.name!r}) is not trusted by this client, so "
+            f"nothing is sent to it; if it is yours, run: rngrid trust {who} --name NAME")
 
 
 def _offline_note():

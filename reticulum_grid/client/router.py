@@ -18,8 +18,13 @@ compared left to right (lower is better):
 6. ``cost``: an estimate of seconds per generated token for this request,
    (streams + queue + pending + 1) / tokens_per_s, plus the measured RTT in
    seconds, where ``pending`` counts the streams this client started there
-   since it last read the tower's load; a busy fast tower and an idle slow one
+   since it last read the tower's load and that are still running; a busy fast tower and an idle slow one
    compare fairly, and simultaneous requests do not all pick the same tower.
+   ``tokens_per_s`` is what this client measured of the tower's streams (its
+   own clock, tokens after the first message); a tower it never streamed
+   from is taken at its word, only as a prior and at most what hardware of
+   its kind does (``PRIOR_MAX_TOKENS_PER_S``): a tower that announces 100,000
+   tokens/s wins one request at most.
 7. ``-headroom``: free memory beyond the model's need (MiB), more is better.
 8. ``hops``: fewer is better.
 9. a random tie-breaker, so equal towers share the load.
@@ -38,6 +43,12 @@ MAX_BACKOFF_S = 120.0
 
 #: Seconds a tower that has not answered yet (its probe still runs) ranks last.
 SILENT_BACKOFF_S = 2.0
+#: The most tokens/s an announce is believed for, per backend (a 135M model on
+#: a fast GPU reaches a few thousand; on a CPU a few hundred).
+PRIOR_MAX_TOKENS_PER_S = {"cpu": 1000.0}
+PRIOR_MAX_GPU_TOKENS_PER_S = 10000.0
+#: Weight of a new measurement in the measured tokens/s (an exponential average).
+MEASURED_WEIGHT = 0.5
 
 
 @dataclass
@@ -46,8 +57,10 @@ class Health:
 
     ``state``: "" (not asked yet), "ok" (answered), "silent" (no answer within
     its bound: frozen, gone, or its path is lost), "failed" (refused or broke
-    a request); ``error`` says why; ``lost`` counts silences in a row."""
+    a request); ``error`` says why; ``lost`` counts silences in a row;
+    ``tokens_per_s``: the rate its streams reached here (0: never measured)."""
     rtt_s: float = 0.0
+    tokens_per_s: float = 0.0
     failures: int = 0
     backoff_until: float = 0.0
     pending: int = 0
@@ -102,6 +115,25 @@ class HealthBook:
 
     def started(self, destination_hash):
         self._health.setdefault(destination_hash, Health()).pending += 1
+
+    def ended(self, destination_hash):
+        """A stream this client started there ended: it is no longer load to add."""
+        h = self._health.setdefault(destination_hash, Health())
+        h.pending = max(0, h.pending - 1)
+
+    def measured(self, destination_hash, tokens_per_s):
+        """A stream from the tower reached ``tokens_per_s`` on this client's clock."""
+        h = self._health.setdefault(destination_hash, Health())
+        h.tokens_per_s = tokens_per_s if not h.tokens_per_s else (
+            (1 - MEASURED_WEIGHT) * h.tokens_per_s + MEASURED_WEIGHT * tokens_per_s)
+
+
+def believed_tokens_per_s(caps, health):
+    """The tokens/s a tower is ranked by: measured here, else its announce clamped to its kind's most."""
+    if health.tokens_per_s > 0:
+        return health.tokens_per_s
+    most = PRIOR_MAX_TOKENS_PER_S.get(caps.hardware.backend, PRIOR_MAX_GPU_TOKENS_PER_S)
+    return min(caps.tokens_per_s, most)
 
 
 @dataclass(frozen=True)
@@ -164,7 +196,8 @@ def _key(entry, caps, tier, adapter, health, need_mib, now):
     free = caps.hardware.memory_free_mib
     need_mib = need_on_gpus(need_mib, caps.hardware.gpus)
     load = caps.load
-    cost = (load.streams + load.queue + health.pending + 1) / max(caps.tokens_per_s, 1.0) + health.rtt_s
+    speed = max(believed_tokens_per_s(caps, health), 1.0)
+    cost = (load.streams + load.queue + health.pending + 1) / speed + health.rtt_s
     return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and free < need_mib,
             bool(adapter) and caps.adapter(adapter) is None, round(cost, 3), need_mib - free, entry.hops,
             random.random())

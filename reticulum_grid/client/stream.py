@@ -35,6 +35,8 @@ LINK_LOST = {Code.UNREACHABLE, Code.TIMEOUT}
 CONTINUE_AFTER = LINK_LOST | {Code.RUNNER_LOST}
 #: Towers tried for one request at most.
 MAX_TOWERS = 4
+#: Tokens after a stream's first message needed to measure its rate (router.HealthBook.measured).
+MEASURE_MIN_TOKENS = 4
 #: A stream silent this long (no token, no heartbeat) lost its tower (seconds;
 #: at least 3 heartbeats, more on a slow link: 10 RTTs).
 STREAM_SILENCE_S = 3.5
@@ -74,6 +76,29 @@ class ToolCallDelta:
     id: str = ""
     name: str = ""
     arguments: str = ""
+
+
+class _Meter:
+    """A stream's rate on this client's clock: tokens after the first message
+    over the time since it (the first message carries the prompt's latency)."""
+
+    def __init__(self):
+        self.first_at = self.last_at = None
+        self.after_first = 0
+
+    def tokens(self, count):
+        now = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = now
+        else:
+            self.after_first += count
+            self.last_at = now
+
+    def rate(self):
+        """Tokens/s, or None when too few tokens came to tell."""
+        if self.after_first < MEASURE_MIN_TOKENS or self.last_at <= self.first_at:
+            return None
+        return self.after_first / (self.last_at - self.first_at)
 
 
 @dataclass
@@ -154,12 +179,14 @@ class InferenceStream:
             return False
         self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
         before = (len(self.ids), self.generated)
+        meter = _Meter()
         try:
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
             silence = max(STREAM_SILENCE_S, 10 * rtt)
             for event in receiver.events(silence, self._current[0].router):
                 if event[0] == "data":
                     _, data, ids, extra = event
+                    meter.tokens(extra.get("n", len(ids)))
                     self.ids += ids
                     self.generated += extra.get("n", len(ids))
                     self._exact = self._exact and not extra.get("x")
@@ -173,12 +200,16 @@ class InferenceStream:
                     if tail:
                         yield self._emit(tail)
                     self._release()
+                    self.grid.health.ended(entry.destination_hash)
                     self.grid.health.succeeded(entry.destination_hash)
+                    if meter.rate() is not None:
+                        self.grid.health.measured(entry.destination_hash, meter.rate())
                     self.usage = self._usage(entry, event[1], event[2], before)
                     yield self.usage
                     return True
         except WireError as e:
             self._release()
+            self.grid.health.ended(entry.destination_hash)
             if e.code not in CONTINUE_AFTER and not (e.code in RETRY_BEFORE_OUTPUT and not self.generated):
                 raise
             self._failed(entry, e)

@@ -18,6 +18,9 @@ A tower config (every key optional except as noted)::
     link_bitrate = 0                    # bits/s RNS is told these interfaces carry (0: its guess).
                                         # It does NOT limit the rate: below 62.5 kbit/s RNS uses its
                                         # 500-byte MTU, and transport nodes pace announces to 2 % of it
+    network_name = ""                   # a private grid's RNS interface access code (IFAC): packets
+    passphrase = ""                     # without this name and passphrase are dropped (rnsnet.py).
+                                        # Both apply to the RNS config rngrid writes, not to rns_config
     [announce]
     heartbeat_s = 900                   # seconds between heartbeat announces
     floor_s = 5                         # never two announces closer than this (seconds)
@@ -35,7 +38,8 @@ A tower config (every key optional except as noted)::
     [train]
     dataplane = ""                      # this tower's IP on the tailnet/LAN for multi-tower training
                                         # (torch.distributed traffic); "" = not offered for it.
-                                        # One address, never 0.0.0.0
+                                        # One private address, never 0.0.0.0 or a public one:
+                                        # gloo/NCCL traffic is not authenticated
     [models.smollm2-135m]
     path = "/path/to/model.gguf"        # required per model
     n_ctx = 4096                        # context window per stream, tokens (2 or more; 0 = the model's own)
@@ -48,7 +52,10 @@ A tower config (every key optional except as noted)::
                                         # speculative decoding ("" = none)
     embeddings = false                  # start with embeddings on (else on the first ai/embeddings)
     [allow]
-    "<identity hash hex>" = ["infer"]   # roles: infer, train, sync, shard, admin (admin = all)
+    "<identity hash hex>" = ["infer"]   # a user's roles: infer, train, sync, admin (admin = those three
+                                        # and every job); a tower's: shard (runs layers of its split
+                                        # models here), train-peer (enlists this tower in its jobs).
+                                        # admin never implies a tower's roles
 
 Bad values raise ConfigError naming the key.
 """
@@ -59,7 +66,9 @@ from pathlib import Path
 
 import tomlkit
 
-ROLES = ("infer", "train", "sync", "shard", "admin")
+ROLES = ("infer", "train", "sync", "shard", "train-peer", "admin")
+#: Roles that only another tower's identity should hold; ``admin`` does not imply them.
+TOWER_ROLES = ("shard", "train-peer")
 NAME_MAX_BYTES = 32
 IDENTITY_HASH_HEX = 32  # RNS truncated hash: 128 bits
 #: Largest context window a config may ask for (tokens); llama.cpp takes a uint32.
@@ -86,6 +95,8 @@ class NetworkConfig:
     rns_config: str = ""
     transport: bool = False
     bitrate: int = 0
+    network_name: str = ""  # IFAC (rnsnet.config_text)
+    passphrase: str = ""
 
 
 @dataclass
@@ -125,7 +136,7 @@ class TowerConfig:
 def load_tower(path):
     """Read a tower config. Raises ConfigError (or FileNotFoundError)."""
     path = Path(path)
-    doc = _read(path)
+    doc = read_toml(path)
     net, announce, limits, lxmf, shard = (_table(doc, t) for t in ("network", "announce", "limits", "lxmf", "shard"))
     name = _get(doc, "name", str, path.parent.name or "tower")
     if not name or len(name.encode()) > NAME_MAX_BYTES:
@@ -158,22 +169,28 @@ def _dataplane(value):
         raise ConfigError(f"train.dataplane: {value!r} is not an IP address") from None
     if address.is_unspecified:
         raise ConfigError("train.dataplane: name this tower's one data-plane address, not every interface")
+    if address.is_global:
+        raise ConfigError(f"train.dataplane: {value} is a public address; gloo/NCCL traffic has no "
+                          "authentication, so the data plane must be private (a tailnet or LAN address)")
     return value
 
 
 def load_network(path):
     """Read a client config's [network] table; a missing file gives defaults."""
     path = Path(path)
-    return _network(_table(_read(path), "network") if path.exists() else {})
+    return _network(_table(read_toml(path), "network") if path.exists() else {})
 
 
-def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, **sections):
+def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, network_name="",
+                passphrase="", **sections):
     """Write a new tower config. ``models``: {alias: gguf path, or a map of
     [models.X] keys with its "path"}; ``threads``: llama.cpp threads per model
-    (0: its default); ``sections``: extra tables, e.g. announce={"floor_s": 1}."""
+    (0: its default); ``network_name``/``passphrase``: IFAC; ``sections``:
+    extra tables, e.g. announce={"floor_s": 1}."""
     doc = tomlkit.document()
     doc["name"] = name
-    doc["network"] = {"listen": listen, "connect": list(connect)}
+    doc["network"] = {"listen": listen, "connect": list(connect),
+                      **{k: v for k, v in (("network_name", network_name), ("passphrase", passphrase)) if v}}
     for key, table in sections.items():
         doc[key] = table
     doc["models"] = {alias: {**({"threads": threads} if threads else {}),
@@ -181,14 +198,14 @@ def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=N
                      for alias, p in models.items()}
     doc["allow"] = dict(allow or {})
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _write(Path(path), doc)
+    write_toml(Path(path), doc)
 
 
 def allow(path, identity_hash_hex, roles):
     """Grant ``roles`` to an identity in a tower config, keeping its comments.
 
     Returns the identity's roles after the change."""
-    identity_hash_hex = _identity_hex(identity_hash_hex)
+    identity_hash_hex = identity_hex(identity_hash_hex)
     for role in roles:
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
@@ -197,33 +214,36 @@ def allow(path, identity_hash_hex, roles):
     table = doc.setdefault("allow", tomlkit.table())
     current = list(table.get(identity_hash_hex, []))
     table[identity_hash_hex] = current + [r for r in roles if r not in current]
-    _write(path, doc)
+    write_toml(path, doc)
     return list(table[identity_hash_hex])
 
 
 def revoke(path, identity_hash_hex):
     """Remove an identity from a tower's allow-list. Returns True if it was there."""
-    identity_hash_hex = _identity_hex(identity_hash_hex)
+    identity_hash_hex = identity_hex(identity_hash_hex)
     path = Path(path)
     doc = tomlkit.parse(path.read_text())
     table = doc.get("allow", {})
     if identity_hash_hex not in table:
         return False
     del table[identity_hash_hex]
-    _write(path, doc)
+    write_toml(path, doc)
     return True
 
 
-def _read(path):
+def read_toml(path):
     try:
         return tomlkit.parse(path.read_text()).unwrap()
     except (tomlkit.exceptions.TOMLKitError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _write(path, doc):
+def write_toml(path, doc):
+    """Write ``doc`` to ``path`` atomically, readable by this user only (a config may hold a passphrase)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(tomlkit.dumps(doc))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tomlkit.dumps(doc))
     os.replace(tmp, path)
 
 
@@ -246,9 +266,17 @@ def _network(table):
     listen = _get(table, "listen", str, "")
     if listen:
         parse_hostport(listen)
-    return NetworkConfig(listen=listen, connect=connect, rns_config=_get(table, "rns_config", str, ""),
+    ifac = {key: _get(table, key, str, "") for key in ("network_name", "passphrase")}
+    for key, value in ifac.items():
+        if value and not value.isprintable():
+            raise ConfigError(f"[network] {key} must be one line of printable text")
+    rns_config = _get(table, "rns_config", str, "")
+    if rns_config and any(ifac.values()):
+        raise ConfigError("[network] network_name and passphrase shape the RNS config rngrid writes; with "
+                          "rns_config, set them on that config's interfaces instead")
+    return NetworkConfig(listen=listen, connect=connect, rns_config=rns_config,
                          transport=_get(table, "transport", bool, False),
-                         bitrate=_get(table, "link_bitrate", int, 0))
+                         bitrate=_get(table, "link_bitrate", int, 0), **ifac)
 
 
 def _model(alias, spec, base):
@@ -307,11 +335,11 @@ def _allow(table):
     for key, roles in table.items():
         if not isinstance(roles, list) or any(r not in ROLES for r in roles):
             raise ConfigError(f"allow.{key} must be a list of roles from {', '.join(ROLES)}")
-        out[_identity_hex(key)] = list(roles)
+        out[identity_hex(key)] = list(roles)
     return out
 
 
-def _identity_hex(value):
+def identity_hex(value):
     value = value.strip().strip("<>").lower()
     if len(value) != IDENTITY_HASH_HEX or any(c not in "0123456789abcdef" for c in value):
         raise ConfigError(f"{value!r} is not an identity hash ({IDENTITY_HASH_HEX} hex characters)")
@@ -355,4 +383,4 @@ class LiveAllowList:
                 if self._on_error:
                     self._on_error(e)
         roles = set(self._allow.get(identity_hash.hex(), ()))
-        return set(ROLES) if "admin" in roles else roles
+        return (set(ROLES) - set(TOWER_ROLES)) | roles if "admin" in roles else roles

@@ -3,6 +3,12 @@ fresh config dir: used by the demo, the benchmarks and the tests.
 
 Each tower is its own process (RNS allows one instance per process) with its
 own config dir, identity and free port; nothing but 127.0.0.1 is touched.
+
+Clients trust only the towers their ``client.toml`` names (node/trust.py).
+``trust_local_towers(home)`` makes the client at ``home`` trust the towers this
+process starts, as a user would run ``rngrid trust`` for each of their own:
+the demo and the benchmarks trust theirs, the test harness its own (a tower
+started with ``trusted=False`` plays a stranger).
 """
 
 import os
@@ -12,7 +18,23 @@ import sys
 import time
 from pathlib import Path
 
-from reticulum_grid.node import config
+from reticulum_grid.node import config, identity, trust
+
+#: Towers this process started as trusted ({identity hash hex: name}), and the
+#: client homes that trust every one of them as they start.
+_started = {}
+_trusting = []
+
+
+def trust_local_towers(home, follow=True):
+    """Make the client at ``home`` trust every tower this process started (with
+    ``trusted=True``) and, with ``follow``, every one it starts from now on.
+    Entries take the towers' announced names (two test towers may share one)."""
+    path = Path(home) / "client.toml"
+    if follow and path not in _trusting:
+        _trusting.append(path)
+    if _started:
+        trust.add_many(path, {h: "" for h in _started})
 
 
 def free_port():
@@ -104,16 +126,39 @@ class TowerProcess(LocalProcess):
     """``python -m reticulum_grid tower`` in its own directory under ``root``.
 
     ``models``: {alias: gguf path}; ``allow``: {identity hex: [roles]};
-    ``sections``: extra config tables (e.g. announce={"floor_s": 1})."""
+    ``sections``: extra config tables (e.g. announce={"floor_s": 1});
+    ``trusted``: the clients of trust_local_towers trust it once it starts."""
 
-    def __init__(self, root, name, models, allow=None, connect=(), listen=True, threads=1, **sections):
+    def __init__(self, root, name, models, allow=None, connect=(), listen=True, threads=1, trusted=True, **sections):
         super().__init__(Path(root) / name, name, free_port() if listen else None)
+        self.trusted = trusted
         self.config_path = self.dir / "tower.toml"
         sections.setdefault("announce", {"floor_s": 1, "heartbeat_s": 600})
         # Several towers share this machine: one llama.cpp thread each keeps their
         # runners' spinning thread barriers from fighting over the cores.
         config.write_tower(self.config_path, name, models, listen=self.address if listen else "",
                            connect=connect, allow=allow, threads=threads, **sections)
+
+    @property
+    def identity_hash(self):
+        """The tower's identity hash (hex; its identity file is created if missing)."""
+        return identity.load_or_create(self.dir / "identity").hash.hex()
+
+    def trust_line(self):
+        """The command a client runs to trust this tower."""
+        return f"rngrid trust {self.identity_hash} --name {self.name}"
+
+    def start(self, timeout=60.0):
+        if self.trusted:
+            try:
+                _started[self.identity_hash] = self.name
+            except identity.IdentityError:
+                pass  # the tower refuses to start; nothing to trust
+            else:
+                for path in _trusting:
+                    if path.parent.is_dir():
+                        trust.add_many(path, {self.identity_hash: ""})
+        return super().start(timeout)
 
     def argv(self):
         return [sys.executable, "-m", "reticulum_grid", "-v", "tower", "--config", str(self.config_path)]

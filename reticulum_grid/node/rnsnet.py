@@ -6,9 +6,16 @@ pointed at an existing one). Interfaces we write set ``ingress_control = No``:
 on rns 0.9.4 ingress control holds announces from newly seen destinations for
 minutes, so towers starting together would not be heard (20 towers started at
 once: 1 heard after 20 s).
+
+A private grid on a shared medium (a LoRa channel, a public transport node)
+sets RNS's interface access codes (IFAC): every interface we write gets the
+grid's ``network_name`` and ``passphrase``, so RNS signs each packet with a
+key derived from both and drops packets that lack the code: a node without
+them hears no announce and cannot open a Link.
 """
 
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -16,14 +23,16 @@ import RNS
 
 from links import rnsfix
 from links.channel import RADIO_BPS
-from reticulum_grid.node.config import parse_hostport
+from reticulum_grid.node.config import ConfigError, parse_hostport
 
 rns_log = logging.getLogger("rngrid.rns")
 
 
-def config_text(listen="", connect=(), transport=False, bitrate=0):
+def config_text(listen="", connect=(), transport=False, bitrate=0, network_name="", passphrase=""):
     """RNS config text: a TCP server on ``listen`` ("host:port" or ""), a TCP
     client per ``connect`` entry, no AutoInterface, no shared instance.
+    ``network_name`` / ``passphrase`` (either may be ""): the interfaces' IFAC
+    (see above; quoted by RNS's own ConfigObj). Raises ConfigError.
     ``bitrate`` (bits/s, 0 = RNS's guess) is the speed RNS is told every
     interface has. On rns 0.9.4 it sets the link MTU (500 bytes at or below
     62.5 kbit/s, no MTU discovery), paces announces a transport node forwards
@@ -40,7 +49,7 @@ def config_text(listen="", connect=(), transport=False, bitrate=0):
         "",
         "[interfaces]",
     ]
-    extra = [f"    bitrate = {int(bitrate)}"] if bitrate else []
+    extra = ([f"    bitrate = {int(bitrate)}"] if bitrate else []) + ifac_lines(network_name, passphrase)
     if listen:
         host, port = parse_hostport(listen)
         lines += ["  [[rngrid tcp server]]", "    type = TCPServerInterface", "    enabled = Yes",
@@ -50,6 +59,23 @@ def config_text(listen="", connect=(), transport=False, bitrate=0):
         lines += [f"  [[rngrid tcp peer {i}]]", "    type = TCPClientInterface", "    enabled = Yes",
                   f"    target_host = {host}", f"    target_port = {port}", "    ingress_control = No"] + extra
     return "\n".join(lines) + "\n"
+
+
+def ifac_lines(network_name="", passphrase=""):
+    """An interface's IFAC options (``network_name``, ``passphrase``) as RNS
+    config lines, quoted as RNS's ConfigObj reads them. Raises ConfigError."""
+    from RNS.vendor.configobj import ConfigObj
+
+    options = ConfigObj()
+    for key, value in (("network_name", network_name), ("passphrase", passphrase)):
+        if value:
+            if not isinstance(value, str) or not value.isprintable():
+                raise ConfigError(f"{key} must be one line of printable text")
+            options[key] = value
+    try:
+        return [f"    {line}" for line in options.write()]
+    except Exception as e:  # ConfigObj cannot quote it (holds both kinds of triple quote)
+        raise ConfigError(f"network name or passphrase cannot be written to an RNS config: {e}") from None
 
 
 def check_listen(listen):
@@ -80,10 +106,15 @@ def offline_peers():
 
 
 def write_config(directory, **kwargs):
-    """Write ``directory/config`` (see config_text) and return the directory."""
+    """Write ``directory/config`` (see config_text; readable by this user only:
+    it may hold the passphrase) and return the directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config").write_text(config_text(**kwargs))
+    path = directory / "config"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(config_text(**kwargs))
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
     return directory
 
 

@@ -18,6 +18,15 @@ Why not RNS.Buffer: on rns 0.9.4 it cuts every write to the static Link MDU
 up to three times; weights do not compress and a model load is tens of MB.
 A tunnel whose Link goes away closes its sockets, so the RPC client sees the
 peer vanish at once instead of waiting on a dead Link.
+
+Who may use a tunnel: on the worker, only a Link from a tower holding
+``shard`` there (tower/split.py), and that tower can then drive the worker's
+RPC server as llama.cpp's RPC lets any client (allocate buffers, read and
+write them, run graphs: it trusts its client's input). On the coordinator, a
+listener on 127.0.0.1 can be reached by every local user and process, so it
+accepts only connections made by its own split model's process (or its
+children), as the kernel tells (node/peers.py); any other is closed before a
+byte crosses the Link.
 """
 
 import logging
@@ -29,6 +38,7 @@ import msgpack
 import RNS
 
 from links.channel import ProtocolError, short_str, uint, unpack_array
+from reticulum_grid.node.peers import owned_by
 
 log = logging.getLogger("rngrid.split.tunnel")
 
@@ -222,10 +232,14 @@ class Tunnels:
 class TunnelListener:
     """The coordinator end: a TCP server on 127.0.0.1 (ephemeral port) whose
     connections are tunnelled over ``tunnels``' Link. ``endpoint`` is what
-    llama.cpp's RPC client is given."""
+    llama.cpp's RPC client is given. ``owners()`` -> process ids whose
+    connections (theirs or their children's) are accepted; others are closed
+    and counted in ``refused``."""
 
-    def __init__(self, tunnels):
+    def __init__(self, tunnels, owners):
         self.tunnels = tunnels
+        self.owners = owners
+        self.refused = 0
         self.server = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"127.0.0.1:{self.server.getsockname()[1]}"
         log.info("tunnel endpoint %s over a link with a %d-byte Channel MDU", self.endpoint, tunnels.router.channel.mdu)
@@ -250,6 +264,11 @@ class TunnelListener:
             if self._stopped.is_set():
                 sock.close()
                 return
+            if not owned_by(sock, self.owners()):
+                self.refused += 1
+                log.warning("tunnel endpoint %s: refused a connection not made by the split model", self.endpoint)
+                sock.close()
+                continue
             self.tunnels.attach(sock)
 
     def close(self):

@@ -8,7 +8,8 @@ never stuck behind them.
 Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
 ``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
 (sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
-``jobs/watch``, ``jobs/cancel`` (train).
+``jobs/watch``, ``jobs/cancel`` (train); tower to tower: ``train/join``
+(train-peer), ``split/tunnel`` (shard).
 """
 
 import logging
@@ -26,7 +27,7 @@ from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
-from reticulum_grid.node.config import LiveAllowList
+from reticulum_grid.node.config import TOWER_ROLES, LiveAllowList
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
@@ -70,9 +71,12 @@ class LinkSession:
     def cancel(self, stream_id):
         event = self.streams.get(stream_id)
         if event is not None:
+            log.info("stream %d: a cancel from the client", stream_id)
             event.set()
 
     def _closed(self, link):
+        if self.streams:
+            log.info("link closed with %d stream(s) running: stopping them", len(self.streams))
         for event in list(self.streams.values()):
             event.set()
         self.fetcher.link_closed()
@@ -106,7 +110,7 @@ class Tower:
             rnsnet.check_listen(net.listen)
         configdir = net.rns_config or rnsnet.write_config(
             self.config.directory / "rns", listen=net.listen, connect=net.connect,
-            transport=net.transport, bitrate=net.bitrate)
+            transport=net.transport, bitrate=net.bitrate, network_name=net.network_name, passphrase=net.passphrase)
         rnsnet.start(configdir)
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
                                       on_tokens_per_s=self.record_tokens_per_s, log_dir=self.config.directory)
@@ -128,7 +132,7 @@ class Tower:
                     "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
                     "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
                     "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
-                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train", self.jobs.dp.join),
+                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train-peer", self.jobs.dp.join),
                     **self.split.commands()}
         for path, (role, command) in commands.items():
             self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
@@ -171,7 +175,7 @@ class Tower:
         def handle(_path, data, request_id, link_id, remote_identity, requested_at):
             try:
                 if role:
-                    auth.require(remote_identity, role, self.allow.roles_of)
+                    auth.require(remote_identity, role, self.allow.roles_of, tower_role=role in TOWER_ROLES)
                 session, request = self._session(link_id), wire.unpack_map(data)
                 id_field = wire.ANSWERED_ONCE.get(path)
                 if id_field is None or id_field not in request:

@@ -9,15 +9,21 @@ yes its rank, the world size, that address and port, and the secret
 (``train/join``). Towers that refuse or do not answer are left out and named
 in the job's history.
 
-Participant: ``train/join`` (role ``train`` for the coordinator tower, and the
-job's owner must hold ``train`` here too) checks that this tower has a
-data-plane address, the base model and the dataset (both by blob id: the
-client synced them before submitting), and a free training slot; then starts
-a distributed.py worker (it ends with the tower). A worker of this tower that died by a signal (``kill -9``) marks
-the job lost here: it is not rejoined, so the job resumes without this tower.
+Participant: ``train/join`` is a tower-to-tower command: the caller needs the
+``train-peer`` role here (granted to a tower's identity only, never implied by
+``admin``), and the job's owner must hold ``train`` here too. A job is known
+by its coordinator and its id (12 hex digits, checked, never a path piece):
+a peer reaches only the ranks of jobs it coordinates. It checks that this
+tower has a data-plane address, the base model and the dataset (both by blob
+id: the client synced them before submitting), and a free training slot;
+then starts a distributed.py worker (it ends with the tower) whose spec, with
+the job's secret, is readable by this user only. The ``check`` reply names
+this tower's data-plane address: rank 0's store front admits connections
+from the job's peers' addresses only. A worker of this tower that died by a
+signal (``kill -9``) marks the job lost here: it is not rejoined, so the job
+resumes without this tower.
 """
 
-import json
 import logging
 import secrets
 import subprocess
@@ -30,8 +36,16 @@ from reticulum_grid.training import rendezvous as rdv, trainer
 
 log = logging.getLogger("rngrid.tower")
 
+def _job_id(value):
+    try:
+        trainer.check_job_id(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 JOIN = {
-    "job_id": Field(str, required=True, check=max_len(64)),
+    "job_id": Field(str, required=True, check=_job_id),
     "owner": Field(str, required=True, check=max_len(64)),
     "check": Field(bool, default=False),
     "spec": Field(dict, required=True),
@@ -67,19 +81,25 @@ class TowerDP:
             raise WireError(Code.UNSUPPORTED, "this tower has no [train] dataplane address")
         portable = {k: spec[k] for k in PORTABLE if k in spec}
         base = {"job_id": job_id, "owner": spec["owner"], "spec": portable}
-        ready, notes = [], []
+        ready, addresses, notes = [], [], []
         for tower_hex in spec["towers"]:
             try:
-                self._peer(tower_hex).request("train/join", {**base, "check": True}, timeout=JOIN_TIMEOUT_S,
-                                              link_timeout=JOIN_TIMEOUT_S)
+                reply = self._peer(tower_hex).request("train/join", {**base, "check": True}, timeout=JOIN_TIMEOUT_S,
+                                                      link_timeout=JOIN_TIMEOUT_S)
+                address = reply.get("dataplane")
+                rdv.check_bind_address(address if isinstance(address, str) else "")
                 ready.append(tower_hex)
+                addresses.append(address)
+            except rdv.RendezvousError as e:
+                notes.append(f"tower {tower_hex[:8]} left out: its data-plane address: {e}")
             except WireError as e:
                 notes.append(f"tower {tower_hex[:8]} left out: {e.code}: {e.message}")
         units = spec.get("units") or 1 + len(ready)
-        ready = ready[:units - 1]  # never more ranks than the units the global batch is cut into
+        ready, addresses = ready[:units - 1], addresses[:units - 1]  # never more ranks than the batch's units
         attempt = self._attempts[job_id] = self._attempts.get(job_id, -1) + 1
         dp = {"world_size": 1 + len(ready), "rank": 0, "units": units, "host": dataplane, "dataplane": dataplane,
-              "port": rdv.free_port(dataplane), "secret": secrets.token_bytes(32).hex(), "attempt": attempt}
+              "port": rdv.free_port(dataplane), "secret": secrets.token_bytes(32).hex(), "attempt": attempt,
+              "peers": addresses}
         for rank, tower_hex in enumerate(ready, 1):
             self._peer(tower_hex).request("train/join", {**base, **{k: dp[k] for k in (
                 "world_size", "units", "host", "port", "secret", "attempt")}, "rank": rank},
@@ -98,7 +118,8 @@ class TowerDP:
     # -- participant ------------------------------------------------------
     def join(self, session, request):
         r = validate(request, JOIN)
-        job_id = r["job_id"]
+        # The coordinator's identity is part of the job's name here: a peer reaches only its own jobs.
+        job_id = f"{session.identity.hash.hex()}-{r['job_id']}"
         if not self.tower.config.dataplane:
             raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [train] dataplane address")
         try:
@@ -112,14 +133,14 @@ class TowerDP:
         if old is not None and old.poll() is not None and old.returncode < 0:  # before _follow saw it
             self.lost.setdefault(job_id, f"worker killed by signal {-old.returncode}")
         if job_id in self.lost:
-            raise WireError(Code.UNSUPPORTED, f"this tower's rank of job {job_id} died ({self.lost[job_id]})")
+            raise WireError(Code.UNSUPPORTED, f"this tower's rank of job {r['job_id']} died ({self.lost[job_id]})")
         spec = self._local_spec(r["spec"])
         with self._lock:
             busy = any(p.poll() is None for j, p in self.workers.items() if j != job_id)
             if busy or self.manager.running_count() >= self.manager.max_running:
                 raise WireError(Code.BUSY, f"{self.tower.config.name} is training already", retry_after=60.0)
             if r["check"]:
-                return {"ready": True}
+                return {"ready": True, "dataplane": self.tower.config.dataplane}
             if None in (r["rank"], r["world_size"], r["units"], r["host"], r["port"], r["secret"]):
                 raise WireError(Code.BAD_REQUEST, "train/join needs rank, world_size, units, host, port, secret")
             old = self.workers.pop(job_id, None)
@@ -129,7 +150,7 @@ class TowerDP:
             dp["dataplane"] = self.tower.config.dataplane
             self.workers[job_id] = proc = self._spawn(job_id, {**spec, "dp": dp})
         threading.Thread(target=self._follow, args=(job_id, proc), name=f"rngrid-rank-{job_id}", daemon=True).start()
-        log.info("job %s: rank %d of %d, store at %s:%d", job_id, r["rank"], r["world_size"], r["host"], r["port"])
+        log.info("job %s: rank %d of %d, store at %s:%d", r["job_id"], r["rank"], r["world_size"], r["host"], r["port"])
         return {"ready": True}
 
     def _local_spec(self, portable):
@@ -148,9 +169,9 @@ class TowerDP:
         return spec
 
     def _spawn(self, job_id, spec):
-        job_dir = self.tower.config.directory / "jobs" / "ranks" / job_id
+        job_dir = self.tower.config.directory / "jobs" / "ranks" / job_id  # coordinator hex - checked job id
         job_dir.mkdir(parents=True, exist_ok=True)
-        (job_dir / trainer.SPEC).write_text(json.dumps(spec))
+        trainer.write_spec(job_dir, spec)
         with open(job_dir / "worker.log", "ab") as out:
             return subprocess.Popen([sys.executable, "-m", "reticulum_grid.training.distributed", str(job_dir)],
                                     stdout=out, stderr=out, start_new_session=True)

@@ -2,6 +2,9 @@
 
 Worker end: ``split/tunnel`` (role ``shard``) starts this tower's RPC server
 child (127.0.0.1 only) and lets the calling Link carry tunnels to it.
+Layers are the coordinator's model: it sends them only to workers whose
+tower identity holds ``shard`` on it too (towers that split models together
+grant each other ``shard``), whoever planned the split.
 Coordinator end: an ``ai/inference`` request with a ``split`` plan (the
 client planned it, see split/plan.py) runs on a split model in a child
 process, its first layers on the plan's workers, reached through tunnels
@@ -21,6 +24,7 @@ import threading
 import time
 
 import gguf
+import RNS
 
 from links.wire import Code, WireError
 from reticulum_grid.inference import request as inference_request
@@ -200,25 +204,44 @@ class TowerSplit:
             return self.model
 
     def _build(self, slot, want, parts, expert_mode):
+        # The tunnel listeners accept the split model's own connections only (tunnel.py).
+        building = {}
+
+        def owners():  # the split runner's llama-server (under its guard)
+            model = building.get("model")
+            pid = model.runner.pid if model is not None else None
+            return [pid] if pid else []
+
         endpoints = []
         for key, _, _ in parts[:-1]:
+            self._check_worker(key)
             conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
             self.links.append((conn, None))
             try:
                 conn.request("split/tunnel", {}, timeout=15.0)
             except WireError as e:
                 raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
-            listener = TunnelListener(Tunnels(conn.router))
+            listener = TunnelListener(Tunnels(conn.router), owners)
             self.links[-1] = (conn, listener)
             endpoints.append(listener.endpoint)
         counts = [end - first for _, first, end in parts]
-        model = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
-                           self.tower.config.directory / "split-model.log", threads=slot.settings.threads,
-                           experts=expert_mode, gpu=self.tower.hardware().backend != "cpu")
+        model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
+                                               self.tower.config.directory / "split-model.log",
+                                               threads=slot.settings.threads, experts=expert_mode,
+                                               gpu=self.tower.hardware().backend != "cpu")
         started = time.perf_counter()
         model.start(moved=lambda: sum(l.tunnels.sent_bytes + l.tunnels.received_bytes for _, l in self.links))
         log.info("split model loaded in %.1f s over %d worker(s)", time.perf_counter() - started, len(endpoints))
         return model
+
+    def _check_worker(self, key):
+        """Raise WireError(not_allowed) unless the tower at destination ``key`` is
+        trusted here with ``shard`` (it would receive this tower's layers)."""
+        worker = RNS.Identity.recall(key)
+        if worker is None or not {"shard"} & self.tower.allow.roles_of(worker.hash):
+            who = worker.hash.hex() if worker is not None else "IDENTITY"
+            raise WireError(Code.NOT_ALLOWED, f"tower {key.hex()} is not trusted by {self.tower.config.name} to hold "
+                                              f"layers of its models; its admin can run: rngrid allow {who} --role shard")
 
     def _drop_model(self):
         if self.model is not None:

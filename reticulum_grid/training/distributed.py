@@ -5,7 +5,8 @@ training spec (trainer.py) plus ``dp``::
 
     {"world_size": N, "rank": r, "units": M,          # M: see below; fixed for the job's life
      "host": rank 0's data-plane address, "port": its store front's port,
-     "secret": hex, "dataplane": this tower's data-plane address, "attempt": int}
+     "secret": hex, "dataplane": this tower's data-plane address, "attempt": int,
+     "peers": [the other ranks' data-plane addresses]}   # rank 0: its front admits only these
 
 Every rank builds the same global batch of ``batch_size`` examples per step
 (the same seeded order as a one-tower job). The global batch is cut into M
@@ -17,7 +18,8 @@ over the global batch's tokens divided by their count, so the gradient is the
 same whatever N is, and with M fixed the arithmetic is the same too: a job
 resumed on fewer ranks, or run on one, follows the same trajectory.
 
-Rank 0 owns the job: it reads the checkpoint and sends it to the others,
+Rank 0 owns the job: it reads the checkpoint and sends it to the others
+(checkpoint.py bytes in a tensor: nothing a peer sends is unpickled),
 writes checkpoints and the adapter, and emits the job's events: ``started``
 (world_size, units, grad_bytes: the LoRA gradient bytes all-reduced per step,
 allreduce_s: one such all-reduce, timed before training), ``step`` (as
@@ -39,13 +41,15 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from reticulum_grid.training import rendezvous, trainer
+from reticulum_grid.training import checkpoint, rendezvous, trainer
 
 #: Seconds a collective may take before the job counts a rank as lost.
 COLLECTIVE_TIMEOUT_S = 30
 #: Seconds the ranks wait for each other at the start (model loading included).
 JOIN_TIMEOUT_S = 180
 EXIT_PEER_LOST = 3
+#: Largest checkpoint rank 0 may send the other ranks (bytes).
+MAX_STATE_BYTES = 8 << 30
 
 
 class PeerLost(RuntimeError):
@@ -199,7 +203,7 @@ def join(dp, device):
     if dp["rank"] == 0:
         store = dist.TCPStore("127.0.0.1", 0, dp["world_size"], is_master=True, timeout=join_timeout,
                               wait_for_workers=False, master_listen_fd=_loopback_listener())
-        link = rendezvous.Front(dp["host"], dp["port"], secret, store.port)
+        link = rendezvous.Front(dp["host"], dp["port"], secret, store.port, peers=dp.get("peers", ()))
     else:
         link = rendezvous.Forwarder(dp["host"], dp["port"], secret, JOIN_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", link.port, dp["world_size"], is_master=False, timeout=join_timeout)
@@ -224,26 +228,38 @@ def _loopback_listener():
 
 def restore(job_dir, spec, model, optimizer, scheduler, rank, group):
     """Rank 0 reads the last checkpoint, if any, and every rank loads it.
-    Returns the step to continue from."""
+    Returns the step to continue from. The state goes to the other ranks as
+    checkpoint.py bytes in a uint8 tensor, never as a pickled object."""
     import torch
-    import torch.distributed as dist
-    from peft import set_peft_model_state_dict
 
-    state = None
+    data = b""
     if rank == 0 and (job_dir / trainer.CHECKPOINT).exists():
-        state = torch.load(job_dir / trainer.CHECKPOINT, weights_only=False)
+        data = (job_dir / trainer.CHECKPOINT).read_bytes()
     if group is not None:
-        box = [state]
-        dist.broadcast_object_list(box, src=0)
-        state = box[0]
-    if state is None:
+        data = broadcast_bytes(data, rank)
+    if not data:
         torch.manual_seed(spec["seed"])
         return 0
-    set_peft_model_state_dict(model, state["adapter"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"])
-    return state["step"]
+    return trainer.apply_state(checkpoint.unpack(data), model, optimizer, scheduler)
+
+
+def broadcast_bytes(data, rank, limit=MAX_STATE_BYTES):
+    """Rank 0's ``data`` (bytes) on every rank: its length, then the bytes, as tensors."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    size = torch.tensor([len(data) if rank == 0 else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    count = int(size.item())
+    if not 0 <= count <= limit:
+        raise ValueError(f"rank 0 announced a {count}-byte checkpoint (limit {limit})")
+    if count == 0:
+        return b""
+    buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if rank == 0 else
+              torch.empty(count, dtype=torch.uint8, device=device))
+    dist.broadcast(buffer, src=0)
+    return data if rank == 0 else bytes(buffer.cpu().numpy())
 
 
 def allreduce_time(grad_bytes, group, repeats=3):

@@ -196,7 +196,7 @@ class JobManager:
 
     # -- the worker -------------------------------------------------------
     def _job_dir(self, job_id):
-        return self.directory / job_id
+        return self.directory / trainer.check_job_id(job_id)
 
     def _start(self, job_id, spec):
         distributed = bool(spec.get("towers")) and self.rendezvous is not None
@@ -212,7 +212,7 @@ class JobManager:
     def _spawn(self, job_id, spec, module):
         job_dir = self._job_dir(job_id)
         job_dir.mkdir(exist_ok=True)
-        (job_dir / trainer.SPEC).write_text(json.dumps(spec))
+        trainer.write_spec(job_dir, spec)
         with open(job_dir / "worker.log", "ab") as worker_log:
             # Its own process group: a signal reaches the worker and whatever it
             # spawned (torch helpers), and a Ctrl-C meant for the tower does not.

@@ -12,13 +12,24 @@ no key and join nothing. The secret is fresh per job attempt and reaches the
 participants only inside their RNS Links; on the data plane only HMACs of
 nonces travel (a recorded answer is useless for the next nonce).
 
-Each participant runs the other half, a ``Forwarder``: a listener on 127.0.0.1
-that answers the challenge for every local connection (the store client of its
-worker) and then relays bytes both ways. Both close with the worker process,
-so the job's ports live only as long as the job.
+The front also admits connections only from the job's peers' data-plane
+addresses (``peers``: each participant names its own in its ``train/join``
+check reply), so a machine that is not in the job is refused before any
+challenge, whatever it knows.
 
-(The gloo/NCCL pair sockets that carry the tensors learn their peers' ports
-only through this store; they bind to the data-plane interface, never 0.0.0.0.)
+Each participant runs the other half, a ``Forwarder``: a listener on 127.0.0.1
+that answers the challenge for connections from its own worker process only
+(the store client inside it; node/peers.py asks the kernel whose socket the
+other end is) and then relays bytes both ways: another local user or process
+that reaches the port is refused. Both close with the worker process, so the
+job's ports live only as long as the job.
+
+What this does not cover: the gloo/NCCL pair sockets that carry the tensors
+have no authentication of their own and torch gives no way to filter who
+connects to them. They learn their peers' ports only through this store and
+bind to the data-plane interface, never 0.0.0.0, for the job's life; the data
+plane itself must be a private network (a tailnet or a LAN), which the tower
+config enforces (no public address).
 """
 
 import hashlib
@@ -28,6 +39,8 @@ import os
 import socket
 import threading
 import time
+
+from reticulum_grid.node.peers import owned_by
 
 GREETING = b"rngrid-store/1 "
 NONCE_BYTES = 32
@@ -100,12 +113,14 @@ def _splice(x, y):
 
 class Front:
     """Listens on ``host:port`` (a data-plane address) and relays authenticated
-    connections to the store at 127.0.0.1:``store_port``. ``admitted`` and
-    ``refused`` count connections."""
+    connections from ``peers`` (the other ranks' data-plane addresses) to the
+    store at 127.0.0.1:``store_port``. ``admitted`` and ``refused`` count
+    connections."""
 
-    def __init__(self, host, port, secret, store_port):
+    def __init__(self, host, port, secret, store_port, peers=()):
         self.secret = secret
         self.store_port = store_port
+        self.peers = {ipaddress.ip_address(p) for p in peers}
         self.admitted = self.refused = 0
         self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
         self.port = self._sock.getsockname()[1]
@@ -121,6 +136,8 @@ class Front:
 
     def _admit(self, conn):
         try:
+            if ipaddress.ip_address(conn.getpeername()[0].split("%")[0]) not in self.peers:
+                raise PermissionError("not from a peer of the job")
             conn.settimeout(AUTH_TIMEOUT_S)
             nonce = os.urandom(NONCE_BYTES)
             conn.sendall(GREETING + nonce)
@@ -141,14 +158,17 @@ class Front:
 
 
 class Forwarder:
-    """A listener on 127.0.0.1 (``port``) whose connections are carried to the
-    front at ``host:port`` after answering its challenge. The front may not be
-    up yet (rank 0 still loading): connecting is retried for ``timeout_s``."""
+    """A listener on 127.0.0.1 (``port``) whose connections, from this process
+    only (the worker's store client), are carried to the front at
+    ``host:port`` after answering its challenge; ``refused`` counts the others.
+    The front may not be up yet (rank 0 still loading): connecting is retried
+    for ``timeout_s``."""
 
     def __init__(self, host, port, secret, timeout_s=120.0):
         self.remote = (host, port)
         self.secret = secret
         self.timeout_s = timeout_s
+        self.refused = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._accept, name="rngrid-store-forwarder", daemon=True).start()
@@ -162,6 +182,10 @@ class Forwarder:
             threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
 
     def _carry(self, local):
+        if not owned_by(local, [os.getpid()]):
+            self.refused += 1
+            local.close()
+            return
         remote = self._connect()
         if remote is None:
             local.close()

@@ -7,8 +7,9 @@ directory, trains a PEFT LoRA with torch on CUDA (one GPU, the one with the
 most free memory; bf16 where the GPU supports it, else fp16 with loss
 scaling), MPS or CPU, and writes:
 
-- ``checkpoint.pt`` every ``checkpoint_every`` steps (adapter weights,
-  optimizer, scheduler, RNG, step) so a killed job resumes where it was;
+- ``checkpoint.safetensors`` every ``checkpoint_every`` steps (adapter weights,
+  optimizer, scheduler, RNG, step; checkpoint.py: never pickled) so a killed
+  job resumes where it was;
 - ``adapter.safetensors``: the PEFT adapter (its config in the metadata);
 - ``adapter.gguf``: the same adapter as a GGUF LoRA that llama.cpp loads.
 
@@ -23,16 +24,39 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from reticulum_grid.training import checkpoint
+
 SPEC = "spec.json"
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = "checkpoint.safetensors"
 ADAPTER = "adapter.safetensors"
 ADAPTER_GGUF = "adapter.gguf"
+#: A job id as jobs.py makes them (secrets.token_hex(6)): it names a directory, so nothing else is one.
+JOB_ID_PATTERN = re.compile(r"[0-9a-f]{12}")
+
+
+def check_job_id(job_id):
+    """``job_id`` if it is one of ours (JOB_ID_PATTERN); else ValueError. Never a path piece."""
+    if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
+        raise ValueError(f"{str(job_id)[:64]!r} is not a job id (12 hex digits)")
+    return job_id
+
+
+def write_spec(job_dir, spec):
+    """Write ``job_dir/spec.json``, readable by this user only: a multi-tower
+    spec holds the job's secret."""
+    path = Path(job_dir) / SPEC
+    tmp = path.with_name(SPEC + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(spec))
+    os.replace(tmp, path)
 
 
 class Events:
@@ -206,28 +230,37 @@ def make_batch(examples, spec, step, steps_per_epoch, pad_id, device):
 def resume(job_dir, model, optimizer, scheduler):
     """Load the last checkpoint, if any. Returns the step to continue from."""
     import torch
-    from peft import set_peft_model_state_dict
 
     path = job_dir / CHECKPOINT
     if not path.exists():
         torch.manual_seed(json.loads((job_dir / SPEC).read_text())["seed"])
         return 0
-    state = torch.load(path, weights_only=False)
+    return apply_state(checkpoint.load(path), model, optimizer, scheduler)
+
+
+def apply_state(state, model, optimizer, scheduler):
+    """Load a checkpoint's ``state`` (training_state's map) into the job. Returns its step."""
+    import torch
+    from peft import set_peft_model_state_dict
+
     set_peft_model_state_dict(model, state["adapter"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
-    return state["step"]
+    return int(state["step"])
 
 
-def save_checkpoint(job_dir, model, optimizer, scheduler, step):
+def training_state(model, optimizer, scheduler, step):
+    """What a checkpoint holds: adapter weights, optimizer, scheduler, RNG state, step."""
     import torch
     from peft import get_peft_model_state_dict
 
-    tmp = job_dir / (CHECKPOINT + ".tmp")
-    torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "step": step}, tmp)
-    os.replace(tmp, job_dir / CHECKPOINT)
+    return {"adapter": get_peft_model_state_dict(model), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "step": step}
+
+
+def save_checkpoint(job_dir, model, optimizer, scheduler, step):
+    checkpoint.save(job_dir / CHECKPOINT, training_state(model, optimizer, scheduler, step))
 
 
 def write_outputs(job_dir, model, spec):

@@ -1,6 +1,7 @@
 """One client session inside the lab's client namespace, measured: discovery
-time, then inferences with TTFT, tokens/s and the wire bytes each put on the
-hops (from the relays' counters). Prints one JSON object.
+time, then inferences with TTFT, the time of the last text, the tower's own
+figures and the wire bytes each put on the hops (from the relays' counters).
+Prints one JSON object.
 
 Run: ``python -m tests.lab.client_run --home H --rns-config D --stats HOP0.json ...``.
 """
@@ -68,17 +69,21 @@ def infer(grid, a):
     start = time.monotonic()
     stream = grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "messages": [{"role": "user", "content": a.prompt}],
                                            "max_tokens": a.max_tokens, "temperature": 0.0}, tower=a.tower)
-    pieces, first = [], None
+    pieces, first, last = [], None, None
     for piece in stream:
         if isinstance(piece, Usage):
             usage = piece
         else:
-            first = first or time.monotonic()
+            last = time.monotonic()
+            first = first or last
             pieces.append(piece)
     elapsed = time.monotonic() - start
     time.sleep(SETTLE_S)
     return {"text": "".join(pieces), "elapsed_s": round(elapsed, 3),
-            "ttft_s": round((first or time.monotonic()) - start, 3), "completion_tokens": usage.completion_tokens,
+            "ttft_s": round((first or time.monotonic()) - start, 3),
+            "last_s": round((last or time.monotonic()) - start, 3), "completion_tokens": usage.completion_tokens,
+            # the tower's own figures: its prompt time to the first token, and its generation rate
+            "tower_ttft_s": usage.tower_ttft_s, "tower_tokens_per_s": usage.tokens_per_s,
             "prompt_tokens": usage.prompt_tokens, "wire_bytes": [x - b for x, b in zip(wire_bytes(a.stats), before)],
             "wire_packets": [x - b for x, b in zip(wire_bytes(a.stats, "packets"), packets)]}
 

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.node import rnsnet
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.store.blobstore import BlobStore
-from reticulum_grid.node.localgrid import LocalProcess, TowerProcess
+from reticulum_grid.node.localgrid import LocalProcess, TowerProcess, trust_local_towers
 from tests.lab.netns import Namespaces
 from tests.lab.profiles import PATHS, profile
 
@@ -99,18 +100,23 @@ class NsTower(TowerProcess):
 class Lab:
     """Hosts joined by shaped hops. ``client_home`` is the client's home (its
     identity is on the tower's allow-list with ``roles``); ``client_rns`` its
-    RNS config dir; ``relays[i]`` the relay of hop i (stats, up/down)."""
+    RNS config dir; ``relays[i]`` the relay of hop i (stats, up/down);
+    ``wires[i]`` the (A, B) addresses of hop i. ``ifac``: {"network_name",
+    "passphrase"} set on every interface the lab writes (a private grid)."""
 
-    def __init__(self, root, path="lora-fast", seed=1):
+    def __init__(self, root, path="lora-fast", seed=1, ifac=None):
         self.root = Path(root)
         self.hops = [profile(name) for name in PATHS[path]]
         self.seed = seed
+        self.ifac = rnsnet.ifac_lines(**ifac) if ifac else []
+        self.wires = []
         self.ns = Namespaces()
         self.processes = []
         self.relays = []
         self.tower = None
         self.client_home = self.root / "client"
         self.client_identity = load_or_create(self.client_home / "identity").hash.hex()
+        trust_local_towers(self.client_home)  # the lab's client trusts the lab's towers
         try:
             self._build()
         except BaseException:
@@ -123,6 +129,7 @@ class Lab:
         interfaces = {ns: [] for ns in self.hosts}
         for i, (hop, a, b) in enumerate(zip(self.hops, self.hosts, self.hosts[1:])):
             addr_a, addr_b = self.ns.wire(a, b)
+            self.wires.append((addr_a, addr_b))
             relay = ["--listen", f"{addr_b}:{RELAY_PORT}", "--stats", str(self.root / f"hop{i}.json"),
                      "--rate", str(hop.shape.rate_bps), "--delay", str(hop.shape.delay_s), "--jitter",
                      str(hop.shape.jitter_s), "--loss", str(hop.shape.loss), "--mtu", str(hop.shape.mtu),
@@ -142,6 +149,7 @@ class Lab:
                 relay += ["--mode", "udp", "--target", f"127.0.0.1:{RNS_PORT + i}",
                           "--back-listen", f"127.0.0.1:{RELAY_BACK_PORT}", "--back-target", f"{addr_a}:{RNS_PORT + i}"]
             self.relays.append(self._start(b, f"relay{i}", [sys.executable, "-m", "tests.lab.shaper", *relay], "ready"))
+        interfaces = {ns: [lines + self.ifac for lines in found] for ns, found in interfaces.items()}
         self.rns_dirs = {ns: rns_config(self.root / "rns" / ns.rsplit("-", 1)[1], interfaces[ns],
                                         transport=ns not in (self.hosts[0], self.hosts[-1]))
                          for ns in self.hosts}

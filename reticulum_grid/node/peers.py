@@ -1,0 +1,40 @@
+"""Which local process is at the other end of a loopback TCP connection.
+
+llama.cpp's RPC and torch's TCPStore have no authentication, so the grid
+keeps them on 127.0.0.1. But every local user and process can reach a port
+on 127.0.0.1: a listener that relays to such a service (the coordinator's
+tunnel listener, a rank's store forwarder) accepts only connections whose
+other end a given process owns, as the kernel tells it (psutil reads the
+process's sockets from /proc, or the platform's equivalent).
+"""
+
+import psutil
+
+
+def owned_by(sock, pids):
+    """True when the connection ``sock`` (accepted on 127.0.0.1) was made from
+    a socket that one of ``pids`` (process ids), or a child of one, holds.
+    A process gone, not ours to inspect, or not a process id counts as not owning it."""
+    try:
+        peer, local = sock.getpeername()[:2], sock.getsockname()[:2]
+    except OSError:
+        return False
+    for process in _with_children(pids):
+        try:
+            for conn in process.net_connections(kind="tcp"):
+                if conn.laddr and conn.raddr and tuple(conn.laddr)[:2] == peer and tuple(conn.raddr)[:2] == local:
+                    return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _with_children(pids):
+    out = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            out += [process, *process.children(recursive=True)]
+        except (psutil.Error, ValueError, TypeError):  # gone, not ours, or not a process id
+            continue
+    return out

@@ -1,0 +1,182 @@
+"""Which towers this client trusts: the ``[trust]`` table of ``client.toml``.
+
+A client sends prompts, datasets, adapters and shard plans only to towers it
+trusts, named by the tower's identity hash (``rngrid id --config tower.toml``
+on the tower; ``rngrid tower`` prints the exact ``rngrid trust`` line)::
+
+    [trust]
+    any = false                                   # true: use every tower heard (a public mesh)
+    "5e1c0a7d2b8f4e6a9c3d1f0b7a2e4c6d" = "big-tower"   # identity hash = what this client calls it
+    "0b7a2e4c6d5e1c0a7d2b8f4e6a9c3d1f" = ""            # "": the name the tower announces
+
+A tower's name is what its entry says, not what its announce says: a stranger
+announcing "big-tower" is not big-tower. RNS checks every announce's
+signature, and a tower's destination hash derives from its identity (app
+``rngrid``, aspect ``tower``), so trusting the identity hash pins the
+destination too. Towers heard but not trusted are kept apart (``rngrid
+towers`` lists them) and never used. ``any = true`` uses them as well (with
+a warning): their names are then only their word, and a trusted tower wins
+a name both claim.
+
+Bad values raise ConfigError naming the key.
+"""
+
+import logging
+import unicodedata
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import RNS
+import tomlkit
+
+from announce.announcer import APP_NAME, TOWER_ASPECT
+from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, write_toml
+
+log = logging.getLogger("rngrid.trust")
+
+TABLE = "trust"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """``towers``: {identity hash hex: name ("" = the announced one)}; ``any``: use untrusted towers too."""
+    towers: dict = field(default_factory=dict)
+    any: bool = False
+
+    def destinations(self):
+        """{tower destination hash (16 bytes): name} for the trusted identities."""
+        return {tower_destination(h): name for h, name in self.towers.items()}
+
+    def lxmf_sources(self):
+        """{LXMF delivery hash hex: name} of the trusted towers (the sender of their job notifications)."""
+        return {RNS.Destination.hash(bytes.fromhex(h), "lxmf", "delivery").hex(): name for h, name in self.towers.items()}
+
+
+def tower_destination(identity_hash_hex):
+    """The destination hash (16 bytes) a tower with this identity hash serves on."""
+    return RNS.Destination.hash(bytes.fromhex(identity_hash_hex), APP_NAME, TOWER_ASPECT)
+
+
+def load(path):
+    """The ``[trust]`` table of the client config at ``path`` (a missing file trusts nothing)."""
+    path = Path(path)
+    table = read_toml(path).get(TABLE, {}) if path.exists() else {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{TABLE}] must be a table")
+    any_tower = table.get("any", False)
+    if not isinstance(any_tower, bool):
+        raise ConfigError(f"{TABLE}.any must be true or false")
+    towers = {}
+    for key, name in table.items():
+        if key == "any":
+            continue
+        if not isinstance(name, str):
+            raise ConfigError(f"{TABLE}.{key} must be the tower's name (a string; \"\" for its announced one)")
+        towers[identity_hex(key)] = check_name(name) if name else ""
+    return Trust(towers, any_tower)
+
+
+def check_name(name):
+    """``name`` if it may name a tower here: 1..32 bytes of printable text, not a hash. Raises ConfigError."""
+    if not name or len(name.encode()) > NAME_MAX_BYTES:
+        raise ConfigError(f"a tower name is 1..{NAME_MAX_BYTES} bytes, got {name!r}")
+    if any(unicodedata.category(c).startswith("C") for c in name):
+        raise ConfigError(f"a tower name is printable text, got {name!r}")
+    if len(name) == 32 and all(c in "0123456789abcdef" for c in name.lower()):
+        raise ConfigError(f"{name!r} looks like a hash; give the tower a name")
+    return name
+
+
+def add(path, identity_hash, name=None):
+    """Trust the tower with ``identity_hash``, called ``name`` (None or "": the
+    name it announces). Returns the entry's name. Raises ConfigError when the
+    name is another trusted tower's."""
+    return add_many(path, {identity_hash: name})[identity_hex(identity_hash)]
+
+
+def add_many(path, towers):
+    """Trust every tower of ``towers`` ({identity hash: name or None}) in one
+    write of the client config at ``path``. Returns {identity hex: name}."""
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
+    table = doc.setdefault(TABLE, tomlkit.table())
+    added = {}
+    for identity_hash, name in towers.items():
+        identity_hash, name = identity_hex(identity_hash), check_name(name) if name else ""
+        taken = [k for k, v in table.items() if k != "any" and v == name and k != identity_hash]
+        if name and taken:
+            raise ConfigError(f"{taken[0]} is trusted as {name!r} already; choose another name or untrust it first")
+        table[identity_hash] = added[identity_hash] = name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_toml(path, doc)
+    return added
+
+
+def remove(path, identity_hash):
+    """Stop trusting a tower. Returns True if it was trusted."""
+    identity_hash = identity_hex(identity_hash)
+    path = Path(path)
+    if not path.exists():
+        return False
+    doc = tomlkit.parse(path.read_text())
+    table = doc.get(TABLE, {})
+    if identity_hash not in table:
+        return False
+    del table[identity_hash]
+    write_toml(path, doc)
+    return True
+
+
+class LiveTrust:
+    """A client config's ``[trust]`` table, re-read when the file changes (so
+    ``rngrid trust`` takes effect on a running gateway). A file that stops
+    parsing keeps the last good table (and logs why). Vets tower table
+    entries (announce.table.TowerTable's ``vet``)."""
+
+    def __init__(self, path):
+        self._path = Path(path)
+        self._mtime = self._stat()
+        self._trust = load(self._path)
+        self._destinations = self._trust.destinations()
+        self._warned = False
+
+    def _stat(self):
+        # The file is replaced on every write (a new inode; its size grows with
+        # each entry): two writes within one tick of the file system's clock
+        # still differ.
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    @property
+    def version(self):
+        """Changes whenever the table does (re-reading the file if it changed)."""
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            try:
+                self._trust = load(self._path)
+                self._destinations = self._trust.destinations()
+            except (ConfigError, OSError) as e:
+                log.error("trust list not reloaded: %s", e)
+        return self._mtime
+
+    @property
+    def trust(self):
+        self.version  # noqa: B018 (re-reads a changed file)
+        return self._trust
+
+    def __call__(self, destination_hash, caps):
+        """(caps named as the trust entry says, trusted?) for an announce or
+        caps/full of ``destination_hash``; None for a tower not to be used."""
+        name = self._destinations.get(destination_hash)
+        if name is not None:
+            return (replace(caps, name=name) if name else caps), True
+        if not self._trust.any:
+            return None
+        if not self._warned:
+            self._warned = True
+            log.warning("[trust] any = true: towers this client does not trust get prompts and data too")
+        return caps, False

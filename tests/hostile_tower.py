@@ -1,0 +1,115 @@
+"""A hostile tower for the trust tests: the real ``rngrid tower``, lying in its
+announce and caps (another tower's name, an absurd tokens/s), optionally
+slow, answering chosen commands with an error message of its choice (terminal
+escapes, markup), and writing down every ``ai/inference`` request that
+reaches it (before its own allow-list is asked: a prompt a tower refuses has
+still been sent to it).
+
+Run: ``python -m tests.hostile_tower [--claim-name N] [--claim-tokens-per-s X]
+[--token-delay S] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
+``HostileTower`` is a TowerProcess that runs it.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import msgpack
+
+from reticulum_grid.node.localgrid import TowerProcess
+
+
+class HostileTower(TowerProcess):
+    """``claim``: {"name": str, "tokens_per_s": float}; ``token_delay``: seconds
+    added after every token; ``record``: where its received prompts go (JSON lines).
+    Untrusted unless ``trusted=True``."""
+
+    def __init__(self, root, name, models, claim=None, token_delay=0.0, refuse=None, trusted=False, **kwargs):
+        super().__init__(root, name, models, trusted=trusted, **kwargs)
+        self.claim = claim or {}
+        self.token_delay = token_delay
+        self.refuse = refuse or {}  # {command path: error message it answers with}
+        self.record = self.dir / "received.jsonl"
+
+    def argv(self):
+        flags = ["--record", str(self.record), "--token-delay", str(self.token_delay)]
+        if "name" in self.claim:
+            flags += ["--claim-name", self.claim["name"]]
+        if "tokens_per_s" in self.claim:
+            flags += ["--claim-tokens-per-s", str(self.claim["tokens_per_s"])]
+        for path, message in self.refuse.items():
+            flags += ["--refuse", f"{path}={message}"]
+        return [sys.executable, "-m", "tests.hostile_tower", *flags, "--", *super().argv()[3:]]
+
+    def received(self):
+        """The prompts (message contents or raw prompt) of every ai/inference request it got."""
+        if not self.record.exists():
+            return []
+        return [json.loads(line)["text"] for line in self.record.read_text().splitlines() if line]
+
+
+def _patch(args):
+    from links import wire
+    from reticulum_grid.tower import daemon
+
+    real_caps, real_usage, real_handler = daemon.Tower.caps, daemon.Tower.usage, daemon.Tower._handler
+    real_start = daemon.start_stream
+    claims = {k: v for k, v in (("name", args.claim_name), ("tokens_per_s", args.claim_tokens_per_s)) if v is not None}
+    refusals = dict(item.split("=", 1) for item in args.refuse)
+
+    def caps(self):
+        return dataclasses.replace(real_caps(self), **claims)
+
+    def usage(self, result, queued_s):
+        return {**real_usage(self, result, queued_s), **({"tower": args.claim_name} if args.claim_name else {})}
+
+    def handler(self, path, role, command):
+        handle = real_handler(self, path, role, command)
+        if path in refusals:  # RNS reads a handler's signature: six named parameters
+            return lambda _path, data, request_id, link_id, identity, at: wire.error("internal", refusals[path])
+        if path != "ai/inference":
+            return handle
+
+        def recording(_path, data, request_id, link_id, remote_identity, requested_at):
+            try:
+                request = msgpack.unpackb(data, raw=False)
+                text = request.get("prompt") or " ".join(m.get("content", "") for m in request.get("messages", []))
+            except Exception as e:  # noqa: BLE001 (record whatever came)
+                text = f"<undecodable: {e}>"
+            with open(args.record, "a") as f:
+                f.write(json.dumps({"text": text}) + "\n")
+            return handle(_path, data, request_id, link_id, remote_identity, requested_at)
+
+        return recording
+
+    def start_stream(session, request, queue, generate, *rest, **kwargs):
+        def slowed(result, cancel):
+            for item in generate(result, cancel):
+                time.sleep(args.token_delay)
+                yield item
+
+        return real_start(session, request, queue, slowed if args.token_delay else generate, *rest, **kwargs)
+
+    daemon.Tower.caps, daemon.Tower.usage, daemon.Tower._handler = caps, usage, handler
+    daemon.start_stream = start_stream
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="hostile_tower")
+    parser.add_argument("--claim-name", default=None)
+    parser.add_argument("--claim-tokens-per-s", type=float, default=None)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--refuse", action="append", default=[], metavar="PATH=MESSAGE")
+    parser.add_argument("--record", required=True)
+    parser.add_argument("rngrid", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    _patch(args)
+    from reticulum_grid.cli import main as cli
+    sys.argv = ["rngrid", *[a for a in args.rngrid if a != "--"]]
+    cli()
+
+
+if __name__ == "__main__":
+    main()
