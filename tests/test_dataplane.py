@@ -113,7 +113,7 @@ def test_the_forwarder_answers_for_its_own_process_only():
 @pytest.mark.parametrize("address", ["8.8.8.8", "2001:4860::1", "0.0.0.0"])
 def test_a_tower_data_plane_is_never_public_nor_every_interface(tmp_path, address):
     path = tmp_path / "tower.toml"
-    config.write_tower(path, "dp", {}, train={"dataplane": address})
+    config.write_tower(path, "dp", {}, dataplane=address)
     with pytest.raises(config.ConfigError, match="dataplane"):
         config.load_tower(path)
 
@@ -121,5 +121,12 @@ def test_a_tower_data_plane_is_never_public_nor_every_interface(tmp_path, addres
 def test_a_private_data_plane_is_accepted(tmp_path):
     path = tmp_path / "tower.toml"
     for address in ("100.64.0.2", "192.168.1.20", "fd7a:115c:a1e0::1"):
-        config.write_tower(path, "dp", {}, train={"dataplane": address})
+        config.write_tower(path, "dp", {}, dataplane=address)
         assert config.load_tower(path).dataplane == address
+
+
+def test_the_old_train_dataplane_key_is_refused_naming_the_new_one(tmp_path):
+    path = tmp_path / "tower.toml"
+    config.write_tower(path, "dp", {}, train={"dataplane": "100.64.0.2"})
+    with pytest.raises(config.ConfigError, match=r"\[network\] dataplane"):
+        config.load_tower(path)

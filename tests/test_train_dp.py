@@ -173,7 +173,7 @@ def test_a_store_connection_without_the_secret_joins_nothing(runs):
 JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "dp-lora", "rank": 8, "alpha": 16.0,
        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "learning_rate": 4e-3, "max_steps": 8,
        "seq_len": 48, "batch_size": 4, "seed": 3, "checkpoint_every": 3}
-DATAPLANE = {"dataplane": "127.0.0.1"}
+DATAPLANE = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +185,10 @@ def pair(hub):
 
 
 def start_pair(hub, roles):
-    a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, train=DATAPLANE)
+    a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, dataplane=DATAPLANE)
     # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
     b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
-                        connect=[hub.address, a.address], train=DATAPLANE)
+                        connect=[hub.address, a.address], dataplane=DATAPLANE)
     hub.wait_tower(a.name)
     hub.wait_tower(b.name)
     return a, b
@@ -259,7 +259,7 @@ def test_a_killed_rank_resumes_on_the_towers_left(hub, pair, tmp_path):
 
 def test_a_participant_without_train_is_refused(hub, pair):
     a, b = pair
-    c = hub.start_tower("dp-c", roles=("infer", "sync"), train=DATAPLANE)
+    c = hub.start_tower("dp-c", roles=("infer", "sync"), dataplane=DATAPLANE)
     hub.wait_tower(c.name)
     with pytest.raises(WireError) as e:
         hub.grid.train(dict(JOB), data_path=DATA, towers=[a.name, c.name])

@@ -28,7 +28,7 @@ from reticulum_grid.training import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
-DATAPLANE = {"dataplane": "127.0.0.1"}
+DATAPLANE = "127.0.0.1"
 SPEC = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj"], "learning_rate": 1e-3, "max_steps": 2,
         "seq_len": 16, "batch_size": 2, "seed": 1, "checkpoint_every": 10, "output_alias": "tp-out"}
 
@@ -61,7 +61,7 @@ class Listener:
 def tower(hub):
     allow = {hub.grid.identity_hash: ["infer", "train", "sync"],
              Peers.first.hash.hex(): ["train-peer"], Peers.second.hash.hex(): ["train-peer"]}
-    t = hub.start_tower("tp-b", allow=allow, train=DATAPLANE, blobs=[(DATA, "tp-data", "dataset", True)])
+    t = hub.start_tower("tp-b", allow=allow, dataplane=DATAPLANE, blobs=[(DATA, "tp-data", "dataset", True)])
     entry = hub.wait_tower(t.name)
     (_, full), = hub.grid.caps_full([entry], timeout=60)
     blobs = {b["kind"]: b["blob_id"].hex() for b in full["blobs"]}

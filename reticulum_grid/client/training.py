@@ -23,14 +23,14 @@ def train_towers(grid, towers, base=None):
             base) is None, -e.caps.hardware.memory_free_mib))
         if count < 1 or len(ranked) < count:
             raise WireError(Code.NO_TOWER, f"{len(ranked)} tower(s) heard grant this identity train and have a "
-                                           f"[train] dataplane address; {towers} asks for {count}")
+                                           f"[network] dataplane address; {towers} asks for {count}")
         return ranked[:count]
     names = towers.split(",") if isinstance(towers, str) else list(towers)
     entries = [grid.find_tower(name.strip()) for name in names if name.strip()]
     for entry in entries:
         if entry.destination_hash not in usable:
             raise WireError(Code.NOT_ALLOWED, f"{entry.name} does not grant this identity train or has no "
-                                              "[train] dataplane address: it cannot take part")
+                                              "[network] dataplane address: it cannot take part")
     if len({e.destination_hash for e in entries}) != len(entries):
         raise WireError(Code.BAD_REQUEST, "a tower is named twice in towers")
     return entries

@@ -21,6 +21,10 @@ A tower config (every key optional except as noted)::
     network_name = ""                   # a private grid's RNS interface access code (IFAC): packets
     passphrase = ""                     # without this name and passphrase are dropped (rnsnet.py).
                                         # Both apply to the RNS config rngrid writes, not to rns_config
+    dataplane = ""                      # this tower's IP on the tailnet/LAN for tower-to-tower bulk
+                                        # bytes: multi-tower training (torch.distributed) and split
+                                        # models (llama.cpp RPC); "" = RNS carries RPC, no training.
+                                        # One private address, never 0.0.0.0 or a public one
     [announce]
     heartbeat_s = 900                   # seconds between heartbeat announces
     floor_s = 5                         # never two announces closer than this (seconds)
@@ -35,11 +39,6 @@ A tower config (every key optional except as noted)::
     threads = 0                         # llama.cpp threads of the RPC server; 0 = all cores
     [lxmf]
     propagation_node = false            # keep job notifications for clients that are offline
-    [train]
-    dataplane = ""                      # this tower's IP on the tailnet/LAN for multi-tower training
-                                        # (torch.distributed traffic); "" = not offered for it.
-                                        # One private address, never 0.0.0.0 or a public one:
-                                        # gloo/NCCL traffic is not authenticated
     [models.smollm2-135m]
     path = "/path/to/model.gguf"        # required per model
     n_ctx = 4096                        # context window per stream, tokens (2 or more; 0 = the model's own)
@@ -126,7 +125,7 @@ class TowerConfig:
     lend_mib: int | None = None  # [shard] lend_mib; None: free memory minus a headroom
     shard_threads: int = 0
     unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
-    dataplane: str = ""  # [train] dataplane: IP for multi-tower training traffic; "" = not offered
+    dataplane: str = ""  # [network] dataplane: IP for tower-to-tower bulk traffic; "" = not offered
 
     @property
     def directory(self):
@@ -155,22 +154,25 @@ def load_tower(path):
         lend_mib=_lend_mib(shard),
         shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
         unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
-        dataplane=_dataplane(_get(_table(doc, "train"), "dataplane", str, "")),
+        dataplane=_dataplane(_get(net, "dataplane", str, ""), _table(doc, "train")),
     )
 
 
-def _dataplane(value):
+def _dataplane(value, train):
     import ipaddress
+    if "dataplane" in train:
+        raise ConfigError("[train] dataplane is now [network] dataplane: one address for training and split "
+                          "models alike")
     if not value:
         return ""
     try:
         address = ipaddress.ip_address(value)
     except ValueError:
-        raise ConfigError(f"train.dataplane: {value!r} is not an IP address") from None
+        raise ConfigError(f"network.dataplane: {value!r} is not an IP address") from None
     if address.is_unspecified:
-        raise ConfigError("train.dataplane: name this tower's one data-plane address, not every interface")
+        raise ConfigError("network.dataplane: name this tower's one data-plane address, not every interface")
     if address.is_global:
-        raise ConfigError(f"train.dataplane: {value} is a public address; gloo/NCCL traffic has no "
+        raise ConfigError(f"network.dataplane: {value} is a public address; gloo/NCCL traffic has no "
                           "authentication, so the data plane must be private (a tailnet or LAN address)")
     return value
 
@@ -182,15 +184,17 @@ def load_network(path):
 
 
 def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, network_name="",
-                passphrase="", **sections):
+                passphrase="", dataplane="", **sections):
     """Write a new tower config. ``models``: {alias: gguf path, or a map of
     [models.X] keys with its "path"}; ``threads``: llama.cpp threads per model
-    (0: its default); ``network_name``/``passphrase``: IFAC; ``sections``:
-    extra tables, e.g. announce={"floor_s": 1}."""
+    (0: its default); ``network_name``/``passphrase``: IFAC; ``dataplane``:
+    the tower's data-plane address; ``sections``: extra tables, e.g.
+    announce={"floor_s": 1}."""
     doc = tomlkit.document()
     doc["name"] = name
     doc["network"] = {"listen": listen, "connect": list(connect),
-                      **{k: v for k, v in (("network_name", network_name), ("passphrase", passphrase)) if v}}
+                      **{k: v for k, v in (("network_name", network_name), ("passphrase", passphrase),
+                                           ("dataplane", dataplane)) if v}}
     for key, table in sections.items():
         doc[key] = table
     doc["models"] = {alias: {**({"threads": threads} if threads else {}),

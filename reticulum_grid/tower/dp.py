@@ -78,7 +78,7 @@ class TowerDP:
         """(rank 0's ``dp`` map, history notes). Raises WireError."""
         dataplane = self.tower.config.dataplane
         if not dataplane:
-            raise WireError(Code.UNSUPPORTED, "this tower has no [train] dataplane address")
+            raise WireError(Code.UNSUPPORTED, "this tower has no [network] dataplane address")
         portable = {k: spec[k] for k in PORTABLE if k in spec}
         base = {"job_id": job_id, "owner": spec["owner"], "spec": portable}
         ready, addresses, notes = [], [], []
@@ -121,7 +121,7 @@ class TowerDP:
         # The coordinator's identity is part of the job's name here: a peer reaches only its own jobs.
         job_id = f"{session.identity.hash.hex()}-{r['job_id']}"
         if not self.tower.config.dataplane:
-            raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [train] dataplane address")
+            raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [network] dataplane address")
         try:
             owner_roles = self.tower.allow.roles_of(bytes.fromhex(r["owner"]))
         except ValueError:

@@ -150,7 +150,7 @@ class TowerJobs:
             del spec["towers"]
             return
         if not self.tower.config.dataplane:
-            raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [train] dataplane address: "
+            raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [network] dataplane address: "
                                               "it cannot coordinate a multi-tower job")
         spec.update(owner=identity.hash.hex(), base_blob=slot.blob_id.hex(), dataset_blob=dataset.hex)
 

@@ -26,12 +26,12 @@ import time
 import gguf
 import RNS
 
-from links.wire import Code, WireError
+from links.wire import Code, Field, WireError, max_len, validate
 from reticulum_grid.inference import request as inference_request
 from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
-from reticulum_grid.split import experts
+from reticulum_grid.split import direct, experts
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
@@ -133,6 +133,7 @@ class TowerSplit:
 
     # -- worker end -------------------------------------------------------
     def tunnel(self, session, request):
+        coordinator = validate(request, {"dataplane": Field(str, check=max_len(64))})["dataplane"]
         if not engine.available(engine.RPC_SERVER):
             raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER}: run `make llama` there")
         try:
@@ -145,7 +146,12 @@ class TowerSplit:
             session.on_close(session.tunnels.close_all)
         else:
             tunnels.target_port = port
-        return {"tower": self.tower.config.name}
+        reply = {"tower": self.tower.config.name}
+        own = self.tower.config.dataplane
+        if own and coordinator:  # the RPC bytes go straight over the data plane (direct.py)
+            front, reply["dataplane"] = direct.offer(own, coordinator, port)
+            session.on_close(front.close)
+        return reply
 
     # -- coordinator end --------------------------------------------------
     def inference(self, session, request):
@@ -212,25 +218,27 @@ class TowerSplit:
             pid = model.runner.pid if model is not None else None
             return [pid] if pid else []
 
-        endpoints = []
+        endpoints, own = [], self.tower.config.dataplane
         for key, _, _ in parts[:-1]:
             self._check_worker(key)
             conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
             self.links.append((conn, None))
             try:
-                conn.request("split/tunnel", {}, timeout=15.0)
+                reply = conn.request("split/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
             except WireError as e:
                 raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
-            listener = TunnelListener(Tunnels(conn.router), owners)
+            listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(conn.router), owners)
             self.links[-1] = (conn, listener)
             endpoints.append(listener.endpoint)
+            log.info("split worker %s: RPC %s", key.hex()[:16],
+                     "over the data plane" if reply.get("dataplane") else "through the RNS tunnel")
         counts = [end - first for _, first, end in parts]
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
                                                gpu=self.tower.hardware().backend != "cpu")
         started = time.perf_counter()
-        model.start(moved=lambda: sum(l.tunnels.sent_bytes + l.tunnels.received_bytes for _, l in self.links))
+        model.start(moved=lambda: sum(direct.moved(listener) for _, listener in self.links))
         log.info("split model loaded in %.1f s over %d worker(s)", time.perf_counter() - started, len(endpoints))
         return model
 

@@ -1,4 +1,5 @@
-"""Rendezvous of a multi-tower job: an authenticating front for torch's TCPStore.
+"""Rendezvous of a multi-tower job: an authenticating front for torch's TCPStore
+(the data plane's Front and Forwarder, node/dataplane.py, with the store's greeting).
 
 torch.distributed's ``TCPStore`` has no authentication: whoever reaches its port
 can read and write keys and so join (or break) the job's process group. Here the
@@ -32,132 +33,33 @@ plane itself must be a private network (a tailnet or a LAN), which the tower
 config enforces (no public address).
 """
 
-import hashlib
-import hmac
-import ipaddress
 import os
-import socket
-import threading
-import time
 
-from reticulum_grid.node.peers import owned_by
+from reticulum_grid.node import dataplane
+from reticulum_grid.node.dataplane import AUTH_TIMEOUT_S, MAC_BYTES, NONCE_BYTES, interface_of  # noqa: F401
 
 GREETING = b"rngrid-store/1 "
-NONCE_BYTES = 32
-MAC_BYTES = 32
-#: Seconds a new connection has to answer the challenge before it is dropped.
-AUTH_TIMEOUT_S = 5.0
-#: Largest relay read (bytes).
-RELAY_BYTES = 1 << 16
-
-
-class RendezvousError(RuntimeError):
-    pass
-
-
-def check_bind_address(host):
-    """``host`` if it is one IP address a job may listen on: never the wildcard."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise RendezvousError(f"data-plane address {host!r} is not an IP address") from None
-    if address.is_unspecified:
-        raise RendezvousError(f"data-plane address {host} would listen on every interface; name one address")
-    return host
+RendezvousError = dataplane.DataPlaneError
+check_bind_address = dataplane.check_bind_address
+free_port = dataplane.free_port
 
 
 def answer(secret, nonce):
     """The 32-byte answer to a challenge ``nonce`` for job secret ``secret`` (bytes)."""
-    return hmac.new(secret, GREETING + nonce, hashlib.sha256).digest()
+    return dataplane.answer(secret, GREETING, nonce)
 
 
-def free_port(host):
-    """A TCP port on ``host`` that was free a moment ago."""
-    with socket.socket(_family(host)) as s:
-        s.bind((check_bind_address(host), 0))
-        return s.getsockname()[1]
-
-
-def _family(host):
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _recv_exact(conn, size):
-    data = b""
-    while len(data) < size:
-        part = conn.recv(size - len(data))
-        if not part:
-            return None
-        data += part
-    return data
-
-
-def _relay(a, b):
-    """Copy bytes a -> b until either side closes; then close both."""
-    try:
-        while data := a.recv(RELAY_BYTES):
-            b.sendall(data)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-
-def _splice(x, y):
-    threading.Thread(target=_relay, args=(x, y), daemon=True).start()
-    threading.Thread(target=_relay, args=(y, x), daemon=True).start()
-
-
-class Front:
+class Front(dataplane.Front):
     """Listens on ``host:port`` (a data-plane address) and relays authenticated
     connections from ``peers`` (the other ranks' data-plane addresses) to the
     store at 127.0.0.1:``store_port``. ``admitted`` and ``refused`` count
     connections."""
 
     def __init__(self, host, port, secret, store_port, peers=()):
-        self.secret = secret
-        self.store_port = store_port
-        self.peers = {ipaddress.ip_address(p) for p in peers}
-        self.admitted = self.refused = 0
-        self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
-        self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name="rngrid-store-front", daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
-
-    def _admit(self, conn):
-        try:
-            if ipaddress.ip_address(conn.getpeername()[0].split("%")[0]) not in self.peers:
-                raise PermissionError("not from a peer of the job")
-            conn.settimeout(AUTH_TIMEOUT_S)
-            nonce = os.urandom(NONCE_BYTES)
-            conn.sendall(GREETING + nonce)
-            got = _recv_exact(conn, MAC_BYTES)
-            if got is None or not hmac.compare_digest(got, answer(self.secret, nonce)):
-                raise PermissionError("wrong or missing answer")
-            conn.settimeout(None)
-            store = socket.create_connection(("127.0.0.1", self.store_port))
-        except (OSError, PermissionError):
-            self.refused += 1
-            conn.close()
-            return
-        self.admitted += 1
-        _splice(conn, store)
-
-    def close(self):
-        self._sock.close()
+        super().__init__(host, port, secret, store_port, GREETING, peers=peers)
 
 
-class Forwarder:
+class Forwarder(dataplane.Forwarder):
     """A listener on 127.0.0.1 (``port``) whose connections, from this process
     only (the worker's store client), are carried to the front at
     ``host:port`` after answering its challenge; ``refused`` counts the others.
@@ -165,58 +67,4 @@ class Forwarder:
     for ``timeout_s``."""
 
     def __init__(self, host, port, secret, timeout_s=120.0):
-        self.remote = (host, port)
-        self.secret = secret
-        self.timeout_s = timeout_s
-        self.refused = 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name="rngrid-store-forwarder", daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
-
-    def _carry(self, local):
-        if not owned_by(local, [os.getpid()]):
-            self.refused += 1
-            local.close()
-            return
-        remote = self._connect()
-        if remote is None:
-            local.close()
-            return
-        _splice(local, remote)
-
-    def _connect(self):
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            try:
-                remote = socket.create_connection(self.remote, timeout=AUTH_TIMEOUT_S)
-                hello = _recv_exact(remote, len(GREETING) + NONCE_BYTES)
-                if hello is None or not hello.startswith(GREETING):
-                    raise OSError("not a job store front")
-                remote.sendall(answer(self.secret, hello[len(GREETING):]))
-                remote.settimeout(None)
-                return remote
-            except OSError:
-                time.sleep(0.3)
-        return None
-
-    def close(self):
-        self._sock.close()
-
-
-def interface_of(address):
-    """Name of the network interface that holds IP ``address`` (for gloo's and
-    NCCL's socket settings, which take interface names). Raises RendezvousError."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == address for a in addresses):
-            return name
-    raise RendezvousError(f"no network interface here holds the data-plane address {address}")
+        super().__init__(host, port, secret, GREETING, lambda: [os.getpid()], timeout_s)

@@ -1,0 +1,124 @@
+"""Split inference over the data plane (split/direct.py): the RPC bytes go
+straight between two towers' data-plane addresses (127.0.0.1 here), admitted
+by a per-plan HMAC challenge; the RNS tunnel stays the fallback.
+
+Towers dp-a (holds the GGUF) and dp-b each lend 200 MiB, the model needs
+~316 MiB, so a plan takes both; the client runs in its own process
+(tests/split_client.py) as in test_split.py."""
+
+import os
+import socket
+import time
+
+import psutil
+import pytest
+
+from reticulum_grid.node.dataplane import NONCE_BYTES
+from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
+from reticulum_grid.split import direct
+from reticulum_grid.store.blobstore import BlobStore
+from tests.requirements import needs
+from tests.test_split import ALIAS, PROMPT, Client
+
+pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
+
+LEND = {"lend_mib": 200, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def dp_grid(hub, model_path, tmp_path_factory):
+    home = tmp_path_factory.mktemp("dp-client")
+    client_id = load_or_create(home / "identity").hash.hex()
+    names = ["dp-a", "dp-b", "dp-c"]
+    ids = {n: hub.tower_identity(n) for n in names}
+
+    def tower(name, connect, holds_model=False):
+        allow = {client_id: ["infer"], hub.grid.identity_hash: ["infer"]}
+        allow.update({ids[other]: ["shard"] for other in names if other != name})
+        made = TowerProcess(hub.root, name, {}, allow=allow, connect=[hub.address, *connect], shard=LEND,
+                            dataplane="127.0.0.1")
+        if holds_model:
+            BlobStore(made.dir / "blobs").add_file(model_path, alias=ALIAS, kind="model")
+        hub.towers.append(made)
+        return made
+
+    a = tower("dp-a", [], holds_model=True).start()
+    b = tower("dp-b", [a.address]).start()
+    c = tower("dp-c", [a.address, b.address]).start()
+    trust_local_towers(home)  # the client process trusts these towers
+    hub.grid.caps_full([hub.wait_tower(n) for n in names], timeout=60)
+    client = Client(home, [a.address, b.address, c.address])
+    yield {"dp-a": a, "dp-b": b, "dp-c": c}, client
+    client.close()
+    for made in (a, b, c):
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, tmp_path_factory):
+    from tests.reference import Reference
+    ref = Reference(model_path, tmp_path_factory.mktemp("dp-ref") / "runner.log", parallel=1, threads=1)
+    yield lambda max_tokens: ref.chat(PROMPT, max_tokens)
+    ref.close()
+
+
+def closed(sock):
+    """True once the other end closed ``sock`` (an orderly close, or a reset for unread bytes)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def fronts(tower):
+    """(host, port) of the data-plane fronts ``tower``'s process listens on (not its RNS port)."""
+    out = []
+    for conn in psutil.Process(tower.proc.pid).net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port != tower.port:
+            out.append((conn.laddr.ip, conn.laddr.port))
+    return out
+
+
+def test_the_split_runs_over_the_data_plane_with_identical_text(dp_grid, reference):
+    towers, client = dp_grid
+    client.send(max_tokens=48)
+    text, usage, error, plan = client.result()
+    assert error is None, error
+    assert plan[-1] == "dp-a" and len(plan) == 2
+    assert text == reference(48)
+    assert "RPC over the data plane" in towers["dp-a"].log(), "the coordinator used the data plane"
+    assert "through the RNS tunnel" not in towers["dp-a"].log()
+    worker = towers[plan[0]]
+    assert fronts(worker), "the worker listens on its data-plane address for this plan"
+
+
+def test_the_front_refuses_a_connection_without_the_answer(dp_grid):
+    towers, client = dp_grid
+    for name in ("dp-b", "dp-c"):
+        for host, port in fronts(towers[name]):
+            for answer in (b"", b"\0" * 32):
+                with socket.create_connection((host, port), timeout=10) as s:
+                    s.settimeout(10)
+                    hello = s.recv(len(direct.GREETING) + NONCE_BYTES)
+                    assert hello.startswith(direct.GREETING)
+                    if answer:
+                        s.sendall(answer + b"\x0e" * 64)  # a wrong answer, then an RPC HELLO's worth of bytes
+                    started = time.monotonic()
+                    assert closed(s), "the front closes a connection that does not answer right"
+                    assert time.monotonic() - started < 7
+    assert "over the data plane" in towers["dp-a"].log(), "the data-plane test above ran"
+
+
+def test_a_killed_worker_fails_over_with_identical_text_on_the_data_plane(dp_grid, reference):
+    towers, client = dp_grid
+    client.send(max_tokens=160)
+    plan = client.next()["plan"]
+    worker = towers[plan[0]]
+    first = client.next()["text"]
+    worker.kill()
+    text, usage, error, new_plan = client.result()
+    assert error is None, error
+    assert usage["failovers"] >= 1 and plan[0] not in new_plan and "dp-a" in new_plan
+    assert first + text == reference(160)
+    assert towers["dp-a"].log().count("RPC over the data plane") >= 2, "the new plan went over the data plane too"
