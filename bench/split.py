@@ -1,27 +1,37 @@
-"""Split inference cost: the same model on one tower vs split over two towers
-whose llama.cpp RPC traffic crosses an RNS Link (reticulum_grid.split).
+"""Split inference cost: the same model on one tower vs split over two towers (reticulum_grid.split),
+on loopback or over a shaped link between the towers.
 
-Three tower processes on loopback: "single" serves the model whole (it lends
-nothing), "coord" holds the GGUF and "worker" lends memory; each lends
-200 MiB, below the model's need, so the client plans a split over both.
-llama.cpp threads are 1 everywhere. Runs alternate (single, split) with
-temperature 0 and a fixed max_tokens; both must produce exactly that many
-tokens; tokens/s = (max_tokens - 1) / (last text - first text).
+Towers: "single" serves the model whole (it lends nothing); "coord" holds the
+GGUF and coordinates; "worker" lends memory. Each lender lends 200 MiB (400
+with a draft, whose need counts too), below the model's need, so the client
+plans a split over both; llama.cpp threads
+are 1 everywhere. ``--profile loopback`` runs them as processes on 127.0.0.1;
+``lan`` and ``tailnet`` put coordinator and worker on two network namespaces
+joined by tests/lab/bridge.py with that profile's rate, delay and loss (the
+client and "single" on the coordinator's host; tests/lab/splitlab.py).
+``--path dataplane`` (default) gives both lenders a data-plane address, so
+RPC goes straight between them; ``--path rns`` leaves it to the RNS tunnel.
 
-- ``tunnel_mb_s``: the worker's share of the weights (bytes of its layers'
-  tensors in the GGUF) over the first split request's extra time (its load,
-  which sends those weights through the tunnel), in MB/s; a lower bound.
-- ``added_ttft_ms``: median warm TTFT split - single.
-- last line ``split_vs_single=<split tokens/s / single tokens/s>`` (median of the pairs).
-Goal (issue 11): split_vs_single >= 0.8 on loopback.
+Runs alternate (single, split) at temperature 0 with a fixed max_tokens;
+both must produce exactly that many tokens (bench.common.tokens_per_s). Also:
+TTFT of a short and of a ~1,000-token prompt on both; with ``--draft`` the
+coordinator holds a draft model (the same weights under another name: every
+draft it makes is accepted, so this is the ceiling of speculative decoding),
+and split runs are repeated with speculation on, reporting the acceptance
+rate. The coordinator's log says the bytes that crossed to the worker while
+the split model loaded and how long it took (``load_mb_s``).
+
+Last lines: ``profile=<p> path=<path> split_vs_single=<split / single tokens/s>`` (median of
+the pairs), and with --draft ``split_draft_vs_single=``. Goal: split_vs_single >= 0.8 on loopback.
 """
 
 import argparse
+import json
+import re
 import statistics
+import sys
 import tempfile
 from pathlib import Path
-
-import gguf
 
 from bench.common import time_stream
 from reticulum_grid.client import Grid, Usage
@@ -31,89 +41,139 @@ from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
 
-ALIAS = "bench-split"
+ALIAS = "lab-split"
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
+LONG = "{k}. " + "The quick brown fox jumps over the lazy dog. " * 100 + "Count from 1 to 5000: 1,"
+LOADED = re.compile(r"split model loaded in ([0-9.]+) s over \d+ worker\(s\); (\d+) bytes crossed")
+
+
+def payload(k, max_tokens, long=False, speculative=False):
+    return {"model": ALIAS, "prompt": (LONG if long else PROMPT).format(k=k), "max_tokens": max_tokens,
+            "temperature": 0.0, "speculative": speculative}
 
 
 def timed(stream, max_tokens):
-    """(TTFT s, tokens/s, the tower's own TTFT s) of one stream."""
-    ttft, tps, usage = time_stream(stream, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "split")
-    return ttft, tps, usage.tower_ttft_s
+    """(TTFT s, tokens/s, usage) of one stream."""
+    return time_stream(stream, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "run")
 
 
-def worker_bytes(path, first, end):
-    """Bytes of the tensors of layers [first, end) in the GGUF."""
-    layers = {f"blk.{i}." for i in range(first, end)}
-    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if any(t.name.startswith(p) for p in layers))
+def measure(grid, args):
+    """The paired runs on ``grid`` (towers single, coord, worker heard); a dict of figures."""
+    grid.wait_for(lambda entries: len(entries) >= 3, 120)
+    grid.route(ALIAS, tower="single", timeout=120)
+    grid.caps_full(grid.towers(), timeout=60)  # each tower reads the GGUF's metadata once
+    placement, entries = make_plan(grid, ALIAS)
+
+    def single(k, n=args.max_tokens, long=False):
+        return timed(grid.execute("ai/inference", payload(k, n, long), tower="single"), n)
+
+    def split(k, n=args.max_tokens, long=False, speculative=False):
+        return timed(SplitStream(grid, payload(k, n, long, speculative), placement, entries), n)
+
+    single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
+    out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
+    pairs = {"single": [], "split": [], "draft": []}
+    sides = [("single", single), ("split", split)] + ([("draft", lambda k: split(k, speculative=True))]
+                                                      if args.draft else [])
+    for k in range(args.runs):
+        for name, run in (sides if k % 2 == 0 else sides[::-1]):
+            pairs[name].append(run(100 + 137 * k))
+    for name, runs in pairs.items():
+        if runs:
+            out[f"{name}_tokens_per_s"] = statistics.median(r[1] for r in runs)
+            out[f"{name}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
+    out["split_vs_single"] = statistics.median(b[1] / a[1] for a, b in zip(pairs["single"], pairs["split"]))
+    if args.draft:
+        usages = [r[2] for r in pairs["draft"]]
+        out["draft_acceptance"] = sum(u.draft_accepted for u in usages) / max(1, sum(u.draft_tokens for u in usages))
+        out["split_draft_vs_single"] = statistics.median(b[1] / a[1] for a, b in zip(pairs["single"], pairs["draft"]))
+    long_single = [single(900 + k, 8, long=True)[0] for k in range(2)]
+    long_split = [split(950 + k, 8, long=True)[0] for k in range(2)]
+    out["added_ttft_ms"] = out["split_ttft_ms"] - out["single_ttft_ms"]
+    out["added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
+    return out
+
+
+def loopback(args, tmp):
+    model = default_model_path()
+    home = Path(tmp) / "client"
+    client_id = identity.load_or_create(home / "identity").hash.hex()
+    trust_local_towers(home)  # this client trusts the towers it starts
+    ids = {n: identity.load_or_create(Path(tmp) / n / "identity").hash.hex() for n in ("coord", "worker")}
+    lend = {"lend_mib": 400 if args.draft else 200, "threads": 1}  # a draft adds its own need
+    plane = "127.0.0.1" if args.path == "dataplane" else ""
+    single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0})
+    # The coordinator holds the model for split plans (and names its draft), loading nothing whole.
+    held = {ALIAS: {"path": model, "parallel": 1, "preload": False, **({"draft": "lab-draft"} if args.draft else {})}}
+    coord = TowerProcess(tmp, "coord", held, allow={client_id: ["infer"], ids["worker"]: ["shard"]}, shard=lend,
+                         dataplane=plane)
+    if args.draft:
+        from tests.tiny_models import renamed_copy
+        BlobStore(coord.dir / "blobs").add_file(renamed_copy(model, Path(tmp) / "draft.gguf"), alias="lab-draft",
+                                               kind="model")
+    towers = [single.start(), coord.start()]
+    worker = TowerProcess(tmp, "worker", {}, allow={client_id: ["infer"], ids["coord"]: ["shard"]},
+                          connect=[coord.address], shard=lend, dataplane=plane)
+    towers.append(worker.start())
+    try:
+        grid = Grid(home=home, connect=[t.address for t in towers])
+        figures = measure(grid, args)
+        grid.close()
+        return figures, coord.log()
+    finally:
+        rnsnet.stop()
+        for tower in towers:
+            tower.stop()
+
+
+def lab(args, tmp):
+    from tests.lab.splitlab import SplitLab
+    from tests.requirements import bench_needs
+    from tests.tiny_models import renamed_copy
+    bench_needs("netns", "the towers sit on two hosts joined by a shaped link")
+    model = default_model_path()
+    draft = renamed_copy(model, Path(tmp) / "draft.gguf") if args.draft else None
+    made = SplitLab(Path(tmp) / "lab", args.profile, model, lend_mib=400 if args.draft else 200, draft=draft,
+                    dataplane=args.path == "dataplane")
+    try:
+        done = made.run([sys.executable, "-m", "bench.split", "--measure", str(made.client_home),
+                         str(made.client_rns), "--runs", str(args.runs), "--max-tokens", str(args.max_tokens)]
+                        + (["--draft"] if args.draft else []), timeout=3000)
+        if done.returncode != 0:
+            raise SystemExit(f"the measuring client failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1]), made.towers["coord"].log()
+    finally:
+        made.close()
+
+
+def report(args, figures, coord_log):
+    for key, value in figures.items():
+        print(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
+    loaded = LOADED.search(coord_log)
+    if loaded:
+        seconds, moved = float(loaded.group(1)), int(loaded.group(2))
+        print(f"load_bytes={moved} load_s={seconds:.2f} load_mb_s={moved / 1e6 / max(seconds, 1e-3):.1f}")
+    if args.draft:
+        print(f"profile={args.profile} path={args.path} split_draft_vs_single={figures['split_draft_vs_single']:.3f}")
+    print(f"profile={args.profile} path={args.path} split_vs_single={figures['split_vs_single']:.3f}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="loopback", choices=("loopback", "lan", "tailnet"))
+    parser.add_argument("--path", default="dataplane", choices=("dataplane", "rns"))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--draft", action="store_true", help="also measure speculative decoding with a draft")
+    parser.add_argument("--measure", nargs=2, metavar=("HOME", "RNS_CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    model = default_model_path()
+    if args.measure:  # inside the lab's client namespace: measure and print the figures as JSON
+        grid = Grid(home=args.measure[0], rns_config=args.measure[1])
+        print(json.dumps(measure(grid, args)))
+        return
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
-        home = Path(tmp) / "client"
-        client_id = identity.load_or_create(home / "identity").hash.hex()
-        trust_local_towers(home)  # this client trusts the towers it starts
-        ids = {n: identity.load_or_create(Path(tmp) / n / "identity").hash.hex() for n in ("coord", "worker")}
-        lend = {"lend_mib": 200, "threads": 1}
-        single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0})
-        coord = TowerProcess(tmp, "coord", {}, allow={client_id: ["infer"], ids["worker"]: ["shard"]}, shard=lend)
-        BlobStore(coord.dir / "blobs").add_file(model, alias=ALIAS, kind="model")
-        towers = [single.start(), coord.start()]
-        worker = TowerProcess(tmp, "worker", {}, allow={client_id: ["infer"], ids["coord"]: ["shard"]},
-                              connect=[coord.address], shard=lend)
-        towers.append(worker.start())
-        try:
-            grid = Grid(home=home, connect=[t.address for t in towers])
-            grid.wait_for(lambda entries: len(entries) >= 3, 120)
-            grid.route(ALIAS, tower="single", timeout=120)
-            grid.caps_full(grid.towers(), timeout=60)  # each tower reads the GGUF's metadata once
-
-            def run_single(k, max_tokens):
-                return timed(grid.execute("ai/inference", _payload(k, max_tokens), tower="single"), max_tokens)
-
-            def run_split(k, max_tokens):
-                placement, entries = make_plan(grid, ALIAS)
-                return timed(SplitStream(grid, _payload(k, max_tokens), placement, entries), max_tokens)
-
-            placement, _ = make_plan(grid, ALIAS)
-            print(f"plan: {' | '.join(f'{p.offer.name} layers {p.first}-{p.end - 1}' for p in placement.parts)}")
-            run_single(1, 8)
-            cold_ttft = run_split(2, 8)[0]  # loads the split: the worker's weights cross the tunnel
-            warm_ttft = run_split(3, 8)[0]
-            sent = worker_bytes(model, placement.workers[0].first, placement.workers[0].end)
-            single_runs, split_runs = [], []
-            for k in range(args.runs):
-                prompt_k = 100 + 137 * k
-                pair = [(single_runs, run_single), (split_runs, run_split)]
-                for runs, fn in (pair if k % 2 == 0 else pair[::-1]):
-                    runs.append(fn(prompt_k, args.max_tokens))
-            report(single_runs, split_runs, sent, cold_ttft - warm_ttft)
-            grid.close()
-        finally:
-            rnsnet.stop()
-            for tower in towers:
-                tower.stop()
-
-
-def _payload(k, max_tokens):
-    return {"model": ALIAS, "prompt": PROMPT.format(k=k), "max_tokens": max_tokens, "temperature": 0.0}
-
-
-def report(single_runs, split_runs, sent, load_s):
-    def med(values):
-        return statistics.median(values)
-    ratios = [b[1] / a[1] for a, b in zip(single_runs, split_runs)]
-    for name, runs in (("single", single_runs), ("split", split_runs)):
-        print(f"{name}: {med([r[1] for r in runs]):.1f} tokens/s, TTFT {med([r[0] for r in runs]) * 1000:.0f} ms "
-              f"(on the tower {med([r[2] for r in runs]) * 1000:.0f} ms)")
-    print(f"worker weights {sent / 1e6:.1f} MB, split load {load_s:.1f} s")
-    print(f"added_ttft_ms={(med([r[0] for r in split_runs]) - med([r[0] for r in single_runs])) * 1000:.0f}")
-    print(f"tunnel_mb_s={sent / 1e6 / max(load_s, 1e-3):.1f}")
-    print(f"split_vs_single={med(ratios):.3f}")
+        figures, coord_log = (loopback if args.profile == "loopback" else lab)(args, tmp)
+        report(args, figures, coord_log)
 
 
 if __name__ == "__main__":

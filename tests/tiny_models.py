@@ -75,3 +75,30 @@ def renamed_copy(path, out):
         f.seek(value)
         f.write(b"X" if first != b"X" else b"Y")
     return out
+
+
+def truncated_copy(path, out, layers):
+    """``path``'s GGUF with only its first ``layers`` blocks (the same
+    embeddings, output layer and tokenizer): a smaller model of the same
+    family that still agrees with the whole one on many tokens, a realistic
+    draft for speculative decoding."""
+    reader = gguf.GGUFReader(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
+    w = gguf.GGUFWriter(str(out), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == f"{arch}.block_count":
+            w.add_uint32(key, layers)
+            continue
+        sub = field.types[1] if len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= layers:
+            continue
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # quantized data comes byte-shaped
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

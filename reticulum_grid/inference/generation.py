@@ -95,6 +95,10 @@ class AdapterError(ValueError):
     pass
 
 
+#: Seconds of prompt processing allowed per prompt token before the first token (on top of the
+#: runner's stream timeout): a CPU reads a few hundred tokens a second, a split model fewer.
+PROMPT_TOKEN_S = 0.05
+
 #: The runner's stop types -> OpenAI finish reasons.
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
 
@@ -166,7 +170,10 @@ def _complete(runner, request, cancel, result, lora, messages, json_schema, cach
         body["n_probs"] = request.logprobs
     if lora:
         body["lora"] = list(lora)
-    stream = runner.stream("/completion", body)
+    if runner.spec.draft and not request.speculative:
+        body["speculative.type"] = "none"
+    # Until the first token the runner reads the prompt: a long one on a slow (or split) model takes a while.
+    stream = runner.stream("/completion", body, timeout=runner.stream_timeout_s + PROMPT_TOKEN_S * len(tokens))
     seen = 0
     with _closes_on(cancel, stream):
         for event in stream:
@@ -178,6 +185,7 @@ def _complete(runner, request, cancel, result, lora, messages, json_schema, cach
                 continue  # prompt progress, not a token
             if result.ttft_s == 0.0:
                 result.ttft_s = time.perf_counter() - started
+                stream.settimeout(runner.stream_timeout_s)
             piece = _piece(runner, event, n - seen)
             seen = n
             result.completion_tokens = n

@@ -93,10 +93,13 @@ class ModelRegistry:
                                   "threads, parallel, draft and embeddings (or keep one alias)")
 
     def load_configured(self):
-        """Load the config's models; one that does not fit is logged and
-        left for later, so the tower still serves the others."""
+        """Load the config's models (but those with ``preload = false``); one
+        that does not fit is logged and left for later, so the tower still
+        serves the others."""
         for blob_id in list(self._settings):
             slot = self.slot(blob_id)
+            if not slot.settings.preload:
+                continue
             try:
                 self.runner(slot, embeddings=slot.settings.embeddings)
             except (WireError, LoadError) as e:

@@ -14,6 +14,7 @@
      "tool_choice": "auto" | "none" | "required" | {"type": "function", "function": {"name": str}} | None,
      "response_format": {"type": "text" | "json_object"} | {"type": "json_schema", "json_schema": {"schema": {...}}},
      "logprobs": bool = False, "top_logprobs": int = 0 (0..20),
+     "speculative": bool = True,          # False: no speculative decoding, even with a draft model
      "continue_tokens": [int, ...] | None, # tokens another tower already generated (failover)
      "stream_id": int}                     # chosen by the client (random), unique per Link
 
@@ -70,6 +71,7 @@ SCHEMA = {
     "response_format": Field(dict),
     "logprobs": Field(bool, default=False),
     "top_logprobs": Field(int, default=0, check=in_range(0, 20)),
+    "speculative": Field(bool, default=True),
     "continue_tokens": Field(list, check=lambda v: None if len(v) <= 1 << 20 else "too many tokens"),
     "stream_id": Field(int, required=True, check=in_range(0, MAX_STREAM_ID)),
 }
@@ -94,6 +96,7 @@ class InferenceRequest:
     tool_choice: object = None
     json_schema: dict | None = None  # response_format as a JSON schema ({} for any JSON object)
     logprobs: int = 0  # top alternatives per token; 0 without logprobs
+    speculative: bool = True
 
     @property
     def continuable(self):
@@ -130,7 +133,7 @@ def parse(request):
         raise WireError(Code.BAD_REQUEST, "a request with tools cannot be continued from tokens")
     return InferenceRequest(r["model"], r["prompt"], r["messages"], sampling, r["stream_id"], r["adapter"],
                             r["adapter_scale"], continued, tools, choice, _response_format(r["response_format"]),
-                            (r["top_logprobs"] or 1) if r["logprobs"] else 0)
+                            (r["top_logprobs"] or 1) if r["logprobs"] else 0, r["speculative"])
 
 
 def parse_embeddings(request):

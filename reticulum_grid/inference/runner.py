@@ -63,7 +63,9 @@ class RunnerSpec:
     ``n_gpu_layers`` -1 for all; ``threads`` 0 for llama.cpp's default;
     ``tensor_split``: each device's share (llama.cpp's device order);
     ``adapters``: GGUF LoRA paths, registered at scale 0 (requests pick theirs);
-    ``draft``: a draft model's path for speculative decoding; ``embeddings``
+    ``draft``: a draft model's path for speculative decoding (on
+    ``draft_device``, e.g. a split model's own GPU or "none" for its CPU, never
+    an RPC device); ``embeddings``
     with ``pooling`` (for a model that names none, e.g. a chat model); ``rpc``:
     "127.0.0.1:port" RPC endpoints (split models); ``overrides``:
     llama.cpp ``--override-tensor`` rules ("regex=buffer type")."""
@@ -75,6 +77,7 @@ class RunnerSpec:
     tensor_split: tuple = ()
     adapters: tuple = ()
     draft: str = ""
+    draft_device: str = ""  # llama.cpp device of the draft ("none": the CPU); "": as the model's
     embeddings: bool = False
     pooling: str = ""  # embeddings' pooling ("mean", ...); "": the model's own
     rpc: tuple = ()
@@ -96,8 +99,11 @@ class RunnerSpec:
         if self.adapters:
             argv.append("--lora-init-without-apply")
         if self.draft:
-            argv += ["-md", self.draft, "--spec-type", "draft-simple",
-                     "-ngld", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
+            argv += ["-md", self.draft, "--spec-type", "draft-simple"]
+            if self.draft_device:
+                argv += ["-devd", self.draft_device, "-ngld", "0" if self.draft_device == "none" else "999"]
+            else:
+                argv += ["-ngld", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
         if self.embeddings:
             argv.append("--embeddings")
             if self.pooling:
@@ -367,6 +373,11 @@ class RunnerStream:
                 raise RunnerError(0, f"the runner's stream broke: {type(e).__name__}: {e}", "closed") from None
         finally:
             self.close()
+
+    def settimeout(self, seconds):
+        """The longest wait for the next event from now on (seconds)."""
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(seconds)
 
     def close(self):
         if self._closed:

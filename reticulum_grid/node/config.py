@@ -50,6 +50,8 @@ A tower config (every key optional except as noted)::
     draft = ""                          # alias of a small model of the same vocabulary for
                                         # speculative decoding ("" = none)
     embeddings = false                  # start with embeddings on (else on the first ai/embeddings)
+    preload = true                      # load at start; false: on first use (a model the tower
+                                        # holds for split plans it coordinates, say)
     [allow]
     "<identity hash hex>" = ["infer"]   # a user's roles: infer, train, sync, admin (admin = those three
                                         # and every job); a tower's: shard (runs layers of its split
@@ -108,6 +110,7 @@ class ModelConfig:
     parallel: int = 0
     draft: str = ""
     embeddings: bool = False
+    preload: bool = True
 
 
 @dataclass
@@ -294,7 +297,8 @@ def _model(alias, spec, base):
                        n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
                        threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),
                        parallel=_bounded(spec, "parallel", 0, 0, MAX_PARALLEL, f"models.{alias}"),
-                       draft=_get(spec, "draft", str, ""), embeddings=_get(spec, "embeddings", bool, False))
+                       draft=_get(spec, "draft", str, ""), embeddings=_get(spec, "embeddings", bool, False),
+                       preload=_get(spec, "preload", bool, True))
 
 
 def _n_ctx(spec, alias):

@@ -7,7 +7,7 @@ overrides: a regex per worker naming its layers) and everything else, with
 the attention and the output layer, stays on the coordinator.
 """
 
-import gguf
+from reticulum_grid.store import gguf_info
 
 EXPERT_PATTERN = "ffn_(gate|up|down)_exps"
 
@@ -20,7 +20,7 @@ def rpc_buffer_type(endpoint):
 
 def has_experts(path):
     """True when the GGUF at ``path`` has expert tensors."""
-    return any("_exps" in t.name for t in gguf.GGUFReader(path).tensors)
+    return gguf_info.facts(path).experts
 
 
 def expert_layers(counts, n_workers):

@@ -55,14 +55,18 @@ def layout(counts, endpoints, coordinator_gpu, expert_mode=False, path=None):
 
 class SplitModel:
     """A model split over RPC ``endpoints`` (``counts`` layers each, in order;
-    the rest on this tower). ``key`` identifies the plan it was built for."""
+    the rest on this tower). ``key`` identifies the plan it was built for;
+    ``gpu``: this tower's own llama.cpp device ("CUDA0"; "" on a CPU tower);
+    ``draft``: a small model's path for speculative decoding, run whole on
+    this tower (each round trip to the workers then verifies several tokens)."""
 
-    def __init__(self, key, path, n_ctx, endpoints, counts, log_path, threads=0, experts=False, gpu=False,
-                 freeze_s=FREEZE_S):
-        ngl, split, overrides = layout(counts, endpoints, gpu, experts, path)
+    def __init__(self, key, path, n_ctx, endpoints, counts, log_path, threads=0, experts=False, gpu="",
+                 draft="", freeze_s=FREEZE_S):
+        ngl, split, overrides = layout(counts, endpoints, bool(gpu), experts, path)
         self.key = key
         self.spec = RunnerSpec(str(path), n_ctx=n_ctx, parallel=1, n_gpu_layers=ngl, threads=threads,
-                               tensor_split=split, rpc=tuple(endpoints), overrides=overrides)
+                               tensor_split=split, rpc=tuple(endpoints), overrides=overrides, draft=draft,
+                               draft_device=gpu or "none")
         self.runner = Runner(self.spec, log_path, name="split", restart=False, stream_timeout_s=freeze_s)
         self.freeze_s = freeze_s
 

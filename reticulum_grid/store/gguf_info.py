@@ -1,9 +1,14 @@
 """Facts read from a GGUF file's metadata: architecture, linear modules,
-and the memory a model needs once loaded.
+vocabulary, and the memory a model needs once loaded (one read per file).
 
 The KV-cache size follows llama.cpp's default (f16 K and V for every layer):
 2 x layers x context tokens x KV heads x head dimension x 2 bytes.
 """
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
 
 import gguf
 
@@ -31,12 +36,60 @@ def file_kind(path):
     return "adapter" if field is not None and bytes(field.parts[-1]) == b"adapter" else "model"
 
 
-def architecture(path):
-    """(architecture name, block count, set of HF module leaf names) of a GGUF model."""
-    reader = gguf.GGUFReader(path)
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a GGUF model says of itself (its metadata; one read per file, see ``facts``)."""
+    arch: str
+    blocks: int
+    heads: int
+    kv_heads: int
+    embedding: int
+    context_length: int
+    pooling: int  # llama.cpp's enum: 1 mean, 2 cls, 3 last, 4 rank; 0 for none
+    vocabulary: str  # vocabulary_id
+    modules: frozenset  # LINEAR_TARGETS this model has
+    experts: bool  # it has mixture-of-experts tensors (blk.N.ffn_*_exps)
+
+
+_facts = {}
+_facts_lock = threading.Lock()
+
+
+def facts(path):
+    """The ModelFacts of the GGUF at ``path``, read once per file and kept (the
+    gguf library parses every field, the whole token list too: seconds for a
+    model with a large vocabulary). Raises what the gguf library raises."""
+    path = str(path)
+    stat = os.stat(path)
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    with _facts_lock:
+        found = _facts.get(key)
+    if found is None:
+        found = _read_facts(gguf.GGUFReader(path))
+        with _facts_lock:
+            _facts[key] = found
+    return found
+
+
+def _read_facts(reader):
     arch = _field(reader, "general.architecture")
-    blocks = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
-    names = name_map(arch, blocks)
+
+    def number(key, default):
+        field = reader.fields.get(f"{arch}.{key}")
+        return int(field.parts[-1][0]) if field is not None else default
+
+    blocks = number("block_count", 0)
+    heads = number("attention.head_count", 1)
+    return ModelFacts(arch, blocks, heads, number("attention.head_count_kv", heads), number("embedding_length", 0),
+                      number("context_length", 4096), number("pooling_type", 0), _vocabulary_id(reader),
+                      frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors))
+
+
+def _modules(reader, arch, blocks):
+    try:
+        names = name_map(arch, blocks)
+    except LoraError:
+        return set()
     gguf_names = {t.name.rsplit(".", 1)[0] for t in reader.tensors}
     modules = set()
     for hf_leaf in LINEAR_TARGETS:
@@ -44,7 +97,15 @@ def architecture(path):
         mapped = names.get_name(hf + ".weight", try_suffixes=(".weight",))
         if mapped and mapped.rsplit(".", 1)[0] in gguf_names:
             modules.add(hf_leaf)
-    return arch, blocks, modules
+    return modules
+
+
+def architecture(path):
+    """(architecture name, block count, set of HF module leaf names) of a GGUF
+    model. Raises LoraError for an architecture the gguf library does not know."""
+    f = facts(path)
+    name_map(f.arch, f.blocks)  # an unknown architecture has no LoRA modules to name
+    return f.arch, f.blocks, set(f.modules)
 
 
 def _parent(leaf):
@@ -66,33 +127,37 @@ def name_map(arch, blocks):
 
 def context_length(path):
     """The context length (tokens) the GGUF at ``path`` was trained for (4096 when it does not say)."""
-    reader = gguf.GGUFReader(path)
-    field = reader.fields.get(f"{_field(reader, 'general.architecture')}.context_length")
-    return int(field.parts[-1][0]) if field is not None else 4096
+    return facts(path).context_length
 
 
 def pooling(path):
     """The embedding pooling type a GGUF names (llama.cpp's enum: 1 mean, 2 cls, 3 last, 4 rank), 0 for none."""
-    reader = gguf.GGUFReader(path)
-    field = reader.fields.get(f"{_field(reader, 'general.architecture')}.pooling_type")
-    return int(field.parts[-1][0]) if field is not None else 0
+    return facts(path).pooling
+
+
+def vocabulary_id(path):
+    """A digest of the GGUF's tokenizer: two models with the same id tokenize
+    alike, so one can draft for the other (see _vocabulary_id)."""
+    return facts(path).vocabulary
+
+
+def _vocabulary_id(reader):
+    """BLAKE2 of the tokenizer's model and pre-tokenizer and its token list."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        field = reader.fields.get(key)
+        digest.update((bytes(field.parts[-1]) if field is not None else b"") + b"\0")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    for i in tokens.data if tokens is not None else ():
+        digest.update(bytes(tokens.parts[i]) + b"\0")
+    return digest.hexdigest()
 
 
 def need_mib(path, n_ctx, file_size):
     """Memory (MiB) the model at ``path`` needs loaded with a ``n_ctx``-token
     context (0: the model's own context length): weights (the file) + f16 KV
     cache + runtime overhead."""
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture")
-
-    def number(key, default):
-        field = reader.fields.get(f"{arch}.{key}")
-        return int(field.parts[-1][0]) if field is not None else default
-
-    layers = number("block_count", 0)
-    heads = number("attention.head_count", 1)
-    kv_heads = number("attention.head_count_kv", heads)
-    head_dim = number("embedding_length", 0) // max(heads, 1)
-    n_ctx = n_ctx or number("context_length", 4096)
-    kv_bytes = 2 * layers * n_ctx * kv_heads * head_dim * 2
+    f = facts(path)
+    head_dim = f.embedding // max(f.heads, 1)
+    kv_bytes = 2 * f.blocks * (n_ctx or f.context_length) * f.kv_heads * head_dim * 2
     return (file_size + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 
-import gguf
 import RNS
 
 from links.wire import Code, Field, WireError, max_len, validate
@@ -32,6 +31,7 @@ from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
 from reticulum_grid.split import direct, experts
+from reticulum_grid.store import gguf_info
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
@@ -126,9 +126,7 @@ class TowerSplit:
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""
         if path not in self._layers:
-            reader = gguf.GGUFReader(path)
-            arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
-            self._layers[path] = int(reader.fields[f"{arch}.block_count"].parts[-1][0])
+            self._layers[path] = gguf_info.facts(path).blocks
         return self._layers[path]
 
     # -- worker end -------------------------------------------------------
@@ -236,11 +234,41 @@ class TowerSplit:
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
-                                               gpu=self.tower.hardware().backend != "cpu")
+                                               gpu=self._own_gpu(), draft=self.draft_for(slot))
         started = time.perf_counter()
         model.start(moved=lambda: sum(direct.moved(listener) for _, listener in self.links))
-        log.info("split model loaded in %.1f s over %d worker(s)", time.perf_counter() - started, len(endpoints))
+        log.info("split model loaded in %.2f s over %d worker(s); %d bytes crossed to and from them",
+                 time.perf_counter() - started, len(endpoints), sum(direct.moved(l) for _, l in self.links))
         return model
+
+    def _own_gpu(self):
+        """This tower's first GPU as llama.cpp names it ("CUDA0"), "" on a CPU tower."""
+        from reticulum_grid.node import hardware
+        gpus = hardware.gpu_devices() if self.tower.hardware().backend != "cpu" else []
+        return engine.list_devices()[gpus[0].index].name if gpus else ""
+
+    def draft_for(self, slot):
+        """The draft model's path for ``slot``'s split model: ``[models.X] draft``,
+        else the smallest model this tower holds with the same vocabulary at a
+        quarter of the size or less (gguf_info.vocabulary_id); "" for none."""
+        registry = self.tower.registry
+        if slot.settings.draft:
+            return registry.find(slot.settings.draft).path
+        try:
+            vocabulary = gguf_info.vocabulary_id(slot.path)
+        except Exception:  # an unreadable model gets no draft; its load reports the problem
+            return ""
+        candidates = []
+        for blob_id in set(registry.aliases().values()):
+            other = registry.slot(blob_id)
+            if other is slot or other.size * 4 > slot.size:
+                continue
+            try:
+                if gguf_info.vocabulary_id(other.path) == vocabulary:
+                    candidates.append(other)
+            except Exception:
+                continue
+        return min(candidates, key=lambda s: s.size).path if candidates else ""
 
     def _check_worker(self, key):
         """Raise WireError(not_allowed) unless the tower at destination ``key`` is

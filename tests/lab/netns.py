@@ -28,10 +28,20 @@ def _ip(*args, check=True):
     return result
 
 
+def _ethtool(ns, ifname):
+    """No offloads on ``ifname`` in ``ns``: frames leave whole, checksummed and one MTU long."""
+    done = subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off", "tso", "off",
+                           "gso", "off", "gro", "off"], capture_output=True, text=True, timeout=20)
+    if done.returncode != 0:
+        raise LabUnavailable(f"ethtool -K {ifname}: {done.stderr.strip() or done.returncode}")
+
+
 def unavailable_reason():
     """Why the lab cannot run here (a sentence), or None when it can."""
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is not installed"
+    if shutil.which("ethtool") is None:
+        return "the `ethtool` command is not installed"
     if os.geteuid() != 0:
         return "network namespaces need root"
     probe = Namespaces()
@@ -71,6 +81,26 @@ class Namespaces:
             _ip("-n", ns, "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname)
             _ip("-n", ns, "link", "set", ifname, "up")
         return addr_a, addr_b
+
+    def bridged(self, a, b, bridge_ns):
+        """Namespaces ``a`` and ``b`` on one subnet through ``bridge_ns`` (where
+        tests/lab/bridge.py forwards frames between its two veths): returns
+        (address in a, address in b, the bridge's interface to a, to b). The
+        hosts' veths send segments of one MTU with their checksums filled in
+        (no offloaded large segments or checksums: ethtool), so every frame the
+        bridge sees is one the link would carry."""
+        net = next(self._subnets)
+        addr_a, addr_b = (str(h) for h in list(net.hosts())[:2])
+        ends = []
+        for host, addr in ((a, addr_a), (b, addr_b)):
+            host_if, bridge_if = f"br{self.names.index(bridge_ns)}", f"to{self.names.index(host)}"
+            _ip("link", "add", host_if, "netns", host, "type", "veth", "peer", "name", bridge_if, "netns", bridge_ns)
+            _ip("-n", host, "addr", "add", f"{addr}/{net.prefixlen}", "dev", host_if)
+            for ns, ifname in ((host, host_if), (bridge_ns, bridge_if)):
+                _ethtool(ns, ifname)
+                _ip("-n", ns, "link", "set", ifname, "up")
+            ends.append(bridge_if)
+        return addr_a, addr_b, ends[0], ends[1]
 
     def argv(self, ns, argv):
         """``argv`` run inside namespace ``ns`` (``ip netns exec`` execs it, so
