@@ -203,7 +203,11 @@ def test_router_counts_free_vram_across_gpus():
     assert router.choose([one, two], "m", need_mib=35000) is two, "40 GB over two GPUs holds a 35 GB model"
     assert not router.rank([two], "m", need_mib=35000)[0].reasons["no_room"]
     tight = tower("tight", free_vram=35050, gpus=2)
-    assert router.rank([tight], "m", need_mib=35000)[0].reasons["no_room"], "two GPUs, two compute buffers"
+    reasons = router.rank([tight], "m", need_mib=35000)[0].reasons
+    assert reasons["partial"], "two GPUs, two compute buffers: it does not fit in VRAM alone"
+    assert not reasons["no_room"], "the 60 GB of free RAM take the layers the GPUs cannot"
+    assert router.rank([one, two], "m", need_mib=35000)[0].entry is two, "whole on the GPUs beats partly in RAM"
+    assert router.rank([tight], "m", need_mib=100_000)[0].reasons["no_room"], "not even VRAM and RAM together"
 
 
 # -- the registry: admission, truthful caps ----------------------------------
@@ -224,23 +228,35 @@ def registry(tmp_path, model_path, smol_need):
     registry.close()
 
 
-def fake_gpus(monkeypatch, *free):
-    """Test double: llama.cpp offload and CUDA GPUs with these free MiB."""
+def fake_gpus(monkeypatch, *free, ram_free=60000):
+    """Test double: llama.cpp offload and CUDA GPUs with these free MiB (and this much free RAM)."""
     gpus = tuple(gpu(i, f, total=max(f, 1000)) for i, f in enumerate(free))
-    hw = c.Hardware("cuda", H200, sum(g.total_mib for g in gpus), sum(free), 64000, 60000, gpus=len(gpus))
+    hw = c.Hardware("cuda", H200, sum(g.total_mib for g in gpus), sum(free), 64000, ram_free, gpus=len(gpus))
     monkeypatch.setattr(hardware, "snapshot", lambda: (hw, gpus))
     return hw
 
 
 def test_admission_refuses_a_model_that_does_not_fit(monkeypatch, registry):
-    fake_gpus(monkeypatch, 60, 50)
+    fake_gpus(monkeypatch, 60, 50, ram_free=reg.PARTIAL_RAM_HEADROOM_MIB + 100)
     slot = registry.find("smol")
     with pytest.raises(WireError) as e:
         registry.runner(slot)
     assert e.value.code == Code.INSUFFICIENT_MEMORY
     need = registry.need_mib(slot) + reg.gguf_info.RUNTIME_OVERHEAD_MIB  # split over two GPUs: two compute buffers
-    assert f"needs ~{need} MiB" in e.value.message and "110 MiB free in this tower's 2 GPU(s)" in e.value.message
+    assert f"needs ~{need} MiB" in e.value.message and "210 MiB free in this tower's 2 GPU(s)" in e.value.message
     assert not slot.loaded
+
+
+def test_a_model_too_big_for_the_vram_loads_partly_in_ram(monkeypatch, registry):
+    """The fake GPU holds 60 MiB, the free RAM the rest: llama.cpp chooses the
+    layers that fit (--fit on, no -ngl); the real build here has no GPU and so
+    keeps them all on the CPU, and the caps say cpu."""
+    hw = fake_gpus(monkeypatch, 60)
+    slot = registry.find("smol")
+    runner = registry.runner(slot)
+    assert runner.spec.fit and slot.partial and "-ngl" not in runner.spec.argv(1, "k")
+    assert ["--fit", "on"] == runner.spec.argv(1, "k")[runner.spec.argv(1, "k").index("--fit"):][:2]
+    assert slot.offloaded is False and registry.truthful(hw).backend == "cpu"
 
 
 def test_caps_say_cpu_when_llama_cpp_keeps_the_model_off_the_gpu(monkeypatch, registry):
@@ -260,7 +276,7 @@ def test_caps_say_cpu_when_llama_cpp_keeps_the_model_off_the_gpu(monkeypatch, re
 
 
 def test_a_configured_model_that_does_not_fit_leaves_the_tower_serving(monkeypatch, registry):
-    fake_gpus(monkeypatch, 10)
+    fake_gpus(monkeypatch, 10, ram_free=100)  # not in VRAM, not in VRAM and RAM together
     registry.load_configured()  # logged, not raised
     assert not registry.find("smol").loaded
 

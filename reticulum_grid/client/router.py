@@ -10,24 +10,29 @@ compared left to right (lower is better):
 3. ``tier``: 0 the model is loaded, 1 it is on the tower's disk, 2 it must be
    synced there first (only towers holding nothing are tier 2 candidates,
    and only when no tower holds the model at all).
-4. ``no_room``: for a model not loaded yet, free memory (VRAM, or RAM on a
-   CPU tower) below the model's need (GGUF size + KV cache, gguf_info.need_mib).
-   Free VRAM is the sum over the tower's GPUs (llama.cpp splits a model over
-   them), plus one set of compute buffers per extra GPU (``need_on_gpus``).
-5. ``lacks_adapter``: the requested LoRA adapter would have to be synced first.
-6. ``cost``: an estimate of seconds per generated token for this request,
-   (streams + queue + pending + 1) / tokens_per_s, plus the measured RTT in
-   seconds, where ``pending`` counts the streams this client started there
-   since it last read the tower's load and that are still running; a busy fast tower and an idle slow one
-   compare fairly, and simultaneous requests do not all pick the same tower.
+4. ``no_room``: for a model not loaded yet, free memory below the model's
+   need (GGUF size + KV cache, gguf_info.need_mib): VRAM and RAM together on
+   a GPU tower (llama.cpp keeps the layers that do not fit on the GPU in
+   RAM), RAM on a CPU tower. Free VRAM is the sum over the tower's GPUs
+   (llama.cpp splits a model over them), plus one set of compute buffers per
+   extra GPU (``need_on_gpus``).
+5. ``partial``: the model would not fit in VRAM alone (partly in RAM: slower).
+6. ``lacks_adapter``: the requested LoRA adapter would have to be synced first.
+7. ``cost``: an estimate of seconds per generated token for this request,
+   (waiting + 1) / tokens_per_s, plus the measured RTT in seconds. A loaded
+   model's runner batches its streams, so while it has free slots (caps)
+   only its line waits; otherwise ``waiting`` is its streams + queue +
+   ``pending``, the streams this client started there since it last read the
+   tower's load and that are still running: a busy fast tower and an idle
+   slow one compare fairly, and simultaneous requests do not all pick the same tower.
    ``tokens_per_s`` is what this client measured of the tower's streams (its
    own clock, tokens after the first message); a tower it never streamed
    from is taken at its word, only as a prior and at most what hardware of
    its kind does (``PRIOR_MAX_TOKENS_PER_S``): a tower that announces 100,000
    tokens/s wins one request at most.
-7. ``-headroom``: free memory beyond the model's need (MiB), more is better.
-8. ``hops``: fewer is better.
-9. a random tie-breaker, so equal towers share the load.
+8. ``-headroom``: free memory beyond the model's need (MiB), more is better.
+9. ``hops``: fewer is better.
+10. a random tie-breaker, so equal towers share the load.
 """
 
 import random
@@ -144,9 +149,9 @@ class Choice:
 
     @property
     def reasons(self):
-        backed_off, training, tier, no_room, lacks_adapter, cost, headroom, hops, _ = self.key
+        backed_off, training, tier, no_room, partial, lacks_adapter, cost, headroom, hops, _ = self.key
         return {"tier": ("loaded", "on disk", "sync first")[tier], "backed_off": backed_off, "training": training,
-                "no_room": no_room, "lacks_adapter": lacks_adapter, "cost_s_per_token": cost,
+                "no_room": no_room, "partial": partial, "lacks_adapter": lacks_adapter, "cost_s_per_token": cost,
                 "headroom_mib": -headroom, "hops": hops}
 
 
@@ -179,11 +184,11 @@ def _keys(entries, model, adapter, health, need_mib, syncable):
         cap = caps.model(model)
         if cap is None:
             continue
-        keyed.append((entry, _key(entry, caps, 0 if cap.loaded else 1, adapter, book.get(entry.destination_hash),
-                                  need_mib, now)))
+        keyed.append((entry, _key(entry, caps, cap, 0 if cap.loaded else 1, adapter,
+                                  book.get(entry.destination_hash), need_mib, now)))
     if keyed or not syncable:
         return keyed
-    return [(e, _key(e, e.caps, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
+    return [(e, _key(e, e.caps, None, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
 
 
 def need_on_gpus(need_mib, gpus):
@@ -192,12 +197,22 @@ def need_on_gpus(need_mib, gpus):
     return need_mib + RUNTIME_OVERHEAD_MIB * (gpus - 1) if need_mib and gpus > 1 else need_mib
 
 
-def _key(entry, caps, tier, adapter, health, need_mib, now):
+def room_mib(hardware):
+    """Free memory a whole model may take on a tower (MiB): VRAM and RAM on a
+    GPU tower (the layers beyond the VRAM stay in RAM), RAM on a CPU tower."""
+    return hardware.memory_free_mib + (hardware.ram_free_mib if hardware.vram_total_mib else 0)
+
+
+def _key(entry, caps, cap, tier, adapter, health, need_mib, now):
     free = caps.hardware.memory_free_mib
     need_mib = need_on_gpus(need_mib, caps.hardware.gpus)
     load = caps.load
     speed = max(believed_tokens_per_s(caps, health), 1.0)
-    cost = (load.streams + load.queue + health.pending + 1) / speed + health.rtt_s
-    return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and free < need_mib,
-            bool(adapter) and caps.adapter(adapter) is None, round(cost, 3), need_mib - free, entry.hops,
-            random.random())
+    if cap is not None and cap.loaded and cap.free:  # a free slot: the runner batches a new stream in
+        waiting = load.queue + max(0, health.pending - cap.free)
+    else:
+        waiting = load.streams + load.queue + health.pending
+    cost = (waiting + 1) / speed + health.rtt_s
+    return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and room_mib(caps.hardware) < need_mib,
+            tier > 0 and free < need_mib, bool(adapter) and caps.adapter(adapter) is None, round(cost, 3),
+            need_mib - free, entry.hops, random.random())

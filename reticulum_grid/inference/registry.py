@@ -46,6 +46,8 @@ MIB = 1 << 20
 MAX_AUTO_SLOTS = 4
 #: Seconds a request waits for a runner that died and is being restarted.
 RESTART_WAIT_S = 60.0
+#: RAM a GPU tower keeps for itself when a model takes the rest beside its VRAM (MiB).
+PARTIAL_RAM_HEADROOM_MIB = 2048
 
 
 @dataclass
@@ -63,6 +65,7 @@ class ModelSlot:
     vram_mib: int = None    # after load: GPU memory the load took, as the GPUs show it
     adapters: tuple = ()    # GGUF LoRA paths the runner was started with, in its id order
     embeddings: bool = False
+    partial: bool = False   # after load: part of the model is in RAM (it did not fit in VRAM)
     load_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -202,14 +205,14 @@ class ModelRegistry:
             return slot.runner
 
     def _load(self, slot, adapters, embeddings):
-        hw, gpus = self._make_room(slot)
+        hw, gpus, partial = self._make_room(slot)
         s = slot.settings
-        parallel = s.parallel or self._auto_parallel(slot, hw, gpus)
-        split = tensor_split(gpus, self.need_mib(slot, parallel)) if s.n_gpu_layers else None
+        parallel = s.parallel or (1 if partial else self._auto_parallel(slot, hw, gpus))
+        split = tensor_split(gpus, self.need_mib(slot, parallel)) if s.n_gpu_layers and not partial else None
         draft = self.find(s.draft).path if s.draft else ""
         spec = RunnerSpec(slot.path, n_ctx=self.n_ctx(slot), parallel=parallel, n_gpu_layers=s.n_gpu_layers,
                           threads=s.threads, tensor_split=tuple(split or ()), adapters=tuple(adapters), draft=draft,
-                          embeddings=embeddings, pooling="" if gguf_info.pooling(slot.path) else "mean")
+                          embeddings=embeddings, pooling="" if gguf_info.pooling(slot.path) else "mean", fit=partial)
         name = s.alias if s.alias != slot.blob_id.hex() else slot.blob_id.hex()[:16]
         try:
             runner = Runner(spec, self.log_dir / f"runner-{slot.blob_id.hex()[:16]}.log", name=name).start()
@@ -221,6 +224,7 @@ class ModelRegistry:
         slot.runner, slot.adapters, slot.embeddings = runner, tuple(adapters), embeddings
         slot.queue.set_slots(parallel)
         slot.need_mib = self.need_mib(slot, parallel)
+        slot.partial = partial
         self._check_placement(slot, hw, gpus, split)
         self._warm_up(slot)
 
@@ -244,7 +248,7 @@ class ModelRegistry:
     def _check_placement(self, slot, hw, before, split):
         """Where llama.cpp put the model and what the GPUs show, against the estimate."""
         placement, name = slot.runner.placement, slot.blob_id.hex()[:16]
-        slot.offloaded = placement.offloaded
+        slot.offloaded = placement.offloaded or (slot.partial and placement.mib(True, "model") > 0)
         if hw.backend != "cpu" and slot.settings.n_gpu_layers and not slot.offloaded:
             log.warning("model %s: llama.cpp kept its weights in host memory (%d MiB on GPUs, %d MiB on the CPU) "
                         "although n_gpu_layers is %d; this tower announces backend cpu", name,
@@ -283,23 +287,31 @@ class ModelRegistry:
         return Hardware("cpu", hardware.cpu_label(), 0, 0, hw.ram_total_mib, hw.ram_free_mib)
 
     def _make_room(self, slot):
-        """Unload idle models until ``slot``'s model fits. Returns the
-        (Hardware, GPUs) reading it fits in; raises WireError(insufficient_memory)."""
+        """Unload idle models until ``slot``'s model fits: in VRAM (or RAM on a
+        CPU tower), else in VRAM and RAM together (``partial``: llama.cpp then
+        puts the layers that fit on the GPU and keeps the rest in RAM, its
+        ``--fit``; not when the config names n_gpu_layers). Returns the
+        (Hardware, GPUs, partial) reading it fits in; raises
+        WireError(insufficient_memory)."""
         hw, gpus = hardware.snapshot()
         idle = sorted((s for s in self._slots.values() if s.loaded and not s.busy and s is not slot),
                       key=lambda s: s.last_used)
         base = self.need_mib(slot, max(1, slot.settings.parallel))
-        while (need := need_on(base, gpus)) > hw.memory_free_mib and idle:
+
+        def room():
+            extra = hw.ram_free_mib - PARTIAL_RAM_HEADROOM_MIB if gpus and slot.settings.n_gpu_layers == -1 else 0
+            return hw.memory_free_mib + max(0, extra)
+
+        while (need := need_on(base, gpus)) > room() and idle:
             victim = idle.pop(0)
             log.info("unloading idle model %s to make room", victim.blob_id.hex()[:16])
             self._unload(victim)
             hw, gpus = hardware.snapshot()
-        if need > hw.memory_free_mib:
-            where = f"{len(gpus)} GPU(s) ({hw.device})" if gpus else "RAM"
+        if need > room():
+            where = f"{len(gpus)} GPU(s) ({hw.device}) and RAM" if gpus else "RAM"
             raise WireError(Code.INSUFFICIENT_MEMORY, f"model {slot.settings.alias} needs ~{need} MiB (weights + KV "
-                            f"cache for {self.n_ctx(slot)} tokens), {hw.memory_free_mib} MiB free in this "
-                            f"tower's {where}")
-        return hw, gpus
+                            f"cache for {self.n_ctx(slot)} tokens), {room()} MiB free in this tower's {where}")
+        return hw, gpus, need > hw.memory_free_mib
 
     def _warm_up(self, slot):
         # A first tokens/s figure for caps.

@@ -82,14 +82,17 @@ class RunnerSpec:
     pooling: str = ""  # embeddings' pooling ("mean", ...); "": the model's own
     rpc: tuple = ()
     overrides: tuple = ()
+    fit: bool = False  # llama.cpp chooses how many layers fit on the GPUs (the rest stay in RAM)
 
     def argv(self, port, key):
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
                 "--api-key", key, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
-                "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui", "--fit", "off",
-                "--cache-ram", "0", "--metrics", "-ngl", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers),
+                "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui",
+                "--fit", "on" if self.fit else "off", "--cache-ram", "0", "--metrics",
                 # verbosity 4: llama.cpp's buffer report (placement.py) is logged at this level
                 "-lv", "4"]
+        if not self.fit:
+            argv += ["-ngl", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
         if self.threads:
             argv += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.tensor_split:

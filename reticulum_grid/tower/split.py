@@ -32,6 +32,7 @@ from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
 from reticulum_grid.split import direct, experts
 from reticulum_grid.store import gguf_info
+from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
@@ -51,9 +52,11 @@ class TowerSplit:
         self.worker = RpcWorker(directory / "rpc-worker.log", threads=tower.config.shard_threads,
                                 lend_mib=self._cpu_lend_mib)
         self.queue = ModelQueue(tower.config.queue_depth)
+        self.probe = LinkProbe(tower.identity)
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
+        self._embedding = {}  # path -> the model's embedding width (known_facts)
         self._reading = set()  # paths sent to a background read (known_facts)
         self._unreadable = set()  # paths whose read failed
         self._lock = threading.Lock()
@@ -75,11 +78,21 @@ class TowerSplit:
                          daemon=True).start()
 
     def commands(self):
-        return {"split/tunnel": ("shard", self.tunnel)}
+        return {"split/tunnel": ("shard", self.tunnel), "split/probe": ("infer", self.probe_links)}
+
+    def probe_links(self, session, request):
+        """split/probe (split/probe.py): this tower's round trips to other towers."""
+        towers = validate(request, {"towers": Field(list, required=True, check=max_len(2 * MAX_PARTS))})["towers"]
+        if any(not isinstance(t, bytes) or len(t) != 16 for t in towers):
+            raise WireError(Code.BAD_REQUEST, "towers must list destination hashes (16 bytes)")
+        rtts, pending = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
+        return {"rtts": {k.hex(): round(v, 5) for k, v in rtts.items()}, "pending": [k.hex() for k in pending],
+                "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers}}
 
     def stop(self):
         self._drop_model()
         self.worker.stop()
+        self.probe.close()
 
     def _cpu_lend_mib(self):
         """The RPC server's memory cap (MiB) on a CPU tower; None on a GPU tower."""
@@ -104,7 +117,8 @@ class TowerSplit:
         arrived later); ``"reading": True`` while that read
         is still to come (absent once it failed). RNS handlers use this: a GGUF
         read takes seconds and would hold up every packet on the interface."""
-        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
+        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path),
+                 "embedding": self._embedding.get(slot.path)}
         if None in facts.values():
             with self._lock:
                 start = slot.path not in self._reading
@@ -119,6 +133,7 @@ class TowerSplit:
         try:
             self.tower.registry.need_mib(slot)
             self.n_layers(slot.path)
+            self._embedding[slot.path] = gguf_info.facts(slot.path).embedding
         except Exception as e:  # blobs never change: an unreadable one is not read again
             self._unreadable.add(slot.path)
             log.warning("cannot read model %s: %s", slot.path, e)
@@ -237,8 +252,11 @@ class TowerSplit:
                                                gpu=self._own_gpu(), draft=self.draft_for(slot))
         started = time.perf_counter()
         model.start(moved=lambda: sum(direct.moved(listener) for _, listener in self.links))
+        seconds = time.perf_counter() - started
+        for (key, _, _), (_, listener) in zip(parts, self.links):
+            self.probe.record_rate(key, direct.moved(listener), seconds)
         log.info("split model loaded in %.2f s over %d worker(s); %d bytes crossed to and from them",
-                 time.perf_counter() - started, len(endpoints), sum(direct.moved(l) for _, l in self.links))
+                 seconds, len(endpoints), sum(direct.moved(l) for _, l in self.links))
         return model
 
     def _own_gpu(self):

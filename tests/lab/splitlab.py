@@ -92,8 +92,7 @@ class SplitLab:
         }
         for name in ("coord", "worker", "single"):
             ns, tower_models, allow, dataplane, lend = specs[name]
-            network = {"rns_config": str(rns[name]), **({"dataplane": dataplane} if dataplane else {})}
-            tower = NsTower(self, ns, self.root, name, tower_models, allow, rns[name], network=network, shard=lend)
+            tower = NsTower(self, ns, self.root, name, tower_models, allow, rns[name], dataplane=dataplane, shard=lend)
             if name == "coord" and draft:
                 BlobStore(tower.dir / "blobs").add_file(draft, alias="lab-draft", kind="model")
             self.processes.append(tower)

@@ -78,9 +78,9 @@ class NsProcess(LocalProcess):
 class NsTower(TowerProcess):
     """A tower process inside a lab namespace with the RNS config the lab wrote."""
 
-    def __init__(self, lab, ns, root, name, models, allow, rns_dir, **sections):
-        super().__init__(root, name, models, allow=allow, listen=False, network={"rns_config": str(rns_dir)},
-                         **sections)
+    def __init__(self, lab, ns, root, name, models, allow, rns_dir, dataplane="", **sections):
+        network = {"rns_config": str(rns_dir), **({"dataplane": dataplane} if dataplane else {})}
+        super().__init__(root, name, models, allow=allow, listen=False, network=network, **sections)
         self.lab, self.ns = lab, ns
 
     def argv(self):

@@ -1,0 +1,73 @@
+"""What running a model costs before it runs: tokens/s and the time added to the first token,
+split over towers (a Plan) or whole on one tower. Pure functions.
+
+A decode step reads every weight once, so a stage's time per token is its
+share of the model's bytes over the memory bandwidth of the tower that holds
+it; a tower's bandwidth is its measured tokens/s times the bytes of the model
+it serves (caps), else a prior for its backend (PRIOR_BANDWIDTH). llama.cpp's
+RPC client waits for each reply, so every remote stage adds about
+ROUND_TRIPS_PER_STAGE round trips between the coordinator and that worker
+per token (measured: 117.7 ms a token against 23.4 alone at 40 ms RTT with
+one worker is ~2.9; a draft model on the coordinator lets one round trip
+verify several tokens). Before the first token, each remote stage also moves
+the prompt's activations (prompt tokens x embedding width x 4 bytes) there
+and back at the link's rate.
+
+Figures are estimates for ranking and for telling a user when splitting is
+slower than not splitting; bench/split.py measures the real ones.
+"""
+
+from dataclasses import dataclass
+
+#: Round trips per generated token per remote stage (see the module doc).
+ROUND_TRIPS_PER_STAGE = 2.9
+#: Memory bandwidth a backend reads weights at when a tower measured nothing yet (bytes/s).
+PRIOR_BANDWIDTH = {"cpu": 10e9, "cuda": 500e9, "rocm": 400e9, "metal": 100e9, "vulkan": 150e9, "sycl": 150e9}
+#: A link's rate when none was measured (bytes/s): a 100 Mbit/s tailnet.
+PRIOR_LINK_RATE = 12.5e6
+#: Bounds on any tower's bandwidth figure (bytes/s): a self-reported rate is a prior, never more.
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e8, 5e12
+#: The prompt a TTFT estimate is made for (tokens).
+PROMPT_TOKENS = 100
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """``tokens_per_s``; ``added_ttft_s``: seconds the split adds before the
+    first token (0 for one tower); ``where``: the towers, in words."""
+    tokens_per_s: float
+    added_ttft_s: float
+    where: str
+
+    def to_map(self):
+        return {"tokens_per_s": round(self.tokens_per_s, 2), "added_ttft_s": round(self.added_ttft_s, 3),
+                "where": self.where}
+
+
+def bandwidth(backend, tokens_per_s=0.0, model_bytes=0):
+    """Bytes/s a tower reads weights at: its tokens/s on a model of
+    ``model_bytes``, else its backend's prior; clamped to what machines do."""
+    measured = tokens_per_s * model_bytes if tokens_per_s > 0 and model_bytes > 0 else 0.0
+    value = measured or PRIOR_BANDWIDTH.get(backend, PRIOR_BANDWIDTH["cpu"])
+    return min(max(value, MIN_BANDWIDTH), MAX_BANDWIDTH)
+
+
+def whole(model_bytes, tower_bandwidth, name):
+    """The Estimate for the model on one tower."""
+    return Estimate(tower_bandwidth / max(model_bytes, 1), 0.0, name)
+
+
+def split(placement, model_bytes, bandwidths, rtts, embedding, rates=None, prompt_tokens=PROMPT_TOKENS):
+    """The Estimate for ``placement`` (a plan.Plan). ``bandwidths``: {tower key:
+    bytes/s}; ``rtts``: {worker key: seconds between the coordinator and it};
+    ``embedding``: the model's width; ``rates``: {worker key: bytes/s of its
+    link} (PRIOR_LINK_RATE where missing)."""
+    rates = rates or {}
+    n_layers = max(placement.n_layers, 1)
+    per_token = sum(model_bytes * p.layers / n_layers / bandwidths[p.offer.key] for p in placement.parts)
+    workers = [p.offer.key for p in placement.workers]
+    per_token += ROUND_TRIPS_PER_STAGE * sum(rtts.get(k, 0.0) for k in workers)
+    activations = 2 * prompt_tokens * embedding * 4
+    added = sum(ROUND_TRIPS_PER_STAGE * rtts.get(k, 0.0) + activations / rates.get(k, PRIOR_LINK_RATE)
+                for k in workers)
+    return Estimate(1.0 / per_token, added, " + ".join(placement.towers[-1:] + placement.towers[:-1]))
