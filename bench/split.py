@@ -19,7 +19,10 @@ coordinator holds a draft model (the same weights under another name: every
 draft it makes is accepted, so this is the ceiling of speculative decoding),
 and split runs are repeated with speculation on, reporting the acceptance
 rate. The coordinator's log says the bytes that crossed to the worker while
-the split model loaded and how long it took (``load_mb_s``).
+the split model loaded and how long it took (``load_mb_s``). ``estimate_tokens_per_s``
+is what the client planned with (split/estimate.py) and ``round_trips_per_token``
+the split's extra time per token in coordinator-worker round trips (the
+estimate's ROUND_TRIPS_PER_STAGE comes from it).
 
 Last lines: ``profile=<p> path=<path> split_vs_single=<split / single tokens/s>`` (median of
 the pairs), and with --draft ``split_draft_vs_single=``. Goal: split_vs_single >= 0.8 on loopback.
@@ -90,6 +93,13 @@ def measure(grid, args):
     long_single = [single(900 + k, 8, long=True)[0] for k in range(2)]
     long_split = [split(950 + k, 8, long=True)[0] for k in range(2)]
     out["added_ttft_ms"] = out["split_ttft_ms"] - out["single_ttft_ms"]
+    # What the client planned with (split/estimate.py), against what it got.
+    rtt = placement.workers[0].offer.rtt_s
+    out["coordinator_rtt_ms"] = rtt * 1000
+    if placement.estimate is not None:
+        out["estimate_tokens_per_s"] = placement.estimate.tokens_per_s
+    if rtt > 0:  # the seconds a token costs beyond one tower's, in the worker's round trips
+        out["round_trips_per_token"] = (1 / out["split_tokens_per_s"] - 1 / out["single_tokens_per_s"]) / rtt
     out["added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
     return out
 

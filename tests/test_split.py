@@ -46,8 +46,8 @@ class Client:
             self.lines.put(json.loads(line))
         self.lines.put(None)
 
-    def send(self, max_tokens, wait_towers=3):
-        payload = {"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0}
+    def send(self, max_tokens, wait_towers=3, **extra):
+        payload = {"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, **extra}
         self.proc.stdin.write(json.dumps({"payload": payload, "wait_towers": wait_towers}) + "\n")
         self.proc.stdin.flush()
 
@@ -129,6 +129,10 @@ def test_route_shows_the_split_plan(split_grid, hub):
     assert len(parts) == 2 and parts[-1]["tower"] == "split-a" and parts[-1]["role"] == "coordinator", plan
     assert parts[0]["first"] == 0 and parts[0]["end"] == parts[1]["first"] and parts[1]["end"] == plan["n_layers"]
     assert all(p["mib"] <= 200 for p in parts) and plan["reasons"]
+    # What the plan is estimated to cost, and how each worker's RPC travels (no data plane here).
+    assert plan["estimate"]["tokens_per_s"] > 0 and plan["estimate"]["where"] == "split-a + " + parts[0]["tower"]
+    assert plan["rpc"] == {parts[0]["tower"]: "RNS tunnel"}
+    assert plan["single"] is None  # CPU towers offer a whole model only what they lend
 
 
 def test_split_answer_is_identical_to_one_process(split_grid, reference):
@@ -184,6 +188,21 @@ def test_no_plan_is_a_clear_error_then_a_joining_tower_is_used(split_grid, hub):
     text, usage, error, plan = client.result()
     assert error is None, error
     assert plan == ["split-d", "split-a"] and text
+
+
+def test_split_never_runs_the_model_whole_on_its_holder(split_grid):
+    _, client, _ = split_grid
+    client.send(max_tokens=8, wait_towers=2, split_policy="never")
+    text, usage, error, plan = client.result()
+    assert error is None, error
+    assert plan is None and usage["tower"] == "split-a" and usage["completion_tokens"] == 8 and text
+
+
+def test_an_unknown_split_policy_is_refused_by_name(split_grid):
+    _, client, _ = split_grid
+    client.send(max_tokens=8, wait_towers=2, split_policy="sometimes")
+    _, _, error, _ = client.result()
+    assert error["code"] == Code.BAD_REQUEST and "auto, always, never" in error["message"]
 
 
 def _descendants(pid):

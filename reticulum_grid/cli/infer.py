@@ -97,15 +97,19 @@ def _tower_row(entry, health):
               help="LoRA scale; 0 gives the base model.")
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to keep retrying while every tower is busy (as each tower's retry hint says).")
+@click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Split the model over towers: when no one tower can hold it and the "
+              "estimate says it pays (auto), whenever towers are heard (always), or never.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
 def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, adapter, adapter_scale,
-          busy_wait, as_json, prompt):
+          busy_wait, split_policy, as_json, prompt):
     """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
     if prompt == "-":
         prompt = sys.stdin.read()
-    payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+               "split_policy": split_policy}
     if adapter:
         payload.update(adapter=adapter, adapter_scale=adapter_scale)
     if raw:
@@ -174,10 +178,12 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
         err.print(f"no tower heard has adapter {adapter!r} and this client has none to send: "
                   "a request with it would fail", style="yellow")
     placement = _split_plan(grid, model, ranked, adapter)
+    single = _best_single(grid, model, ranked) if placement is not None else None
     if as_json:
         json_line(rows)
         if placement is not None:
-            json_line({"split": placement.to_map()})
+            json_line({"split": {**placement.to_map(), "rpc": _rpc_paths(grid, placement),
+                                 "single": single.to_map() if single else None}})
         return
     table = Table("#", "tower", "model", "why not first", "load", "tok/s", "RTT", "hops", "s/token")
     for r in rows:
@@ -188,7 +194,21 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
                       f"{r['tokens_per_s']:.0f}", f"{r['rtt_ms']:.0f} ms", str(r["hops"]), f"{r['cost_s_per_token']:.3f}")
     out.print(table)
     if placement is not None:
-        _print_split(placement)
+        _print_split(placement, _rpc_paths(grid, placement), single)
+
+
+def _best_single(grid, model, ranked):
+    from reticulum_grid.client import estimates
+    need = grid.needs.get(model, 0)
+    size = grid.model_facts.get(model, {}).get("bytes") or need << 20
+    return estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
+
+
+def _rpc_paths(grid, placement):
+    """{worker name: "data plane" | "RNS tunnel"}: how its RPC bytes would travel."""
+    coordinator = grid.dataplanes.get(placement.coordinator.offer.key, False)
+    return {p.offer.name: "data plane" if coordinator and grid.dataplanes.get(p.offer.key) else "RNS tunnel"
+            for p in placement.workers}
 
 
 def _split_plan(grid, model, ranked, adapter):
@@ -203,16 +223,26 @@ def _split_plan(grid, model, ranked, adapter):
         return None
 
 
-def _print_split(placement):
-    table = Table("tower", "role", "layers", "memory", title=f"no single tower has room: split over "
-                                                              f"{len(placement.parts)} towers")
+def _print_split(placement, rpc, single):
+    table = Table("tower", "role", "layers", "memory", "RPC", "RTT from coordinator",
+                  title=f"no single tower has room: split over {len(placement.parts)} towers")
     for p in placement.parts:
-        table.add_row(p.offer.name, "coordinator" if p is placement.coordinator else "worker",
-                      f"{p.first}-{p.end - 1}" + (" + output" if p is placement.coordinator else ""),
-                      f"~{p.mib} of {p.offer.lend_mib} MiB lent")
+        worker = p is not placement.coordinator
+        table.add_row(p.offer.name, "worker" if worker else "coordinator",
+                      f"{p.first}-{p.end - 1}" + ("" if worker else " + output"),
+                      f"~{p.mib} of {p.offer.lend_mib} MiB lent", rpc.get(p.offer.name, "-"),
+                      f"{p.offer.rtt_s * 1000:.1f} ms" if worker else "-")
     out.print(table)
     for reason in placement.reasons:
         out.print(f"  {reason}")
+    if placement.estimate is not None:
+        e = placement.estimate
+        out.print(f"  estimate split: ~{e.tokens_per_s:.1f} tokens/s, +{e.added_ttft_s * 1000:.0f} ms to the first "
+                  "token (100-token prompt)")
+    if single is not None:
+        slower = placement.estimate is not None and single.tokens_per_s >= placement.estimate.tokens_per_s
+        out.print(f"  estimate whole on {visible(single.where)} (partly in RAM): ~{single.tokens_per_s:.1f} tokens/s"
+                  + (": faster than the split, so --split auto runs it there" if slower else ""))
 
 
 @main.command()

@@ -120,6 +120,9 @@ class Grid(BlobTransfers, JobCommands):
         self.connections = {}
         self.health = router.HealthBook()
         self.needs = {}
+        self.model_facts = {}  # model -> {"bytes", "embedding"} as towers' caps/full say (client/split.py)
+        self.served = {}  # destination hash -> bytes of the largest model the tower serves (its bandwidth)
+        self.dataplanes = {}  # destination hash -> the tower offers a data-plane address
         self.liveness = Liveness(self)
         self._pinger = Pinger(self.identity)
         self._last_ping = float("-inf")
@@ -306,9 +309,10 @@ class Grid(BlobTransfers, JobCommands):
         started = time.perf_counter()
         adapter = payload.get("adapter") if isinstance(payload.get("adapter"), str) else None
         choices = self.rank(payload["model"], adapter=adapter, tower=tower)
-        if not tower and not adapter and splitroute.needs_split(self, payload["model"], choices):
-            placement, entries = splitroute.make_plan(self, payload["model"])
-            return splitroute.SplitStream(self, payload, placement, entries, progress=progress, started=started)
+        split = None if tower or adapter else splitroute.single_or_split(self, payload["model"], choices,
+                                                                          payload.get("split_policy", "auto"))
+        if split is not None:
+            return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
         return InferenceStream(self, payload, choices, progress=progress, started=started)
 
     # -- blobs ------------------------------------------------------------

@@ -16,12 +16,14 @@ import time
 
 from announce.caps import CapsError, decode_full
 from links.wire import Code, WireError
-from reticulum_grid.client import router
+from reticulum_grid.client import estimates, router
 from reticulum_grid.client.stream import InferenceStream, Usage, continued
+from reticulum_grid.split import estimate
 from reticulum_grid.split.plan import Offer, PlanError, plan
 from reticulum_grid.store import gguf_info
 
 log = logging.getLogger("rngrid.client.split")
+MIB = 1 << 20
 
 #: Plans one request tries at most (the first and its failovers).
 MAX_PLANS = 3
@@ -35,6 +37,11 @@ PLAN_TIMEOUT_S = 20.0
 #: again every FACTS_POLL_S seconds.
 FACTS_WAIT_S = 30.0
 FACTS_POLL_S = 0.5
+#: How a request may be split (its ``split_policy``; "auto": only when no one tower can hold
+#: it, and not when the estimate is below MIN_SPLIT_TOKENS_S or a tower holding it partly in RAM is faster).
+POLICIES = ("auto", "always", "never")
+#: Estimated tokens/s below which "auto" refuses a split (too_slow) rather than run it.
+MIN_SPLIT_TOKENS_S = 1.0
 #: Errors after which a new plan is tried.
 REPLAN_ON = {Code.UNREACHABLE, Code.TIMEOUT, Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
 
@@ -44,11 +51,17 @@ def capacity_mib(caps):
     return caps.lend_mib if caps.lend_mib is not None else caps.hardware.memory_free_mib
 
 
-def needs_split(grid, model, ranked):
-    """True when no ranked tower has ``model`` loaded or room for it (its need
-    from caps/full, asked again when the ranking could not learn it)."""
-    if not ranked:
+def needs_split(grid, model, ranked, policy="auto"):
+    """True when ``model`` should run split: ``policy`` "always" (when towers
+    were ranked), never for "never", and for "auto" when no ranked tower has it
+    loaded or room for it (its need from caps/full, asked again when the
+    ranking could not learn it)."""
+    if policy not in POLICIES:
+        raise WireError(Code.BAD_REQUEST, f"split_policy must be one of {', '.join(POLICIES)}")
+    if not ranked or policy == "never":
         return False
+    if policy == "always":
+        return True
     need = grid.needs.get(model)
     if not need:
         _, _, reading = _ask(grid, [c.entry for c in ranked], model, PLAN_TIMEOUT_S)
@@ -71,6 +84,7 @@ def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
     answer are healthy again, the others are backed off."""
     answered, facts, reading = [], {}, []
     for entry, full, rtt in grid.caps_full(entries, timeout=timeout, timed=True):
+        _note_sizes(grid, entry, full, model)
         key = entry.destination_hash
         grid.health.succeeded(key)
         grid.health.rtt(key, rtt)
@@ -93,6 +107,22 @@ def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
         if entry.destination_hash not in {e.destination_hash for e in answered}:
             grid.health.failed(entry.destination_hash)
     return answered, facts, reading
+
+
+def _note_sizes(grid, entry, full, model):
+    """What a caps/full reply says of sizes: the bytes of the largest model
+    the tower serves (for its bandwidth, client/estimates.py), the model's own
+    bytes and embedding width."""
+    blobs = [b for b in full.get("blobs", ()) if isinstance(b, dict) and isinstance(b.get("size"), int)]
+    grid.dataplanes[entry.destination_hash] = full.get("dataplane") is True
+    grid.served[entry.destination_hash] = max((b["size"] for b in blobs if b.get("kind") == "model"
+                                               and b.get("loaded") is True), default=0)
+    for blob in blobs:
+        if blob.get("alias") == model:
+            known = grid.model_facts.setdefault(model, {})
+            known["bytes"] = blob["size"]
+            if isinstance(blob.get("embedding"), int):
+                known["embedding"] = blob["embedding"]
 
 
 def _await_facts(grid, entries, model):
@@ -134,13 +164,65 @@ def make_plan(grid, model, exclude=()):
     if fact is None:
         raise WireError(Code.NO_TOWER, f"no tower could say how many layers {model!r} has "
                                        f"within {FACTS_WAIT_S:.0f} s")
-    offers = [Offer(e.name, e.destination_hash, e.caps.lend_mib, grid.health.get(e.destination_hash).rtt_s,
-                    e.hops, e.caps.load.jobs > 0, e.caps.tokens_per_s, e.caps.model(model) is not None)
-              for e in live]
     try:
-        return plan(offers, *fact), {e.destination_hash: e for e in live}
+        first = plan(_offers(grid, live, model), *fact)
+        coordinator = next(e for e in live if e.destination_hash == first.coordinator.offer.key)
+        rtts, rates = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
+        if rtts:  # the coordinator's own view: it pays these round trips on every token
+            reached = [e for e in live if e is coordinator or e.destination_hash in rtts]
+            placement = plan(_offers(grid, reached, model, rtts, coordinator), *fact)
+        else:
+            placement = first
     except PlanError as e:
         raise WireError(Code.NO_TOWER, f"{model!r} does not fit the grid: {e}") from None
+    known = grid.model_facts.get(model, {})
+    size = known.get("bytes") or fact[0] * MIB
+    cost = estimate.split(placement, size, {e.destination_hash: estimates.bandwidth(grid, e, grid.served)
+                                            for e in live}, rtts or {p.offer.key: p.offer.rtt_s
+                                                                     for p in placement.parts},
+                          known.get("embedding", 4096), rates)
+    return dataclasses.replace(placement, estimate=cost), {e.destination_hash: e for e in live}
+
+
+def _offers(grid, entries, model, rtts=None, coordinator=None):
+    """The plan's Offers; ``rtts`` (the coordinator's view) replace the client's round trips."""
+    def rtt(entry):
+        if rtts is None:
+            return grid.health.get(entry.destination_hash).rtt_s
+        return 0.0 if entry is coordinator else rtts[entry.destination_hash]
+    return [Offer(e.name, e.destination_hash, e.caps.lend_mib, rtt(e), e.hops, e.caps.load.jobs > 0,
+                  e.caps.tokens_per_s, e.caps.model(model) is not None) for e in entries]
+
+
+def single_or_split(grid, model, ranked, policy):
+    """None to run ``model`` whole on the ranked towers, else (Plan, entries) to
+    run it split (see POLICIES and choose). Raises WireError (too_slow,
+    no_tower, bad_request for an unknown policy)."""
+    if not needs_split(grid, model, ranked, policy):
+        return None
+    placement, entries = make_plan(grid, model)
+    if policy == "always":
+        return placement, entries
+    need = grid.needs.get(model, 0)
+    size = grid.model_facts.get(model, {}).get("bytes") or need * MIB
+    single = estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
+    return (placement, entries) if choose(model, placement.estimate, single) else None
+
+
+def choose(model, split_estimate, single_estimate):
+    """True to run ``model`` split under "auto", False to run it whole on the
+    tower of ``single_estimate`` (an Estimate or None: no tower could hold
+    it) because that is at least as fast. Raises WireError(too_slow) when the
+    split's estimate is below MIN_SPLIT_TOKENS_S (and no single tower is faster)."""
+    if single_estimate is not None and single_estimate.tokens_per_s >= split_estimate.tokens_per_s:
+        log.info("%s: whole on %s (~%.1f tokens/s, partly in RAM) beats the split (~%.1f tokens/s)", model,
+                 single_estimate.where, single_estimate.tokens_per_s, split_estimate.tokens_per_s)
+        return False
+    if split_estimate.tokens_per_s < MIN_SPLIT_TOKENS_S:
+        raise WireError(Code.TOO_SLOW, f"split over {split_estimate.where}, {model!r} would run at "
+                                       f"~{split_estimate.tokens_per_s:.2f} tokens/s (estimate); "
+                                       "ask with split_policy always (rngrid infer --split always) to run it anyway")
+    return True
 
 
 def wire_plan(placement, experts=False):
@@ -200,7 +282,7 @@ class SplitStream:
 
     def _start(self):
         # "placement": "experts" (a client-side option) puts MoE experts on the workers.
-        payload = continued({k: v for k, v in self.payload.items() if k != "placement"}, self.ids, self.generated)
+        payload = continued(self.payload, self.ids, self.generated)
         payload["split"] = wire_plan(self.plan, experts=self.payload.get("placement") == "experts")
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,

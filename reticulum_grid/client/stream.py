@@ -46,11 +46,16 @@ SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.UNKNOWN_ADAPTER, Code.UNKNOW
                   Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
 
 
+#: Keys of an ai/inference payload for this client only (how to route it), never sent to a tower.
+CLIENT_KEYS = ("placement", "split_policy")
+
+
 def continued(payload, ids, generated=None):
     """``payload`` (an ai/inference request map) made to continue after the
-    generated token ``ids`` (a copy; the same when there are none);
-    ``generated``: how many tokens those were generated as (default len(ids))."""
-    payload = dict(payload)
+    generated token ``ids`` (a copy without CLIENT_KEYS; the same when there
+    are none); ``generated``: how many tokens those were generated as
+    (default len(ids))."""
+    payload = {k: v for k, v in payload.items() if k not in CLIENT_KEYS}
     if ids:
         payload["continue_tokens"] = list(payload.get("continue_tokens") or ()) + list(ids)
         # 0 when the tower died after the last token: the next one only ends the

@@ -64,6 +64,7 @@ class Plan:
     need_mib: int = 0
     n_layers: int = 0
     reasons: tuple = field(default=(), compare=False)
+    estimate: object = field(default=None, compare=False)  # split/estimate.py's Estimate, once made
 
     @property
     def parts(self):
@@ -76,6 +77,7 @@ class Plan:
     def to_map(self):
         """The plan as plain data (for --json and for the coordinator)."""
         return {"need_mib": self.need_mib, "n_layers": self.n_layers, "reasons": list(self.reasons),
+                **({"estimate": self.estimate.to_map()} if self.estimate is not None else {}),
                 "parts": [{"tower": p.offer.name, "destination": p.offer.key.hex(), "first": p.first, "end": p.end,
                            "mib": p.mib, "role": "coordinator" if p is self.coordinator else "worker"}
                           for p in self.parts]}

@@ -1,0 +1,82 @@
+"""The figures a client plans a split with: each tower's bandwidth, the coordinator's round
+trips to its workers, and estimates for a plan and for the best single tower (split/estimate.py).
+
+- Bandwidth: what this client measured of a tower's streams (or, clamped, what
+  it announces; router.believed_tokens_per_s) times the bytes of the largest
+  model it serves, else its backend's prior.
+- Round trips: the would-be coordinator's own (``split/probe``: it pings the
+  others over its Links), waited for up to PROBE_WAIT_S; a tower it cannot
+  reach is left out of the plan.
+- A single tower "could hold it" when the model fits its free VRAM, or its
+  VRAM and RAM together (llama.cpp keeps the rest in RAM, read at the CPU's
+  bandwidth), or, on a CPU tower, the memory it offers (what it lends).
+"""
+
+import time
+
+from links.wire import WireError
+from reticulum_grid.client import router
+from reticulum_grid.split import estimate
+
+#: Seconds a plan waits for its coordinator's round trips.
+PROBE_WAIT_S = 10.0
+PROBE_POLL_S = 0.3
+MIB = 1 << 20
+
+
+def bandwidth(grid, entry, served_bytes):
+    """Bytes/s ``entry``'s tower reads weights at (see the module doc)."""
+    tokens_per_s = router.believed_tokens_per_s(entry.caps, grid.health.get(entry.destination_hash))
+    return estimate.bandwidth(entry.caps.hardware.backend, tokens_per_s, served_bytes.get(entry.destination_hash, 0))
+
+
+def coordinator_view(grid, coordinator, others):
+    """({destination hash: RTT s}, {destination hash: link bytes/s}) from
+    ``coordinator`` to ``others``, as it measures them (split/probe); ({}, {})
+    when it cannot say (an older tower, or it does not answer)."""
+    keys = [e.destination_hash for e in others]
+    if not keys:
+        return {}, {}
+    conn, deadline = grid.connection(coordinator), time.monotonic() + PROBE_WAIT_S
+    while True:
+        try:
+            reply = conn.request("split/probe", {"towers": keys}, PROBE_WAIT_S)
+        except WireError:
+            return {}, {}
+        rtts = _floats(reply.get("rtts"))
+        if not reply.get("pending") or time.monotonic() > deadline:
+            return rtts, _floats(reply.get("rates"))
+        time.sleep(PROBE_POLL_S)
+
+
+def _floats(value):
+    """{bytes: float} from a reply's {hex: number} map, trusting nothing."""
+    out = {}
+    for key, number in (value.items() if isinstance(value, dict) else ()):
+        try:
+            raw = bytes.fromhex(key)
+        except (TypeError, ValueError):
+            continue
+        if len(raw) == 16 and isinstance(number, (int, float)) and not isinstance(number, bool) and number >= 0:
+            out[raw] = float(number)
+    return out
+
+
+def best_single(grid, entries, model_bytes, need_mib, served_bytes):
+    """The Estimate of the fastest tower of ``entries`` that could hold the
+    model whole (see the module doc), or None."""
+    best = None
+    for entry in entries:
+        hw = entry.caps.hardware
+        # A GPU tower may keep the layers beyond its VRAM in RAM; a CPU tower offers what it lends.
+        offered = entry.caps.lend_mib if entry.caps.lend_mib is not None else hw.memory_free_mib
+        if need_mib > (max(offered, router.room_mib(hw)) if hw.vram_total_mib else offered):
+            continue
+        bw = bandwidth(grid, entry, served_bytes)
+        if hw.vram_total_mib and need_mib > hw.memory_free_mib:  # the rest is read from RAM at the CPU's pace
+            in_vram = hw.memory_free_mib / need_mib
+            bw = 1.0 / (in_vram / bw + (1 - in_vram) / estimate.PRIOR_BANDWIDTH["cpu"])
+        found = estimate.whole(model_bytes, bw, entry.name)
+        if best is None or found.tokens_per_s > best.tokens_per_s:
+            best = found
+    return best
