@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from links.wire import Code, WireError
 from reticulum_grid.node.dataplane import NONCE_BYTES
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
@@ -108,6 +109,15 @@ def test_the_front_refuses_a_connection_without_the_answer(dp_grid):
                     assert closed(s), "the front closes a connection that does not answer right"
                     assert time.monotonic() - started < 7
     assert "over the data plane" in towers["dp-a"].log(), "the data-plane test above ran"
+
+
+def test_a_peer_without_shard_gets_no_data_plane_front(dp_grid, hub):
+    towers, _ = dp_grid
+    before = fronts(towers["dp-c"])
+    with pytest.raises(WireError) as refused:
+        hub.grid.connection(hub.wait_tower("dp-c")).request("split/tunnel", {"dataplane": "127.0.0.1"})
+    assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
+    assert fronts(towers["dp-c"]) == before, "no front was opened for it"
 
 
 def test_a_killed_worker_fails_over_with_identical_text_on_the_data_plane(dp_grid, reference):

@@ -8,7 +8,7 @@ it serves (caps), else a prior for its backend (PRIOR_BANDWIDTH). llama.cpp's
 RPC client waits for each reply, so every remote stage adds about
 ROUND_TRIPS_PER_STAGE round trips between the coordinator and that worker
 per token (measured: 117.7 ms a token against 23.4 alone at 40 ms RTT with
-one worker is ~2.9; a draft model on the coordinator lets one round trip
+one worker is ~2.4; a draft model on the coordinator lets one round trip
 verify several tokens). Before the first token, each remote stage also moves
 the prompt's activations (prompt tokens x embedding width x 4 bytes) there
 and back at the link's rate.
@@ -20,7 +20,7 @@ slower than not splitting; bench/split.py measures the real ones.
 from dataclasses import dataclass
 
 #: Round trips per generated token per remote stage (see the module doc).
-ROUND_TRIPS_PER_STAGE = 2.9
+ROUND_TRIPS_PER_STAGE = 2.4
 #: Memory bandwidth a backend reads weights at when a tower measured nothing yet (bytes/s).
 PRIOR_BANDWIDTH = {"cpu": 10e9, "cuda": 500e9, "rocm": 400e9, "metal": 100e9, "vulkan": 150e9, "sycl": 150e9}
 #: A link's rate when none was measured (bytes/s): a 100 Mbit/s tailnet.
