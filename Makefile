@@ -21,7 +21,7 @@ setup: $(VENV)/.installed system-packages
 # only by root with apt-get; elsewhere a note names the command, and the tests
 # that need them skip with the reason (tests/requirements.py; under
 # RNGRID_REQUIRE_ALL=1, as .ci/run runs, they fail instead).
-SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2 ethtool:ethtool
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; \

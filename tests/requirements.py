@@ -87,7 +87,7 @@ def _gpus(count):
 THINGS = {
     "node": Thing(_command("node", "Debian's nodejs"), "as root: apt-get install nodejs (make setup does it)"),
     "chromium": Thing(_chromium, "as root: apt-get install chromium chromium-driver (make setup does it)"),
-    "netns": Thing(_network_lab, "as root, with iproute2: apt-get install iproute2 (make setup does it)"),
+    "netns": Thing(_network_lab, "as root, with iproute2 and ethtool: apt-get install iproute2 ethtool (make setup does it)"),
     "userns": Thing(_user_namespaces, "a kernel that lets unprivileged users make user and mount namespaces"),
     "llama-rpc": Thing(_llama_rpc, "make llama (every build the set-up makes has RPC on)"),
     "peft": Thing(_module("peft", "the train extra"), "make setup (pip install -e '.[train]')"),

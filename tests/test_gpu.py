@@ -162,6 +162,14 @@ def test_placement_of_a_cpu_load_or_a_remote_one():
     assert not remote.offloaded, "weights on another machine's device are not this tower's GPU"
 
 
+@pytest.mark.parametrize("host", ["CPU_REPACK", "AMX", "CPU_Mapped", "Metal_Host"])
+def test_cpu_side_buffers_of_any_name_are_not_a_gpu(host):
+    repacked = parse_placement(CUDA_LOAD_LOG.replace("CUDA0", host))
+    assert not repacked.offloaded and repacked.mib(True) == 0
+    metal = parse_placement(CUDA_LOAD_LOG.replace("CUDA0", "MTL0"))
+    assert metal.offloaded
+
+
 def test_out_of_memory_is_recognised_in_the_log():
     assert LoadError("Failed to load model", "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 80000.00 MiB "
                      "on device 0: cudaMalloc failed: out of memory").out_of_memory

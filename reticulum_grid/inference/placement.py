@@ -24,19 +24,22 @@ class LoadError(ValueError):
 
 #: llama.cpp's buffer report: "load_tensors:  CUDA0 model buffer size = 60.00 MiB".
 _BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size\s*=\s*([0-9.]+) MiB")
+#: Buffer name prefixes of llama.cpp's GPU backends (ggml-cuda, -hip, -metal, -vulkan, -sycl, -cann, -musa, -opencl).
+GPU_BUFFERS = ("CUDA", "ROCm", "HIP", "MTL", "Metal", "Vulkan", "SYCL", "CANN", "MUSA", "OpenCL")
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Placement:
     """Where llama.cpp put a model: {(buffer, kind): MiB} from its load log.
-    A buffer is on a GPU unless it is host memory (CPU*, *_Host) or a remote
-    RPC device."""
+    A buffer is on a GPU when a GPU backend names it (GPU_BUFFERS) and it is
+    not that backend's host memory (*_Host); CPU buffers of any kind (CPU,
+    CPU_Mapped, CPU_REPACK, AMX) and remote RPC devices are not."""
     buffers: dict = field(default_factory=dict)
 
     @staticmethod
     def on_gpu(buffer):
-        return not (buffer.startswith("CPU") or buffer.endswith("_Host") or buffer.startswith("RPC"))
+        return buffer.startswith(GPU_BUFFERS) and not buffer.endswith("_Host")
 
     def mib(self, gpu, kind=None):
         """MiB on GPUs (``gpu`` True) or in host memory, of one kind or all."""
