@@ -35,6 +35,7 @@ from reticulum_grid.split import experts
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
+from reticulum_grid.store import gguf_info
 from reticulum_grid.tower.streams import start_stream
 
 log = logging.getLogger("rngrid.tower.split")
@@ -54,6 +55,7 @@ class TowerSplit:
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
+        self._summaries = {}  # path -> gguf_info.summary (what the model is, for clients that show it)
         self._reading = set()  # paths sent to a background read (known_facts)
         self._unreadable = set()  # paths whose read failed
         self._lock = threading.Lock()
@@ -98,13 +100,14 @@ class TowerSplit:
         return spare if cap is None else min(cap, spare)
 
     def known_facts(self, slot):
-        """``{"need_mib": MiB, "n_layers": int}`` of ``slot``'s model, each only
-        when known without reading its file: from the loaded model's own
+        """``{"need_mib": MiB, "n_layers": int, "gguf": gguf_info.summary}`` of
+        ``slot``'s model, each only when known without reading its file: from the loaded model's own
         background read (``warm``, or one started here for a model that
         arrived later); ``"reading": True`` while that read
         is still to come (absent once it failed). RNS handlers use this: a GGUF
         read takes seconds and would hold up every packet on the interface."""
-        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
+        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path),
+                 "gguf": self._summaries.get(slot.path)}
         if None in facts.values():
             with self._lock:
                 start = slot.path not in self._reading
@@ -119,6 +122,7 @@ class TowerSplit:
         try:
             self.tower.registry.need_mib(slot)
             self.n_layers(slot.path)
+            self._summaries[slot.path] = gguf_info.summary(slot.path)
         except Exception as e:  # blobs never change: an unreadable one is not read again
             self._unreadable.add(slot.path)
             log.warning("cannot read model %s: %s", slot.path, e)
