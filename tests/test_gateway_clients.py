@@ -84,7 +84,7 @@ def running_job(gateway, tower):
 
 
 def test_node_client_inference(gateway, tower, hub):
-    assert "# pass 3" in node(gateway, tower, "inference")
+    assert "# pass 5" in node(gateway, tower, "inference")
     example = subprocess.run([shutil.which("node"), str(ROOT / "clients" / "ts" / "example.js"), "Say hello."],
                              capture_output=True, text=True, timeout=60,
                              env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL, RNGRID_MAX_TOKENS="16"))
