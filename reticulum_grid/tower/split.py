@@ -106,26 +106,30 @@ class TowerSplit:
         arrived later); ``"reading": True`` while that read
         is still to come (absent once it failed). RNS handlers use this: a GGUF
         read takes seconds and would hold up every packet on the interface."""
-        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path),
-                 "gguf": self._summaries.get(slot.path)}
-        if None in facts.values():
+        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path)}
+        if None in facts.values() or slot.path not in self._summaries:
             with self._lock:
                 start = slot.path not in self._reading
                 self._reading.add(slot.path)
             if start:
                 threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
-            if slot.path not in self._unreadable:
+            if None in facts.values() and slot.path not in self._unreadable:
                 facts["reading"] = True  # ask again in a moment
+        facts["gguf"] = self._summaries.get(slot.path)  # read last: a split plan does not wait for it
         return {k: v for k, v in facts.items() if v is not None}
 
     def _read(self, slot):
         try:
             self.tower.registry.need_mib(slot)
             self.n_layers(slot.path)
-            self._summaries[slot.path] = gguf_info.summary(slot.path)
         except Exception as e:  # blobs never change: an unreadable one is not read again
             self._unreadable.add(slot.path)
             log.warning("cannot read model %s: %s", slot.path, e)
+            return
+        try:
+            self._summaries[slot.path] = gguf_info.summary(slot.path)
+        except Exception as e:  # only what clients show of it is missing then
+            log.warning("cannot read what model %s is: %s", slot.path, e)
 
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""
