@@ -105,6 +105,9 @@ def test_generate_streamed_not_and_raw(hub, client):
     assert raw.done_reason == "stop" and raw.response.endswith("5,"), raw.response
     loaded = client.generate(model=MODEL)  # Ollama's "load the model": answered at once
     assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    with pytest.raises(ollama.ResponseError) as unload:  # towers unload only for another model
+        client.generate(model=MODEL, keep_alive=0)
+    assert unload.value.status_code == 400 and "keep_alive" in unload.value.error
 
 
 def test_tools_and_format(client):

@@ -108,6 +108,16 @@ def _common(body, payload, known_models):
     return stream is not False, tower, top
 
 
+def _loading(body, model, stream, tower, top):
+    """The Request of Ollama's "load the model" (no messages, no prompt); its
+    unload form (``keep_alive`` 0) is refused: towers unload a model only when
+    another needs the memory."""
+    if body.get("keep_alive") in (0, "0", "0s", "0m"):
+        raise bad_request("'keep_alive' 0 asks to unload the model; a tower unloads a model only when another "
+                          "needs its memory", "keep_alive", code="unsupported")
+    return Request(None, model, stream, tower, top)
+
+
 def parse_chat(body, known_models=()):
     """Check an ``/api/chat`` body. Raises ApiError(400)."""
     _fields(body, CHAT_FIELDS)
@@ -117,7 +127,7 @@ def parse_chat(body, known_models=()):
     if not isinstance(items, list):
         raise bad_request("'messages' must be a list", "messages")
     if not items:
-        return Request(None, body.get("model") or body.get("name"), stream, tower, top)
+        return _loading(body, body.get("model") or body.get("name"), stream, tower, top)
     payload["messages"] = openai_messages(_messages(items))
     tools = body.get("tools")
     if tools:
@@ -143,7 +153,7 @@ def parse_generate(body, known_models=()):
         raise bad_request("'prompt' and 'system' must be strings", "prompt")
     model = body["model"] if body.get("model") else body["name"]
     if not prompt and not system:
-        return Request(None, model, stream, tower, top)
+        return _loading(body, model, stream, tower, top)
     if body.get("raw"):
         if system:
             raise bad_request("'system' has no effect with 'raw' (the prompt goes to the model as it is)", "system")
