@@ -44,7 +44,7 @@ MIN_HINT_S = 0.5
 
 class ModelQueue:
     """``slots``: streams at once; ``queue_depth``: requests that may wait;
-    ``initial_request_s``: the first guess of one generation's time (seconds);
+    ``initial_request_s``: the guess of one generation's time (seconds) until one was timed;
     ``on_change()``: called (outside the lock) when free slots go from 0 to
     some or from some to 0."""
 
@@ -56,6 +56,7 @@ class ModelQueue:
         self.on_change = on_change
         self._line = deque()
         self._started = []  # time.monotonic() at which each running stream took its slot
+        self._timed = False  # a generation was recorded (avg_request_s is no longer the first guess)
         self._draining = 0
         self._cond = threading.Condition()
 
@@ -151,6 +152,8 @@ class ModelQueue:
                 self._cond.notify_all()
 
     def record(self, seconds):
-        """Feed a finished generation's duration (seconds, from its turn) into the retry hint."""
+        """Feed a finished generation's duration (seconds, from its turn) into the
+        retry hint; the first one replaces the initial guess."""
         with self._cond:
-            self.avg_request_s = 0.8 * self.avg_request_s + 0.2 * seconds
+            self.avg_request_s = seconds if not self._timed else 0.8 * self.avg_request_s + 0.2 * seconds
+            self._timed = True
