@@ -57,6 +57,7 @@ class ModelQueue:
         self._line = deque()
         self._started = []  # time.monotonic() at which each running stream took its slot
         self._timed = False  # a generation was recorded (avg_request_s is no longer the first guess)
+        self._free_told = True  # what on_change last reported: some slot free
         self._draining = 0
         self._cond = threading.Condition()
 
@@ -71,11 +72,18 @@ class ModelQueue:
 
     def set_slots(self, slots):
         with self._cond:
-            before = self.free > 0
             self.slots = max(1, slots)
             self._cond.notify_all()
-            changed = before != (self.free > 0)
+            changed = self._flipped()
         self._changed(changed)
+
+    def _flipped(self):
+        """Whether "some slot is free" differs from when on_change last ran (the lock is held)."""
+        free = self.free > 0
+        if free == self._free_told:
+            return False
+        self._free_told = free
+        return True
 
     def _changed(self, changed):
         if changed and self.on_change is not None:
@@ -116,7 +124,7 @@ class ModelQueue:
             started = time.monotonic()
             self._started.append(started)
             self._cond.notify_all()
-            changed = self.free == 0
+            changed = self._flipped()
         self._changed(changed)
         try:
             yield
@@ -125,7 +133,7 @@ class ModelQueue:
                 self.running -= 1
                 self._started.remove(started)
                 self._cond.notify_all()
-                changed = self.free == 1 and not self._line  # else the next in line takes it at once
+                changed = not self._line and self._flipped()  # else the next in line takes it at once
             self._changed(changed)
 
     def forget(self, ticket):
