@@ -4,7 +4,8 @@ Each target feeds generated input to one decoder: random bytes, msgpack of
 random values, and valid messages with a few bytes changed, so the input
 reaches past the msgpack layer into the field checks. A decoder may only
 raise its documented error (CapsError, WireError, ProtocolError,
-ManifestError, ConfigError, DatasetError); anything else is an uncaught
+ManifestError, ConfigError, DatasetError, the gateway's ApiError(400));
+anything else is an uncaught
 exception, and an input that takes longer than HANG_S is a hang. The run
 goes on after a failure, so the counts are totals.
 
@@ -39,6 +40,9 @@ from links.chunks import ChunkCancel, ChunkData, ChunkError, ChunkRequest, Trans
 from links.jobevents import JobEvent  # noqa: E402
 from links.stream import StreamCancel, StreamEnd, StreamError, TokenChunk  # noqa: E402
 from links.wire import WireError  # noqa: E402
+from reticulum_grid.client import models as tower_models, stream as client_stream  # noqa: E402
+from reticulum_grid.gateway import ollama_api, openai_api  # noqa: E402
+from reticulum_grid.gateway.errors import ApiError  # noqa: E402
 from reticulum_grid.inference import request as inference_request  # noqa: E402
 from reticulum_grid.node import config  # noqa: E402
 from reticulum_grid.store.names import parse_blob_id  # noqa: E402
@@ -194,6 +198,36 @@ _line = st.one_of(VALUES.map(_json),
 DATASET = st.one_of(st.lists(_line, max_size=5).map(lambda lines: "\n".join(lines).encode()),
                     st.binary(max_size=200))
 
+#: caps/full's blob rows as a tower sends them (client/models.py decodes them).
+TOWER_MODELS = st.one_of(st.fixed_dictionaries({"blobs": st.lists(_map_of({
+    "alias": _alias, "blob_id": _blob, "size": _ints, "kind": st.sampled_from(["model", "adapter", "x"]),
+    "loaded": VALUES, "on_gpu": VALUES, "gpu_mib": _ints, "host_mib": _small, "slots": _small, "slots_free": _ints,
+    "n_ctx": _ints, "gguf": _map_of({"architecture": _text, "parameters": _ints, "pooling": VALUES,
+                                     "context_length": _small, "name": VALUES})}) | VALUES, max_size=4)}), VALUES)
+#: Per-token probabilities as a tower's token chunk carries them (client/stream.py checks them).
+LOGPROBS = st.lists(_map_of({"token": _text, "logprob": st.floats() | VALUES, "bytes": st.lists(_ints) | VALUES,
+                             "top": st.lists(_map_of({"token": _text, "logprob": st.floats()}) | VALUES,
+                                             max_size=3)}) | VALUES, max_size=4) | VALUES
+_message = _map_of({"role": st.sampled_from(["user", "assistant", "tool", "system", "developer", "x"]),
+                    "content": _text | VALUES, "tool_calls": VALUES | st.lists(_map_of({
+                        "id": _text, "type": st.just("function"),
+                        "function": _map_of({"name": _text, "arguments": _text | VALUES})}), max_size=2),
+                    "tool_call_id": _text, "tool_name": _text, "images": VALUES, "name": VALUES})
+#: Bodies of the gateway's OpenAI and Ollama routes (JSON a client sent).
+HTTP_BODIES = st.one_of(_map_of({
+    "model": _alias, "messages": st.lists(_message | VALUES, max_size=4), "prompt": _text | VALUES,
+    "tools": st.lists(_map_of({"type": st.sampled_from(["function", "x"]), "function": _map_of({
+        "name": _text, "parameters": VALUES})}) | VALUES, max_size=2),
+    "tool_choice": VALUES | st.sampled_from(["auto", "none", "required"]),
+    "response_format": VALUES | _map_of({"type": st.sampled_from(["json_object", "json_schema", "text"]),
+                                         "json_schema": VALUES}),
+    "logprobs": VALUES, "top_logprobs": VALUES, "stream": VALUES, "stream_options": VALUES,
+    "max_tokens": _ints, "temperature": VALUES, "stop": VALUES, "seed": _ints, "n": VALUES,
+    "options": _map_of({"temperature": VALUES, "num_predict": _ints, "stop": VALUES, "mirostat": VALUES,
+                        "num_ctx": VALUES, "seed": VALUES}),
+    "format": VALUES | st.just("json"), "input": VALUES | st.lists(_text, max_size=3), "dimensions": VALUES,
+    "encoding_format": VALUES, "system": VALUES, "raw": VALUES, "think": VALUES}), VALUES)
+
 LXMF = st.tuples(st.binary(max_size=40) | _text.map(str.encode), st.binary(max_size=80) | _text.map(str.encode),
                  VALUES | st.dictionaries(st.integers(0, 255) | _text, VALUES | st.binary(max_size=20), max_size=4),
                  st.binary(max_size=20), VALUES)
@@ -237,6 +271,19 @@ def _event(data):
     json.dumps(event.event)  # `rngrid jobs watch --json` prints events as they came
 
 
+def _http_body(body):
+    """Every route parser of the gateway on one body: each may only refuse with ApiError(400)."""
+    parsers = (lambda b: openai_api.parse(b, True, {"m"}), lambda b: openai_api.parse(b, False, {"m"}),
+               openai_api.parse_embeddings, ollama_api.parse_chat, ollama_api.parse_generate, ollama_api.parse_embed,
+               lambda b: ollama_api.parse_embed(b, legacy=True))
+    for parse in parsers:
+        try:
+            parse(body)
+        except ApiError as e:
+            if e.status != 400:
+                raise
+
+
 def _lxmf(args):
     entry = notify.inbox_entry(*args)
     json.dumps(entry)  # `rngrid inbox --json` prints it; rich prints title and content
@@ -276,6 +323,9 @@ def targets(scratch):
         "lxmf_fields": (LXMF, _lxmf, ()),
         "config": (_toml(), lambda t: _config(t, scratch), (config.ConfigError,)),
         "dataset": (DATASET, lambda d: _dataset(d, scratch), (datasets.DatasetError,)),
+        "tower_models": (TOWER_MODELS, lambda v: tower_models.decode_blobs("t", v), ()),
+        "logprobs": (LOGPROBS, client_stream._logprobs, ()),
+        "gateway_bodies": (HTTP_BODIES, _http_body, ()),
     }
 
 

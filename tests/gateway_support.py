@@ -11,11 +11,12 @@ from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.localgrid import TowerProcess, free_port
 
 
-def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, **sections):
+def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, **sections):
     """A tower serving the default model as ``alias`` (only it has that alias, so
-    routing is deterministic even when other test modules' towers are live)."""
-    tower = TowerProcess(hub.root, name, {alias: default_model_path()}, allow={hub.grid.identity_hash: list(roles)},
-                         connect=[hub.address], **sections)
+    routing is deterministic even when other test modules' towers are live);
+    ``settings``: more of its ``[models.ALIAS]`` keys (e.g. {"embeddings": True})."""
+    tower = TowerProcess(hub.root, name, {alias: {"path": default_model_path(), **(settings or {})}},
+                         allow={hub.grid.identity_hash: list(roles)}, connect=[hub.address], **sections)
     if n_ctx:
         doc = tomlkit.parse(tower.config_path.read_text())
         doc["models"][alias]["n_ctx"] = n_ctx

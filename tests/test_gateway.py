@@ -14,8 +14,8 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.gateway.app import Gateway
-from reticulum_grid.gateway.openai_api import Reply
+from reticulum_grid.gateway.openai_reply import Reply
+from reticulum_grid.gateway.openai_routes import OpenAIRoutes
 from reticulum_grid.gateway.server import BindRefused, check_bind
 from reticulum_grid.node.config import allow, revoke
 from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
@@ -29,9 +29,9 @@ CHAT = [{"role": "user", "content": "Name two planets."}]
 
 @pytest.fixture(scope="module")
 def tower(hub):
-    # queue_depth 0: a second request while one runs is "busy"; a small context
-    # window makes "until the context ends" short.
-    return start_tower(hub, "gw-a", MODEL, n_ctx=N_CTX, limits={"queue_depth": 0})
+    # One slot and queue_depth 0: a second request while one runs is "busy"; a
+    # small context window makes "until the context ends" short.
+    return start_tower(hub, "gw-a", MODEL, n_ctx=N_CTX, settings={"parallel": 1}, limits={"queue_depth": 0})
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_max_completion_tokens(client):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 2), ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]), ("logprobs", True),
+    ("n", 2), ("audio", {"voice": "alloy", "format": "wav"}), ("logit_bias", {"42": 10}),
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]),
     ("bogus_field", 1), ("temperature", 7),
 ])
@@ -204,7 +204,7 @@ def test_an_error_mid_stream_is_one_sse_error_event_then_the_end():
     async def collect():
         events = events_double()
         first = await anext(events)
-        return [e async for e in Gateway(grid=None)._chunks(Reply(True, MODEL), first, events, True)]
+        return [e async for e in OpenAIRoutes(None)._chunks(Reply(True, MODEL), first, events, True)]
 
     out = asyncio.run(collect())
     assert json.loads(out[1]["data"])["choices"][0]["delta"]["content"] == "late "

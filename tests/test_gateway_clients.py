@@ -84,11 +84,15 @@ def running_job(gateway, tower):
 
 
 def test_node_client_inference(gateway, tower, hub):
-    assert "# pass 3" in node(gateway, tower, "inference")
+    assert "# pass 5" in node(gateway, tower, "inference")
     example = subprocess.run([shutil.which("node"), str(ROOT / "clients" / "ts" / "example.js"), "Say hello."],
                              capture_output=True, text=True, timeout=60,
                              env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL, RNGRID_MAX_TOKENS="16"))
     assert example.returncode == 0 and f"tokens from {tower.name}" in example.stdout, example.stdout + example.stderr
+    failed = subprocess.run([shutil.which("node"), str(ROOT / "clients" / "ts" / "example.js"), "Say hello."],
+                            capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL="no-such-model"))
+    assert failed.returncode == 1 and failed.stderr.count("unknown_model") == 1, failed.stderr  # the code, once
     assert wait_idle(hub, tower) is not None
 
 

@@ -27,6 +27,7 @@ try {
   }
 } catch (error) {
   if (!(error instanceof GridError)) throw error;
-  console.error(`grid error ${error.code}: ${error.message}` + (error.retryAfter ? ` (retry in ${error.retryAfter} s)` : ""));
+  // A GridError's message starts with its code ("busy: every tower ..."): printed once.
+  console.error(`grid error ${error.message}` + (error.retryAfter ? ` (retry in ${error.retryAfter} s)` : ""));
   process.exitCode = 1;
 }

@@ -1,7 +1,23 @@
 // Types for @rngrid/client (index.js): the grid's commands through `rngrid serve`.
 
-export type Role = "system" | "user" | "assistant";
-export interface Message { role: Role; content: string }
+export type Role = "system" | "user" | "assistant" | "tool";
+/** A call the model made, as it comes back in an assistant message (OpenAI's shape; arguments are JSON text). */
+export interface MessageToolCall { id: string; type: "function"; function: { name: string; arguments: string } }
+export interface Message {
+  role: Role;
+  content: string | null;
+  /** An assistant message's calls (send them back with the history). */
+  tool_calls?: MessageToolCall[];
+  /** A tool message: the id of the call it answers. */
+  tool_call_id?: string;
+}
+/** A function the model may call: its name, what it does and a JSON schema of its arguments. */
+export interface Tool { type: "function"; function: { name: string; description?: string; parameters?: Record<string, unknown> } }
+export type ToolChoice = "auto" | "none" | "required" | { type: "function"; function: { name: string } };
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; json_schema: { name?: string; schema: Record<string, unknown> } };
 
 /** ai/inference: give `messages` (chat, the model's own template) or `prompt` (raw text). */
 export interface InferenceParams {
@@ -23,9 +39,25 @@ export interface InferenceParams {
   adapter?: string;
   /** LoRA scale; 0 gives the base model. */
   adapter_scale?: number;
+  /** -2..2, as OpenAI's. */
+  presence_penalty?: number;
+  frequency_penalty?: number;
+  /** Functions the model may call (chat only); `tool_choice` naming one forces that call. */
+  tools?: Tool[];
+  tool_choice?: ToolChoice;
+  /** Constrain the answer to JSON (any object, or one that a schema describes). */
+  response_format?: ResponseFormat;
+  /** Each token's log probability, with `top_logprobs` (0..20) alternatives. */
+  logprobs?: boolean;
+  top_logprobs?: number;
   /** Run on this tower (name or destination hash) instead of routing. */
   tower?: string;
 }
+
+/** ai/embeddings: one vector per text, from a model's runner (L2-normalised). */
+export interface EmbeddingsParams { model: string; input: string | string[]; tower?: string }
+export interface EmbeddingsResult { vectors: number[][]; dims: number; prompt_tokens: number; tower: string }
+export type EmbeddingsEvent = { type: "embeddings" } & EmbeddingsResult;
 
 /** Ends an inference. Tokens are counts, times seconds, rates tokens/s. */
 export interface Usage {
@@ -36,17 +68,23 @@ export interface Usage {
   tokens_per_s: number;
   /** The tower that finished the answer. */
   tower: string;
-  finish_reason: "stop" | "length" | string;
+  finish_reason: "stop" | "length" | "tool_calls" | string;
   tower_ttft_s: number;
   queued_s: number;
   /** Towers that died mid-stream and were replaced. */
   failovers: number;
 }
 
-export type TokenEvent = { type: "token"; text: string };
+/** A token's log probability (<= 0), its UTF-8 bytes and the likeliest alternatives. */
+export interface TokenLogprob { token: string; logprob: number; bytes: number[]; top: { token: string; logprob: number; bytes: number[] }[] }
+export type TokenEvent = { type: "token"; text: string; logprobs?: TokenLogprob[] };
+/** A piece of a tool call: `index` says which call; `id` and `name` come with its first piece, `arguments` is the next piece of its JSON. */
+export type ToolCallEvent = { type: "tool_call"; index: number; id: string; name: string; arguments: string };
 export type UsageEvent = { type: "usage" } & Usage;
-export type InferenceEvent = TokenEvent | UsageEvent;
-export interface InferenceResult { text: string; usage: Usage }
+export type InferenceEvent = TokenEvent | ToolCallEvent | UsageEvent;
+/** The whole calls of an inference, each with its JSON arguments joined. */
+export interface ToolCall { id: string; name: string; arguments: string }
+export interface InferenceResult { text: string; usage: Usage; tool_calls: ToolCall[] }
 
 export type JobState = "queued" | "running" | "succeeded" | "failed" | "cancelled";
 
@@ -136,6 +174,7 @@ export interface Model {
 /** Every command: its params, the events it streams and what awaiting it gives. */
 export interface CommandMap {
   "ai/inference": { params: InferenceParams; event: InferenceEvent; result: InferenceResult };
+  "ai/embeddings": { params: EmbeddingsParams; event: EmbeddingsEvent; result: EmbeddingsResult };
   "genome/train": { params: TrainParams; event: TrainEvent; result: TrainResult };
   "jobs/watch": { params: JobRef; event: JobEvent; result: JobEndEvent | null };
   "jobs/status": { params: Partial<JobRef>; event: { type: "jobs"; jobs: Job[] }; result: Job[] };
@@ -170,12 +209,16 @@ export declare class GridError extends Error {
  * One command on the grid: iterate it for its events as they come, or await it for
  * the result; nothing is sent before either. Leaving the loop early, cancel() or an
  * aborted signal ends the request: an inference stops on the tower; a training job
- * keeps running (only the watching stops). Read it once.
+ * keeps running (only the watching stops). After cancel() a `for await` loop simply
+ * ends, and awaiting the result rejects with GridError code "cancelled"; an aborted
+ * signal of your own rejects as fetch does (AbortError). Read it once.
  */
 export declare class CommandRun<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
   readonly command: C;
   readonly params: ParamsOf<C>;
   cancel(): void;
+  /** cancel() was called before the command's events ended. */
+  readonly cancelled: boolean;
   [Symbol.asyncIterator](): AsyncIterator<EventOf<C>>;
   result(): Promise<ResultOf<C>>;
   /** ai/inference: just the text. */

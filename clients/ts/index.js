@@ -60,12 +60,28 @@ async function* ndjson(body) {
   }
 }
 
+// The whole tool calls of an inference, from its tool_call events (pieces of each call's JSON arguments).
+function toolCalls(events) {
+  const calls = [];
+  for (const e of events.filter((e) => e.type === "tool_call")) {
+    const call = (calls[e.index] ||= { id: "", name: "", arguments: "" });
+    call.id ||= e.id;
+    call.name ||= e.name;
+    call.arguments += e.arguments;
+  }
+  return calls.filter(Boolean);
+}
+
 // What `await run` (or run.result()) gives for each command, from its events.
 const RESULTS = {
   "ai/inference": (events) => {
     const text = events.filter((e) => e.type === "token").map((e) => e.text).join("");
     const { type, ...usage } = events.find((e) => e.type === "usage") || {};
-    return { text, usage };
+    return { text, usage, tool_calls: toolCalls(events) };
+  },
+  "ai/embeddings": (events) => {
+    const { type, ...result } = events.find((e) => e.type === "embeddings") || { vectors: [] };
+    return result;
   },
   "genome/train": (events) => {
     const job = events.find((e) => e.type === "job") || {};
@@ -83,7 +99,10 @@ const RESULTS = {
  * One command on the grid. Iterate it (`for await`) for its events as they come,
  * or await it for the result. Nothing is sent until you do either. Leaving the loop
  * early, cancel() or an aborted `signal` ends the request: an inference stops on the
- * tower; a training job keeps running (only the watching stops).
+ * tower; a training job keeps running (only the watching stops). After cancel() a
+ * `for await` loop simply ends (no error), and awaiting the result rejects with a
+ * GridError whose code is "cancelled"; your own aborted `signal` rejects as fetch
+ * does (an AbortError).
  */
 export class CommandRun {
   constructor(client, command, params, { signal } = {}) {
@@ -92,6 +111,8 @@ export class CommandRun {
     this._client = client;
     this._abort = new AbortController();
     this._started = false;
+    this._cancelled = false;
+    this._ended = false;
     if (signal) {
       if (signal.aborted) this._abort.abort(signal.reason);
       else signal.addEventListener("abort", () => this._abort.abort(signal.reason), { once: true });
@@ -100,33 +121,44 @@ export class CommandRun {
 
   /** Stop the command (see the class comment). */
   cancel() {
+    this._cancelled = true;
     this._abort.abort();
+  }
+
+  /** Whether cancel() was called before the command's events ended. */
+  get cancelled() {
+    return this._cancelled && !this._ended;
   }
 
   async *[Symbol.asyncIterator]() {
     if (this._started) throw new Error(`${this.command}: a CommandRun can be read once`);
     this._started = true;
-    const response = await this._client._post("/v1/grid/execute", { command: this.command, params: this.params },
-      this._abort.signal);
-    if (!response.ok) throw await errorFrom(response);
     let finished = false;
     try {
+      const response = await this._client._post("/v1/grid/execute", { command: this.command, params: this.params },
+        this._abort.signal);
+      if (!response.ok) throw await errorFrom(response);
       for await (const event of ndjson(response.body)) {
         if (event.type === "error") {
           throw new GridError(event.code, event.message, { status: response.status, retryAfter: event.retry_after });
         }
         yield event;
       }
-      finished = true;
+      finished = this._ended = true;
+    } catch (error) {
+      if (!this._cancelled) throw error;
+      // cancel() aborted the request: the loop ends quietly (the abort is what was asked for)
     } finally {
       if (!finished) this._abort.abort(); // left early: close the connection so the gateway stops
     }
   }
 
-  /** All events, then the command's result (e.g. {text, usage} for ai/inference). */
+  /** All events, then the command's result (e.g. {text, usage, tool_calls} for ai/inference).
+   * Rejects with GridError("cancelled") when cancel() ended it first. */
   async result() {
     const events = [];
     for await (const event of this) events.push(event);
+    if (this.cancelled) throw new GridError("cancelled", `${this.command} was cancelled before it ended`);
     const pick = RESULTS[this.command];
     return pick ? pick(events) : events;
   }

@@ -1,13 +1,11 @@
 """``rngrid towers``, ``infer``, ``route``, ``demo``: discovery and inference."""
 
-
 import sys
-import time
 
 import click
 from rich.table import Table
 
-from links.wire import Code, WireError
+from links.wire import WireError
 
 from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out, visible
 
@@ -96,7 +94,8 @@ def _tower_row(entry, health):
 @click.option("--adapter-scale", default=1.0, show_default=True, type=click.FloatRange(-10, 10),
               help="LoRA scale; 0 gives the base model.")
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to keep retrying while every tower is busy (as each tower's retry hint says).")
+              help="Seconds to keep waiting while every tower is busy: it asks again when a tower announces a "
+                   "free slot or its retry hint has passed.")
 @click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Split the model over towers: when no one tower can hold it and the "
               "estimate says it pays (auto), whenever towers are heard (always), or never.")
@@ -118,20 +117,15 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
         payload["messages"] = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}]
     grid = open_grid(ctx, connect, rns_config)
-    deadline = time.monotonic() + busy_wait
+
+    def on_busy(error, pause_s):  # busy comes before any output, so a retry repeats nothing
+        err.print(f"{error.message}; trying again within {pause_s:.1f} s (sooner if a slot frees)")
+
     try:
-        while True:
-            try:
-                with ProgressBar(as_json, f"syncing {model}") as progress:
-                    stream = grid.execute("ai/inference", payload, tower=tower, progress=progress)
-                _stream(stream, as_json)
-                return
-            except WireError as e:  # busy comes before any output, so a retry repeats nothing
-                pause = max(1.0, e.retry_after or 0.0)
-                if e.code != Code.BUSY or time.monotonic() + pause > deadline:
-                    raise
-                err.print(f"{e.message}; trying again in {pause:.0f} s")
-                time.sleep(pause)
+        with ProgressBar(as_json, f"syncing {model}") as progress:
+            stream = grid.execute("ai/inference", payload, tower=tower, progress=progress, busy_wait=busy_wait,
+                                  on_busy=on_busy)
+        _stream(stream, as_json)
     except WireError as e:
         fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:

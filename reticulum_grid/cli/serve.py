@@ -1,4 +1,4 @@
-"""``rngrid serve``: the grid behind an OpenAI-compatible HTTP API and a live dashboard."""
+"""``rngrid serve``: the grid behind OpenAI's and Ollama's HTTP APIs and a live dashboard."""
 
 import click
 
@@ -13,12 +13,13 @@ from reticulum_grid.node import config as cfg
 @click.option("--api-key", default=None, envvar="RNGRID_API_KEY",
               help="Key every request must send as 'Authorization: Bearer KEY' (or set RNGRID_API_KEY).")
 @click.option("--busy-wait", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds a request keeps retrying while every tower is busy before answering 429.")
+              help="Seconds a request waits for a free slot while every tower is busy before answering 429.")
 @click.option("--cors-origin", "origins", multiple=True, metavar="ORIGIN",
               help="A web app origin allowed to call the API from a browser, e.g. http://localhost:5173 (repeatable).")
 @click.pass_context
 def serve(ctx, connect, rns_config, listen, api_key, busy_wait, origins):
-    """Serve the grid to OpenAI clients (/v1), any language (/v1/grid/execute) and a browser (/)."""
+    """Serve the grid to OpenAI clients (/v1), Ollama clients (/api), any language (/v1/grid/execute) and a
+    browser (/)."""
     try:
         from reticulum_grid.gateway.server import BindRefused, check_bind, server
     except ImportError as e:
@@ -30,8 +31,8 @@ def serve(ctx, connect, rns_config, listen, api_key, busy_wait, origins):
         fail(str(e))
     grid = open_grid(ctx, connect, rns_config)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    err.print(f"grid gateway on {url} (dashboard), OpenAI base_url {url}/v1, identity {grid.identity_hash}"
-              + ("; API key required" if api_key else ""))
+    err.print(f"grid gateway on {url} (dashboard), OpenAI base_url {url}/v1, OLLAMA_HOST={url}, "
+              f"identity {grid.identity_hash}" + ("; API key required" if api_key else ""))
     try:
         server(grid, host, port, api_key=api_key, busy_wait_s=busy_wait, origins=origins).run()
     except OSError as e:

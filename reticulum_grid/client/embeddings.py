@@ -28,23 +28,34 @@ class Embeddings:
         return len(self.vectors[0]) if self.vectors else 0
 
 
-def embed(grid, model, texts, tower=None):
-    """Embeddings of ``texts`` (a string or a list of them) from ``model``.
-    Raises WireError (the most telling code a tower gave)."""
+def embed(grid, model, texts, tower=None, busy_wait=None):
+    """Embeddings of ``texts`` (a string or a list of them) from ``model``;
+    ``busy_wait``: a busy.BusyWait for when every tower is busy. Raises
+    WireError (the most telling code a tower gave)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
-    errors = []
-    for choice in grid.rank(model, tower=tower)[:MAX_TOWERS]:
-        try:
-            return _ask(grid, choice.entry, model, texts)
-        except WireError as e:
-            if e.code not in RETRY_BEFORE_OUTPUT:
-                raise
-            errors.append((choice.entry.name, e))
-            grid.liveness.failed(choice.entry, e)
-    tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in errors) or "none"
+    while True:
+        errors = []
+        for choice in grid.rank(model, tower=tower)[:MAX_TOWERS]:
+            try:
+                return _ask(grid, choice.entry, model, texts)
+            except WireError as e:
+                if e.code not in RETRY_BEFORE_OUTPUT:
+                    raise
+                errors.append((choice.entry, e))
+                if e.code != Code.BUSY:
+                    grid.liveness.failed(choice.entry, e)
+        error = _exhausted(model, errors)
+        others = {entry.destination_hash for entry, e in errors if e.code != Code.BUSY}
+        if error.code != Code.BUSY or busy_wait is None or not busy_wait.wait(model, error, exclude=others):
+            raise error
+
+
+def _exhausted(model, errors):
+    tried = "; ".join(f"{entry.name}: {e.code}: {e.message}" for entry, e in errors) or "none"
     codes = [e.code for _, e in errors]
-    raise WireError(codes[0] if len(set(codes)) == 1 else Code.UNREACHABLE,
-                    f"no tower could embed with {model!r}; tried {tried}")
+    busy = [e.retry_after for _, e in errors if e.code == Code.BUSY and e.retry_after is not None]
+    return WireError(codes[0] if len(set(codes)) == 1 else Code.UNREACHABLE,
+                     f"no tower could embed with {model!r}; tried {tried}", retry_after=min(busy, default=None))
 
 
 def _ask(grid, entry, model, texts):

@@ -31,6 +31,8 @@ from reticulum_grid.node import config, identity, rnsnet, trust
 from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
 from reticulum_grid.client import embeddings, split as splitroute
+from reticulum_grid.client.busy import BusyWait
+from reticulum_grid.client.models import decode_blobs
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
 from reticulum_grid.node.connection import TowerConnection, wait_until
@@ -279,31 +281,39 @@ class Grid(BlobTransfers, JobCommands):
             return conn
 
     # -- commands ---------------------------------------------------------
-    def execute(self, command, payload, tower=None, timeout=30.0, progress=None):
+    def execute(self, command, payload, tower=None, timeout=30.0, progress=None, busy_wait=0.0, on_busy=None):
         """Run ``command`` on the grid.
 
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
-        (str; ToolCallDelta items when the model calls a tool) followed by one Usage;
+        (Text, a str with ``.logprobs``; ToolCallDelta items when the model calls
+        a tool) followed by one Usage;
         ``ai/embeddings`` (``{"model", "input"}``): an embeddings.Embeddings; a model the chosen tower lacks is synced
         to it first (``progress(done_bytes, total_bytes)``); towers that fail are
-        replaced (inference.py). Other commands need ``tower`` and return the
-        reply map within ``timeout`` seconds. Raises WireError (code + message)."""
+        replaced (inference.py). While every tower is busy, both wait up to
+        ``busy_wait`` seconds for a free slot (0: raise busy at once; client/busy.py),
+        telling ``on_busy(error, pause_s)`` before each wait. Other commands need
+        ``tower`` and return the reply map within ``timeout`` seconds. Raises
+        WireError (code + message)."""
         if command == "ai/inference":
-            return self.infer(payload, tower=tower, progress=progress)
+            return self.infer(payload, tower=tower, progress=progress, busy_wait=busy_wait, on_busy=on_busy)
         if command == "ai/embeddings":
             if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
                 raise WireError(Code.BAD_REQUEST, "ai/embeddings needs a payload map with a 'model' string")
-            return self.embed(payload["model"], payload.get("input"), tower=tower)
+            return self.embed(payload["model"], payload.get("input"), tower=tower, busy_wait=busy_wait,
+                              on_busy=on_busy)
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
 
-    def embed(self, model, texts, tower=None):
+    def embed(self, model, texts, tower=None, busy_wait=0.0, on_busy=None):
         """Embeddings of ``texts`` (a string or a list of strings) from ``model``:
-        an embeddings.Embeddings. Raises WireError."""
-        return embeddings.embed(self, model, texts, tower=tower)
+        an embeddings.Embeddings. ``busy_wait``: seconds as in execute, or a
+        busy.BusyWait (whose stop() a caller may call from another thread). Raises WireError."""
+        wait = busy_wait if isinstance(busy_wait, BusyWait) else BusyWait(self, busy_wait, on_busy)
+        return embeddings.embed(self, model, texts, tower=tower, busy_wait=wait)
 
-    def infer(self, payload, tower=None, progress=None):
+    def infer(self, payload, tower=None, progress=None, busy_wait=0.0, on_busy=None):
+        """The InferenceStream of an ai/inference ``payload`` (see execute)."""
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
         started = time.perf_counter()
@@ -313,7 +323,14 @@ class Grid(BlobTransfers, JobCommands):
                                                                           payload.get("split_policy", "auto"))
         if split is not None:
             return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
-        return InferenceStream(self, payload, choices, progress=progress, started=started)
+        return InferenceStream(self, payload, choices, progress=progress, started=started,
+                               busy_wait=BusyWait(self, busy_wait, on_busy), tower=tower)
+
+    def tower_models(self, entries=None, timeout=10.0):
+        """[models.TowerModel] of every model and adapter the live towers (or
+        ``entries``) hold, from their caps/full, asked all at once."""
+        entries = self.table.live() if entries is None else entries
+        return [row for entry, reply in self.caps_full(entries, timeout) for row in decode_blobs(entry.name, reply)]
 
     # -- blobs ------------------------------------------------------------
     def caps_full(self, entries, timeout=10.0, timed=False):

@@ -10,6 +10,10 @@ that is impossible (no other tower has the model, or the request uses stop
 strings, whose held-back text makes the token boundary uncertain) the error
 says how far it got.
 
+When every tower answered busy (before any output) and the request has a
+busy-wait, it waits for a free slot and asks again (client/busy.py); the
+caller sees busy only once that wait's deadline passed.
+
 Each attempt to reach a tower is bounded by what its link has shown
 (connection.attempt_timeout), so a frozen or dead tower costs seconds, not a
 fixed 15 s. When every ranked tower failed because it was gone (or the stream
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from links.stream import MAX_STREAM_ID, TextDecoder
 from links.wire import Code, WireError
+from reticulum_grid.client.busy import BusyWait
 
 #: Errors after which, before any output, the next tower is tried.
 RETRY_BEFORE_OUTPUT = {Code.BUSY, Code.UNREACHABLE, Code.TIMEOUT, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL,
@@ -130,17 +135,22 @@ class Usage:
 
 
 class InferenceStream:
-    """Iterator of text pieces (str) followed by one Usage.
+    """Iterator of text pieces (Text; ToolCallDelta when the model calls a
+    tool) followed by one Usage.
 
     Leaving the iteration early (break, exception, Ctrl-C) cancels the stream
-    on the tower. ``text`` holds what arrived; ``usage`` is set at the end."""
+    on the tower. ``text`` holds what arrived; ``usage`` is set at the end.
+    ``busy_wait``: a BusyWait (client/busy.py) for when every tower is busy;
+    ``tower``: the tower asked for (re-ranking after a busy wait keeps to it)."""
 
-    def __init__(self, grid, payload, choices, progress=None, started=None):
+    def __init__(self, grid, payload, choices, progress=None, started=None, busy_wait=None, tower=None):
         self.grid = grid
         self.payload = payload
         self.choices = list(choices)[:MAX_TOWERS]
         self.progress = progress
         self.started = started or time.perf_counter()
+        self.busy_wait = busy_wait or BusyWait(grid, 0.0)
+        self._tower = tower
         self.text = ""
         self.usage = None
         self.ids = []
@@ -163,6 +173,9 @@ class InferenceStream:
                         break
                     if (yield from self._attempt(choice.entry, decoder)):
                         return
+                if self._waited_for_slot():
+                    choices = self.grid.rank(self.payload["model"], adapter=self._adapter(), tower=self._tower)
+                    continue
                 if looked_again or not self._worth_looking_again():
                     break
                 looked_again = True
@@ -223,6 +236,23 @@ class InferenceStream:
                 self._failovers += 1
         return False
 
+    def _waited_for_slot(self):
+        """When nothing came yet and the towers said busy: wait (client/busy.py);
+        True to ask again (the busy answers are forgotten), False to give up.
+        Raises WireError(cancelled) when cancel() stopped the wait."""
+        if self.generated or not self._errors:
+            return False
+        error = self._exhausted()
+        if error.code != Code.BUSY:
+            return False
+        # Towers that failed otherwise (gone, not allowed, ...) do not count when they announce a free slot.
+        if not self.busy_wait.wait(self.payload["model"], error, exclude=set(self._tried)):
+            if self.busy_wait.stopped.is_set():
+                raise WireError(Code.CANCELLED, "cancelled while waiting for a free slot")
+            return False
+        self._errors = [(name, e) for name, e in self._errors if e.code != Code.BUSY]
+        return True
+
     def _adapter(self):
         adapter = self.payload.get("adapter")
         return adapter if isinstance(adapter, str) else None
@@ -242,7 +272,7 @@ class InferenceStream:
             self._first_at = time.perf_counter()
         self.text += text
         piece = Text(text)
-        piece.logprobs = logprobs
+        piece.logprobs = _logprobs(logprobs)
         return piece
 
     def _start(self, entry):
@@ -322,6 +352,7 @@ class InferenceStream:
     def cancel(self):
         """Stop generation on the tower (idempotent; may be called from another
         thread than the one iterating, which then gets WireError(cancelled))."""
+        self.busy_wait.stop()  # a wait for a free slot ends at once
         current, self._current = self._current, None  # one read: the iterating thread may clear it meanwhile
         if current is not None:
             conn, stream_id = current
@@ -342,6 +373,30 @@ class InferenceStream:
 
 def _uses_tools(payload):
     return bool(payload.get("tools")) and payload.get("tool_choice") != "none"
+
+
+def _logprob(item, top=True):
+    """One token's probability from the tower, checked: {token, logprob (<= 0),
+    bytes: [0..255], top: [...]}; None when it is not that."""
+    if not isinstance(item, dict) or not isinstance(item.get("token"), str):
+        return None
+    lp, raw = item.get("logprob"), item.get("bytes")
+    number = isinstance(lp, (int, float)) and not isinstance(lp, bool) and lp == lp  # not NaN
+    lp = min(0.0, max(-1e9, float(lp))) if number else 0.0
+    raw = [b for b in raw if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255] \
+        if isinstance(raw, list) else []
+    out = {"token": item["token"], "logprob": float(lp), "bytes": raw}
+    if top:
+        alternatives = item.get("top") if isinstance(item.get("top"), list) else ()
+        out["top"] = [t for t in (_logprob(a, top=False) for a in alternatives[:20]) if t is not None]
+    return out
+
+
+def _logprobs(items):
+    """The tower's per-token probabilities ([{token, logprob, bytes, top}]), each checked."""
+    if not isinstance(items, (list, tuple)):
+        return []
+    return [lp for lp in map(_logprob, items) if lp is not None]
 
 
 def _tool_call(delta):

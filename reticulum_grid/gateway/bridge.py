@@ -13,6 +13,8 @@ import logging
 import threading
 from collections import deque
 
+from reticulum_grid.client import Text
+
 log = logging.getLogger("rngrid.gateway")
 
 #: Largest request body read (bytes): the tower takes at most 1 MiB of msgpack.
@@ -82,11 +84,17 @@ class Call:
             self.stop()
 
     def _joined(self, text):
-        """``text`` and the text pieces already waiting after it, as one: when the
-        reader falls behind (a busy machine), fewer and larger chunks catch up."""
+        """``text`` and the text pieces already waiting after it, as one Text
+        (their logprobs joined too): when the reader falls behind (a busy
+        machine), fewer and larger chunks catch up."""
+        if not (self._items and isinstance(self._items[0][0], str)):
+            return text
+        parts = [text]
         while self._items and isinstance(self._items[0][0], str):
-            text += self._items.popleft()[0]
-        return text
+            parts.append(self._items.popleft()[0])
+        joined = Text("".join(parts))
+        joined.logprobs = [lp for part in parts for lp in getattr(part, "logprobs", ())]
+        return joined
 
     async def _next(self, gone):
         while True:

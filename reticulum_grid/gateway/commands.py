@@ -4,9 +4,14 @@ Body ``{"command": str, "params": {...}}``; the answer is the command's
 events, one JSON object per line (NDJSON), or SSE ``data:`` lines when the
 request accepts ``text/event-stream``. Every event has a ``type``:
 
-- ``ai/inference`` (params: the Grid's inference payload plus ``tower``):
-  ``token`` {text} ..., then ``usage`` {prompt_tokens, completion_tokens,
-  ttft_s, tokens_per_s, tower, finish_reason, ...}.
+- ``ai/inference`` (params: the Grid's inference payload, inference/request.py:
+  ``tools``, ``tool_choice``, ``response_format``, ``logprobs`` too; plus
+  ``tower``): ``token`` {text, logprobs?: [{token, logprob, bytes, top}]} and
+  ``tool_call`` {index, id, name, arguments: the next piece of the call's JSON
+  arguments} ..., then ``usage`` {prompt_tokens, completion_tokens, ttft_s,
+  tokens_per_s, tower, finish_reason ("tool_calls" after a call), ...}.
+- ``ai/embeddings`` {model, input: str | [str], tower?}: ``embeddings``
+  {vectors: [[float]], dims, prompt_tokens, tower}.
 - ``genome/train`` (params: the job request, see training/request.py, with the
   data as ``dataset`` (a blob on the tower), ``data`` (JSONL text) or
   ``examples`` (a list of {"messages": [...]} or {"text": ...}); ``tower``
@@ -30,7 +35,7 @@ import json
 
 from links.wire import Code, WireError
 from reticulum_grid.gateway.errors import bad_request
-from reticulum_grid.gateway.inference import inference_work
+from reticulum_grid.gateway.inference import embeddings_work, inference_work
 
 #: genome/train params that are not part of the tower's job request.
 TRAIN_LOCAL = ("data", "examples", "tower", "watch")
@@ -60,6 +65,15 @@ def work_for(grid, views, command, params, busy_wait_s):
         if not isinstance(payload.get("model"), str):
             raise bad_request("ai/inference needs params.model", "params.model")
         return inference_work(grid, payload, tower, busy_wait_s, as_events=True)
+    if command == "ai/embeddings":
+        if not isinstance(params.get("model"), str):
+            raise bad_request("ai/embeddings needs params.model", "params.model")
+        texts = params.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+            raise bad_request("ai/embeddings needs params.input: a string or a list of them", "params.input")
+        return embeddings_work(grid, params["model"], texts, tower, busy_wait_s, as_event=True)
     if command == "genome/train":
         return lambda call: _train(grid, params, call)
     if command in ("jobs/watch", "jobs/cancel") or (command == "jobs/status" and params.get("job_id") is not None):
@@ -76,7 +90,8 @@ def work_for(grid, views, command, params, busy_wait_s):
         return lambda call: call.emit({"type": "towers", "towers": views.towers()})
     if command == "grid/models":
         return lambda call: call.emit({"type": "models", "models": views.models()})
-    known = "ai/inference, genome/train, jobs/status, jobs/watch, jobs/cancel, caps/full, grid/towers, grid/models"
+    known = ("ai/inference, ai/embeddings, genome/train, jobs/status, jobs/watch, jobs/cancel, caps/full, "
+             "grid/towers, grid/models")
     raise bad_request(f"unknown command {command!r}; known: {known}", "command")
 
 

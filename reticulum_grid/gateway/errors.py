@@ -1,9 +1,12 @@
-"""Grid errors as HTTP: status codes and OpenAI's error shape.
+"""Grid errors as HTTP: status codes, OpenAI's error shape and Ollama's.
 
-Every error the gateway answers is ``{"error": {"message", "type", "param",
-"code"}}`` (OpenAI's shape; ``code`` is the grid's WireError code, or
-OpenAI's ``model_not_found`` when no tower heard has the model), with ``retry_after``
-(seconds) added for busy answers. Nothing answers with a traceback.
+Every error the OpenAI side answers is ``{"error": {"message", "type",
+"param", "code"}}`` (OpenAI's shape; ``code`` is the grid's WireError code, or
+OpenAI's ``model_not_found`` when no tower heard has the model), with
+``retry_after`` (seconds) added for busy answers. The Ollama side (``/api/``)
+answers ``{"error": message, "code", "param"?, "retry_after"?}`` (Ollama's
+shape, whose clients read ``error``), with the same status codes. Nothing
+answers with a traceback.
 """
 
 import math
@@ -19,7 +22,8 @@ STATUS = {
 }
 #: OpenAI's error ``type`` for a status.
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+         404: "invalid_request_error", 405: "invalid_request_error", 409: "invalid_request_error",
+         413: "invalid_request_error",
          429: "rate_limit_error"}
 
 
@@ -44,6 +48,15 @@ class ApiError(Exception):
         if self.retry_after is not None:
             error["retry_after"] = self.retry_after
         return {"error": error}
+
+    def ollama_body(self):
+        """The JSON body in Ollama's shape (a dict)."""
+        body = {"error": self.message, "code": self.code}
+        if self.param is not None:
+            body["param"] = self.param
+        if self.retry_after is not None:
+            body["retry_after"] = self.retry_after
+        return body
 
     def headers(self):
         """Extra response headers: ``Retry-After`` in whole seconds for a busy answer."""

@@ -1,16 +1,18 @@
-"""OpenAI's chat and text completions on the grid: request checks and reply shapes.
+"""OpenAI's requests on the grid: chat and text completions, embeddings.
 
 ``parse(body, chat, known_models)`` turns a ``POST /v1/chat/completions`` or
-``/v1/completions`` body into an ``ai/inference`` payload for the Grid, or
-raises ApiError(400) naming the field. What the grid cannot do (``n`` > 1,
-tools, logprobs, images, penalties, JSON modes, ...) is refused rather than
-silently ignored; fields that change nothing about the answer (``user``,
-``metadata``, ...) are accepted. ``Reply`` builds the response objects and
-stream chunks in OpenAI's shapes.
+``/v1/completions`` body into an ``ai/inference`` payload for the Grid
+(inference/request.py has its schema); ``parse_embeddings`` does the same
+for ``POST /v1/embeddings``. Each raises ApiError(400) naming the field.
+Tools (``tools``, ``tool_choice``, tool-role messages, assistant
+``tool_calls``), ``response_format`` (json_object, json_schema),
+``logprobs``/``top_logprobs`` (the completions API's ``logprobs`` count too)
+and the penalties go to the tower. What the grid cannot do (``n`` > 1,
+images, audio, ``logit_bias``, the legacy ``functions``, ...) is refused
+rather than silently ignored; fields that change nothing about the answer
+(``user``, ``metadata``, ...) are accepted. Reply shapes: openai_reply.py.
 """
 
-import secrets
-import time
 from dataclasses import dataclass
 
 from reticulum_grid.gateway.errors import bad_request
@@ -25,27 +27,42 @@ IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls"}
 #: Fields the grid cannot honour, with the test for "asks for something": a
 #: default value (False, 0, None, [] ...) is fine, anything else is a 400.
 UNSUPPORTED = {
-    "tools": bool, "tool_choice": lambda v: v not in (None, "none"), "functions": bool, "function_call": bool,
-    "logprobs": bool, "top_logprobs": lambda v: v is not None, "logit_bias": bool,
-    "presence_penalty": bool, "frequency_penalty": bool, "audio": bool, "prediction": bool,
+    "functions": bool, "function_call": bool, "logit_bias": bool, "audio": bool, "prediction": bool,
     "modalities": lambda v: v not in (None, ["text"]), "web_search_options": bool, "reasoning_effort": bool,
-    "response_format": lambda v: v not in (None, {"type": "text"}),
     "echo": bool, "best_of": lambda v: v not in (None, 1), "suffix": bool,
 }
+COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
+          "presence_penalty", "frequency_penalty", "logprobs"}
 CHAT_ONLY = {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call", "audio",
              "modalities", "prediction", "web_search_options", "reasoning_effort", "response_format", "top_logprobs"}
 COMPLETION_ONLY = {"prompt", "echo", "best_of", "suffix"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+#: Most alternatives per token a request may ask for (llama.cpp's limit is 20; OpenAI's completions API allows 5).
+MAX_TOP_LOGPROBS = 20
+EMBED_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "tower"}
 
 
 @dataclass
 class Request:
     """A checked request: ``payload`` for Grid.execute("ai/inference"), the
-    ``model`` name as asked, and the stream options."""
+    ``model`` name as asked, the stream options and ``top_logprobs``: how many
+    alternatives per token the reply shows (None: no logprobs)."""
     payload: dict
     model: str
     stream: bool
     include_usage: bool
+    tower: str | None
+    top_logprobs: int | None = None
+
+
+@dataclass
+class EmbedRequest:
+    """A checked ``/v1/embeddings`` request: texts, ``base64`` answers
+    (float32 little-endian) or lists of floats, ``dimensions`` to keep (None: all)."""
+    model: str
+    texts: list
+    base64: bool
+    dimensions: int | None
     tower: str | None
 
 
@@ -55,21 +72,15 @@ def parse(body, chat, known_models=()):
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, chat)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' must be a model name", "model")
-    payload = {}
-    base, adapter = split_model(model, known_models)
-    if adapter and body.get("adapter") not in (None, adapter):
-        raise bad_request(f"'model' names adapter {adapter!r} and 'adapter' names {body['adapter']!r}", "adapter")
-    payload["model"] = base
+    payload = _model(body, known_models)
     if chat:
-        payload["messages"] = _messages(body.get("messages"))
+        payload["messages"] = messages(body.get("messages"))
+        _tools(body, payload)
+        _response_format(body.get("response_format"), payload)
     else:
         payload["prompt"] = _prompt(body.get("prompt"))
-    if adapter:
-        payload["adapter"] = adapter
     _sampling(body, payload, chat)
+    top = _logprobs(body, payload, chat)
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None:
@@ -79,9 +90,32 @@ def parse(body, chat, known_models=()):
             raise bad_request("'stream_options' may hold only 'include_usage'", "stream_options")
     include_usage = bool(options and _flag(options, "include_usage", "stream_options.include_usage"))
     tower = payload.pop("tower", None)
-    if tower is not None and not isinstance(tower, str):
-        raise bad_request("'tower' must be a tower name or destination hash", "tower")
-    return Request(payload, model, stream, include_usage, tower)
+    return Request(payload, body["model"], stream, include_usage, tower, top)
+
+
+def parse_embeddings(body, known_models=()):
+    """Check a ``/v1/embeddings`` body. Raises ApiError(400)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for name in body:
+        if name not in EMBED_FIELDS:
+            raise bad_request(f"unrecognized request argument supplied: {name}", name)
+    payload = _model(body, known_models)
+    if "adapter" in payload:
+        raise bad_request("embeddings come from a model without adapters", "model")
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise bad_request("'input' must be a non-empty string or a list of them (token arrays are not supported)",
+                          "input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise bad_request("'encoding_format' must be float or base64", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        raise bad_request("'dimensions' must be a positive integer", "dimensions")
+    return EmbedRequest(payload["model"], texts, encoding == "base64", dimensions, payload.get("tower"))
 
 
 def split_model(name, known_models):
@@ -94,16 +128,35 @@ def split_model(name, known_models):
     return name, None
 
 
+def _model(body, known_models):
+    """{"model", "adapter"?, "tower"?} of a body's ``model`` (and ``adapter``, ``tower``)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a model name", "model")
+    base, adapter = split_model(model, known_models)
+    if adapter and body.get("adapter") not in (None, adapter):
+        raise bad_request(f"'model' names adapter {adapter!r} and 'adapter' names {body['adapter']!r}", "adapter")
+    payload = {"model": base}
+    if adapter:
+        payload["adapter"] = adapter
+    for field in ("adapter", "tower"):
+        if body.get(field) is not None:
+            if not isinstance(body[field], str) or not body[field]:
+                raise bad_request(f"'{field}' must be a name", field)
+            payload[field] = body[field]
+    return payload
+
+
 def _check_fields(body, chat):
     other = COMPLETION_ONLY if chat else CHAT_ONLY
-    allowed = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop", "n"} | EXTRAS | \
-        IGNORED | set(UNSUPPORTED) | (CHAT_ONLY if chat else COMPLETION_ONLY)
+    allowed = COMMON | EXTRAS | IGNORED | set(UNSUPPORTED) | (CHAT_ONLY if chat else COMPLETION_ONLY)
     for name, value in body.items():
         if name not in allowed or name in other:
             raise bad_request(f"unrecognized request argument supplied: {name}", name)
         if name in UNSUPPORTED and UNSUPPORTED[name](value):
-            raise bad_request(f"'{name}' is not supported by this grid (its models run on llama.cpp towers)", name,
-                              code="unsupported")
+            hint = " (use 'tools' and 'tool_choice')" if name in ("functions", "function_call") else ""
+            raise bad_request(f"'{name}' is not supported by this grid (its models run on llama.cpp towers){hint}",
+                              name, code="unsupported")
     if body.get("n") not in (None, 1):
         raise bad_request("'n' must be 1: the grid generates one choice per request", "n", code="unsupported")
 
@@ -132,7 +185,8 @@ def _sampling(body, payload, chat):
     payload["max_tokens"] = _number(body, name, 1, UNTIL_CONTEXT_ENDS, integer=True) or UNTIL_CONTEXT_ENDS
     for field, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("top_k", 0, 100_000, True),
                                    ("min_p", 0, 1, False), ("repeat_penalty", 0, 10, False),
-                                   ("adapter_scale", -10, 10, False)):
+                                   ("adapter_scale", -10, 10, False), ("presence_penalty", -2, 2, False),
+                                   ("frequency_penalty", -2, 2, False)):
         value = _number(body, field, lo, hi, integer)
         if value is not None:
             payload[field] = value if integer else float(value)
@@ -147,35 +201,128 @@ def _sampling(body, payload, chat):
         raise bad_request("'stop' must be a string or a list of up to 16 non-empty strings", "stop")
     if stop:
         payload["stop"] = stop
-    for field in ("adapter", "tower"):
-        if body.get(field) is not None:
-            if not isinstance(body[field], str) or not body[field]:
-                raise bad_request(f"'{field}' must be a name", field)
-            payload[field] = body[field]
 
 
-def _messages(messages):
-    if not isinstance(messages, list) or not messages:
+def _logprobs(body, payload, chat):
+    """Chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs``
+    a count 0..20. Sets the payload's; returns the alternatives to show (None: no logprobs)."""
+    if chat:
+        wanted = _flag(body, "logprobs")
+        top = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        if top is not None and not wanted:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    else:
+        top = _number(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        wanted = top is not None
+    if not wanted:
+        return None
+    payload["logprobs"] = True
+    payload["top_logprobs"] = top or 0
+    return top or 0
+
+
+def _tools(body, payload):
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
+        return
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list of functions", "tools")
+    names = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad_request(f"tools[{i}].type must be 'function' (the only kind of tool the grid runs)",
+                              f"tools[{i}].type", code="unsupported")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function needs a 'name'", f"tools[{i}].function.name")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema",
+                              f"tools[{i}].function.parameters")
+        names.append(fn["name"])
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) or fn.get("name") not in names:
+            raise bad_request("'tool_choice' must name a function of 'tools'", "tool_choice")
+    elif choice not in (None, "auto", "none", "required"):
+        raise bad_request("'tool_choice' must be auto, none, required or {'type': 'function', 'function': "
+                          "{'name': ...}}", "tool_choice")
+    payload["tools"] = tools
+    if choice is not None:
+        payload["tool_choice"] = choice
+
+
+def _response_format(value, payload):
+    if value is None or value == {"type": "text"}:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        payload["response_format"] = {"type": "json_object"}
+    elif kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise bad_request("'response_format.json_schema' must be {'name', 'schema': {...}}",
+                              "response_format.json_schema")
+        payload["response_format"] = {"type": "json_schema", "json_schema": {"schema": spec.get("schema", {})}}
+    else:
+        raise bad_request("'response_format.type' must be text, json_object or json_schema", "response_format.type")
+
+
+def messages(items):
+    """OpenAI chat messages checked and trimmed to what the tower takes. Raises ApiError(400)."""
+    if not isinstance(items, list) or not items:
         raise bad_request("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{where} must be an object", where)
-        extra = set(message) - {"role", "content", "name"}
-        if extra:
-            raise bad_request(f"{where}.{sorted(extra)[0]} is not supported by this grid (no tool calls)",
-                              f"{where}.{sorted(extra)[0]}", code="unsupported")
-        role = ROLES.get(message.get("role"))
-        if role is None:
-            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)} (no tool messages)", f"{where}.role")
-        out.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(items)]
+
+
+def _message(message, where):
+    if not isinstance(message, dict):
+        raise bad_request(f"{where} must be an object", where)
+    role = ROLES.get(message.get("role"))
+    if role is None:
+        raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
+    allowed = {"role", "content", "name"} | ({"tool_calls", "refusal", "audio"} if role == "assistant" else set()) \
+        | ({"tool_call_id"} if role == "tool" else set())
+    extra = sorted(set(message) - allowed)
+    if extra:
+        raise bad_request(f"{where}.{extra[0]} is not supported in a {message['role']} message",
+                          f"{where}.{extra[0]}", code="unsupported")
+    if message.get("audio") is not None:
+        raise bad_request(f"{where}.audio is not supported by this grid", f"{where}.audio", code="unsupported")
+    out = {"role": role, "content": _content(message.get("content"), f"{where}.content",
+                                             none_ok=role == "assistant" and bool(message.get("tool_calls")))}
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise bad_request(f"{where}.tool_call_id must name the call this answers", f"{where}.tool_call_id")
+        out["tool_call_id"] = message["tool_call_id"]
+    if message.get("tool_calls"):
+        out["tool_calls"] = _calls(message["tool_calls"], f"{where}.tool_calls")
+    if isinstance(message.get("name"), str):
+        out["name"] = message["name"]
     return out
 
 
-def _content(content, where):
+def _calls(calls, where):
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list", where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str) \
+                or not isinstance(call.get("id", ""), str):
+            raise bad_request(f"{where}[{j}] must be {{'id', 'type': 'function', 'function': {{'name', "
+                              "'arguments': JSON text}}}}", f"{where}[{j}]")
+        out.append({"id": call.get("id", ""), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return out
+
+
+def _content(content, where, none_ok=False):
     if isinstance(content, str):
         return content
+    if content is None and none_ok:
+        return None
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of text parts", where)
     texts = []
@@ -194,55 +341,3 @@ def _prompt(prompt):
         raise bad_request("'prompt' must be one string (token arrays and several prompts are not supported)",
                           "prompt")
     return prompt
-
-
-class Reply:
-    """OpenAI response objects for one request (chat or text completion)."""
-
-    def __init__(self, chat, model):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        self.created = int(time.time())
-
-    def _wrap(self, choices, streamed, **extra):
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if streamed and self.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices, **extra}
-
-    def chunk(self, text="", finish_reason=None, first=False):
-        """One stream chunk with ``text`` (and the role on the ``first``)."""
-        if self.chat:
-            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._wrap([choice], True)
-
-    def usage_chunk(self, usage):
-        """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
-        return self._wrap([], True, usage=usage_map(usage))
-
-    def complete(self, text, usage):
-        """The whole (non-streamed) response."""
-        finish = finish_reason(usage)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self._wrap([choice], False, usage=usage_map(usage), rngrid=grid_usage(usage))
-
-
-def finish_reason(usage):
-    return usage.finish_reason if usage.finish_reason in ("stop", "length") else "stop"
-
-
-def usage_map(usage):
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
-
-
-def grid_usage(usage):
-    """Where and how fast it ran: tower, TTFT (s), tokens/s, failovers."""
-    return {"tower": usage.tower, "ttft_s": round(usage.ttft_s, 4), "tower_ttft_s": round(usage.tower_ttft_s, 4),
-            "tokens_per_s": round(usage.tokens_per_s, 2), "failovers": usage.failovers}

@@ -1,7 +1,7 @@
 """What the grid looks like right now, as JSON: towers, models, jobs.
 
-Served by ``/v1/grid/towers``, ``/v1/models`` and ``/v1/grid/jobs`` and read
-by the dashboard. These are blocking (they ask towers over their Links) and
+Served by ``/v1/grid/towers``, ``/v1/models``, ``/v1/grid/jobs`` and Ollama's
+``/api/tags``, ``/api/show`` and ``/api/ps``, and read by the dashboard. These are blocking (they ask towers over their Links) and
 run in a worker thread; answers are kept for ``max_age_s`` so that several
 dashboards polling at once ask each tower at most about once a second.
 """
@@ -22,7 +22,7 @@ class Views:
         self.grid = grid
         self.max_age_s = max_age_s
         self._cache = {}
-        self._locks = {"towers": threading.Lock(), "jobs": threading.Lock()}
+        self._locks = {"towers": threading.Lock(), "jobs": threading.Lock(), "models": threading.Lock()}
 
     def _cached(self, key, compute):
         with self._locks[key]:  # one computation at a time; the others reuse it
@@ -74,6 +74,15 @@ class Views:
                         "rngrid": {"kind": kind, "blob": item.short_hex, "towers": []}})
                     row["rngrid"]["towers"].append({"name": entry.name, "loaded": bool(getattr(item, "loaded", True))})
         return sorted(found.values(), key=lambda r: (r["rngrid"]["kind"], r["id"]))
+
+    def tower_models(self):
+        """[client.models.TowerModel]: every blob each live tower holds, with where
+        a loaded model sits, its slots and what it is (from caps/full)."""
+        return self._cached("models", self._tower_models)
+
+    def _tower_models(self):
+        entries = self.live()
+        return self.grid.tower_models(entries)
 
     def model_aliases(self):
         """Model aliases the live towers hold (from their announces; no round trip)."""

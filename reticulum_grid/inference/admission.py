@@ -3,9 +3,14 @@
 A runner serves ``slots`` generations at once (llama-server's parallel slots,
 batched together); up to ``queue_depth`` more requests wait their turn, first
 come first served, and the next one starts the moment a slot frees. Beyond
-that the tower answers "busy" with a retry hint: the time until a slot frees
-for it, estimated from how long generations take (their own time, never the
-time they waited: a hint that counted waiting would grow with the line).
+that the tower answers "busy" with a retry hint: the time until a place in
+the line opens, i.e. until the stream that started first is expected to end,
+estimated from how long generations take (their own time, never the time
+they waited: a hint that counted waiting would grow with the line). A client
+that asks again then is taken into the line before it runs dry, so the slots
+never idle while clients wait outside (tests/test_busy.py). ``on_change()``
+runs whenever the model goes from no free slot to some or back (the tower
+re-announces then, so waiting clients hear of a free slot at once).
 
 ``drain()`` holds new turns back until every running stream ended, for the
 moments a runner must restart between requests (an adapter or embeddings it
@@ -13,8 +18,8 @@ was not started with).
 """
 
 import contextlib
-import math
 import threading
+import time
 from collections import deque
 
 from links.wire import Code, WireError
@@ -32,16 +37,27 @@ class Ticket:
         self.ahead = ahead
 
 
+#: Shortest retry hint (seconds): a stream running past its expected end
+#: still frees its slot some time later; sooner hints only make clients spin.
+MIN_HINT_S = 0.5
+
+
 class ModelQueue:
     """``slots``: streams at once; ``queue_depth``: requests that may wait;
-    ``initial_request_s``: the first guess of one generation's time (seconds)."""
+    ``initial_request_s``: the guess of one generation's time (seconds) until one was timed;
+    ``on_change()``: called (outside the lock) when free slots go from 0 to
+    some or from some to 0."""
 
-    def __init__(self, queue_depth=4, slots=1, initial_request_s=5.0):
+    def __init__(self, queue_depth=4, slots=1, initial_request_s=5.0, on_change=None):
         self.queue_depth = queue_depth
         self.slots = slots
         self.running = 0
         self.avg_request_s = initial_request_s
+        self.on_change = on_change
         self._line = deque()
+        self._started = []  # time.monotonic() at which each running stream took its slot
+        self._timed = False  # a generation was recorded (avg_request_s is no longer the first guess)
+        self._free_told = True  # what on_change last reported: some slot free
         self._draining = 0
         self._cond = threading.Condition()
 
@@ -58,6 +74,20 @@ class ModelQueue:
         with self._cond:
             self.slots = max(1, slots)
             self._cond.notify_all()
+            changed = self._flipped()
+        self._changed(changed)
+
+    def _flipped(self):
+        """Whether "some slot is free" differs from when on_change last ran (the lock is held)."""
+        free = self.free > 0
+        if free == self._free_told:
+            return False
+        self._free_told = free
+        return True
+
+    def _changed(self, changed):
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def admit(self):
         """A Ticket for a place in line; raises WireError(busy) when every slot
@@ -66,14 +96,18 @@ class ModelQueue:
             ahead = self.running + len(self._line)
             if ahead >= self.slots + self.queue_depth:
                 raise WireError(Code.BUSY, f"{self.running} running, {len(self._line)} waiting: the queue is full",
-                                retry_after=self.retry_hint(len(self._line) + 1))
+                                retry_after=self.retry_hint())
             ticket = Ticket(max(0, ahead - self.slots + 1))
             self._line.append(ticket)
             return ticket
 
-    def retry_hint(self, position):
-        """Seconds until the ``position``-th request in line (1: the next) gets a slot."""
-        return round(math.ceil(position / max(1, self.slots)) * self.avg_request_s, 1)
+    def retry_hint(self, now=None):
+        """Seconds until a place in the line opens: until the running stream
+        that took its slot first is expected to end (the line then moves up
+        one), at least MIN_HINT_S. The lock is held or the caller does not mind."""
+        now = time.monotonic() if now is None else now
+        oldest = min(self._started, default=now)
+        return round(max(MIN_HINT_S, self.avg_request_s - (now - oldest)), 1)
 
     @contextlib.contextmanager
     def turn(self, ticket, cancel, poll_s=0.1):
@@ -87,13 +121,20 @@ class ModelQueue:
                 self._cond.wait(poll_s)
             self._line.popleft()
             self.running += 1
+            started = time.monotonic()
+            self._started.append(started)
             self._cond.notify_all()
+            changed = self._flipped()
+        self._changed(changed)
         try:
             yield
         finally:
             with self._cond:
                 self.running -= 1
+                self._started.remove(started)
                 self._cond.notify_all()
+                changed = not self._line and self._flipped()  # else the next in line takes it at once
+            self._changed(changed)
 
     def forget(self, ticket):
         """Take ``ticket`` out of the line if it is still there (its request
@@ -119,6 +160,8 @@ class ModelQueue:
                 self._cond.notify_all()
 
     def record(self, seconds):
-        """Feed a finished generation's duration (seconds, from its turn) into the retry hint."""
+        """Feed a finished generation's duration (seconds, from its turn) into the
+        retry hint; the first one replaces the initial guess."""
         with self._cond:
-            self.avg_request_s = 0.8 * self.avg_request_s + 0.2 * seconds
+            self.avg_request_s = seconds if not self._timed else 0.8 * self.avg_request_s + 0.2 * seconds
+            self._timed = True

@@ -78,10 +78,11 @@ class ModelSlot:
 
 
 class ModelRegistry:
-    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None, log_dir=None):
+    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None, log_dir=None, on_slots=None):
         self.store = store
         self.queue_depth = queue_depth
         self.on_tokens_per_s = on_tokens_per_s
+        self.on_slots = on_slots  # a model's free slots went from none to some or back (admission.ModelQueue)
         self.log_dir = log_dir
         self._settings = {}
         self._slots = {}
@@ -170,8 +171,13 @@ class ModelRegistry:
                 info = self.store.info(blob_id)
                 settings = self._settings.get(blob_id) or ModelConfig(info.hex, str(info.path))
                 slot = self._slots[blob_id] = ModelSlot(blob_id, str(info.path), info.size, settings,
-                                                        ModelQueue(self.queue_depth, max(1, settings.parallel)))
+                                                        ModelQueue(self.queue_depth, max(1, settings.parallel),
+                                                                   on_change=self._slots_changed))
             return slot
+
+    def _slots_changed(self):
+        if self.on_slots is not None:
+            self.on_slots()
 
     # -- runners ----------------------------------------------------------
     def runner(self, slot, adapter=None, embeddings=False):

@@ -161,3 +161,33 @@ def need_mib(path, n_ctx, file_size):
     head_dim = f.embedding // max(f.heads, 1)
     kv_bytes = 2 * f.blocks * (n_ctx or f.context_length) * f.kv_heads * head_dim * 2
     return (file_size + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB
+
+
+def summary(path):
+    """What a model is, from its GGUF metadata (for Ollama's ``/api/show`` and
+    ``/api/tags``): ``{"architecture": str, "parameters": int (weights, summed
+    over the tensors), "quantization": str (llama.cpp's file type, e.g.
+    "Q4_1"), "context_length": tokens, "embedding_length": int, "block_count":
+    int, "pooling": llama.cpp's pooling enum (0: none; an embedding model has one),
+    "name": str}``. Keys the file does not carry are left out (the name, the
+    file type)."""
+    reader = gguf.GGUFReader(path)
+    arch = _field(reader, "general.architecture")
+
+    def number(key):
+        field = reader.fields.get(key)
+        return int(field.parts[-1][0]) if field is not None else None
+
+    facts = {"architecture": arch, "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
+             "context_length": number(f"{arch}.context_length") or 4096,
+             "embedding_length": number(f"{arch}.embedding_length"), "block_count": number(f"{arch}.block_count"),
+             "pooling": number(f"{arch}.pooling_type") or 0}
+    file_type = number("general.file_type")
+    if file_type is not None:
+        try:
+            facts["quantization"] = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        except ValueError:  # a file type this gguf library does not know yet
+            pass
+    if "general.name" in reader.fields:
+        facts["name"] = _field(reader, "general.name")
+    return {k: v for k, v in facts.items() if v is not None}

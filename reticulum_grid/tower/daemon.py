@@ -113,7 +113,8 @@ class Tower:
             transport=net.transport, bitrate=net.bitrate, network_name=net.network_name, passphrase=net.passphrase)
         rnsnet.start(configdir)
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
-                                      on_tokens_per_s=self.record_tokens_per_s, log_dir=self.config.directory)
+                                      on_tokens_per_s=self.record_tokens_per_s, log_dir=self.config.directory,
+                                      on_slots=self._slots_changed)
         if (warning := hardware.unused_gpu_warning()) is not None:
             log.warning("%s", warning)
         self.registry.load_configured()
@@ -196,6 +197,12 @@ class Tower:
                 return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}")
 
         return handle
+
+    def _slots_changed(self):
+        """A model's last slot was taken, or one freed: announce (as the floor
+        allows), so clients waiting out a busy grid hear of it at once."""
+        if self.announcer is not None:
+            self.announcer.request("free slots changed")
 
     def caps(self):
         slots = self.registry.slots()

@@ -36,6 +36,7 @@ from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
+from reticulum_grid.store import gguf_info
 from reticulum_grid.tower.streams import start_stream
 
 log = logging.getLogger("rngrid.tower.split")
@@ -57,6 +58,7 @@ class TowerSplit:
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._layers = {}
         self._embedding = {}  # path -> the model's embedding width (known_facts)
+        self._summaries = {}  # path -> gguf_info.summary (what the model is, for clients that show it)
         self._reading = set()  # paths sent to a background read (known_facts)
         self._unreadable = set()  # paths whose read failed
         self._lock = threading.Lock()
@@ -111,22 +113,23 @@ class TowerSplit:
         return spare if cap is None else min(cap, spare)
 
     def known_facts(self, slot):
-        """``{"need_mib": MiB, "n_layers": int}`` of ``slot``'s model, each only
-        when known without reading its file: from the loaded model's own
+        """``{"need_mib": MiB, "n_layers": int, "gguf": gguf_info.summary}`` of
+        ``slot``'s model, each only when known without reading its file: from the loaded model's own
         background read (``warm``, or one started here for a model that
         arrived later); ``"reading": True`` while that read
         is still to come (absent once it failed). RNS handlers use this: a GGUF
         read takes seconds and would hold up every packet on the interface."""
         facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path),
                  "embedding": self._embedding.get(slot.path)}
-        if None in facts.values():
+        if None in facts.values() or slot.path not in self._summaries:
             with self._lock:
                 start = slot.path not in self._reading
                 self._reading.add(slot.path)
             if start:
                 threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
-            if slot.path not in self._unreadable:
+            if None in facts.values() and slot.path not in self._unreadable:
                 facts["reading"] = True  # ask again in a moment
+        facts["gguf"] = self._summaries.get(slot.path)  # read last: a split plan does not wait for it
         return {k: v for k, v in facts.items() if v is not None}
 
     def _read(self, slot):
@@ -137,6 +140,11 @@ class TowerSplit:
         except Exception as e:  # blobs never change: an unreadable one is not read again
             self._unreadable.add(slot.path)
             log.warning("cannot read model %s: %s", slot.path, e)
+            return
+        try:
+            self._summaries[slot.path] = gguf_info.summary(slot.path)
+        except Exception as e:  # only what clients show of it is missing then
+            log.warning("cannot read what model %s is: %s", slot.path, e)
 
     def n_layers(self, path):
         """Repeating layers (block count) of the GGUF at ``path``, cached."""

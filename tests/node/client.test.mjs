@@ -62,6 +62,37 @@ test("leaving the loop early stops the generation on the tower", { skip: phase !
   assert.ok(await idle(client, 3), "the tower kept generating after abort");
 });
 
+test("cancel() mid-loop ends the loop quietly; awaiting a cancelled run is GridError cancelled", { skip: phase !== "inference" }, async () => {
+  const client = new GridClient();
+  const run = client.execute("ai/inference", { model, prompt: COUNT, max_tokens: 2000, temperature: 0 });
+  let tokens = 0;
+  for await (const event of run) {
+    if (event.type === "token" && ++tokens === 3) run.cancel(); // no DOMException comes out of the loop
+  }
+  assert.ok(tokens >= 3 && run.cancelled);
+  assert.ok(await idle(client, 3), "the tower kept generating after cancel()");
+  const awaited = client.execute("ai/inference", { model, prompt: COUNT, max_tokens: 2000 });
+  setTimeout(() => awaited.cancel(), 300);
+  await assert.rejects(awaited.result(), (error) => error instanceof GridError && error.code === "cancelled");
+  assert.ok(await idle(client, 3), "the tower kept generating after cancel()");
+});
+
+test("tool calls and embeddings through the command API", { skip: phase !== "inference" }, async () => {
+  const tools = [{ type: "function", function: { name: "get_weather", description: "The weather in a city",
+    parameters: { type: "object", required: ["city"], properties: { city: { type: "string" } } } } }];
+  const { tool_calls: calls, usage } = await Commands.execute("ai/inference", {
+    model, messages: [{ role: "user", content: "Weather in Paris?" }], tools, max_tokens: 60, temperature: 0,
+    tool_choice: { type: "function", function: { name: "get_weather" } },
+  });
+  assert.equal(usage.finish_reason, "tool_calls");
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].name, "get_weather");
+  assert.equal(typeof JSON.parse(calls[0].arguments).city, "string");
+  const embedded = await Commands.execute("ai/embeddings", { model, input: ["The sea.", "The sea."] });
+  assert.equal(embedded.vectors.length, 2);
+  assert.equal(embedded.vectors[0].length, embedded.dims);
+});
+
 test("genome/train starts a job and is watched until its first progress", { skip: phase !== "train" }, async () => {
   const examples = Array.from({ length: 8 }, (_, i) => ({
     messages: [{ role: "user", content: `What is the secret number ${i}?` }, { role: "assistant", content: "It is 42." }],

@@ -1,0 +1,84 @@
+"""What every route of the gateway shares: the API key, errors in the caller's
+API's shape, JSON bodies, and grid calls started from a request.
+
+``endpoint(shape)`` wraps a route method of a class holding ``gateway`` (the
+app.Gateway): it checks the API key and answers any failure as ``shape``
+says, "openai" or "ollama" (errors.py). ``start(request, work)`` runs a
+blocking grid call (bridge.Call) for the request and returns its first event
+and the rest; an error before the first event is raised there, so it keeps
+its HTTP status.
+"""
+
+import functools
+import hmac
+import json
+import logging
+
+from starlette.responses import JSONResponse, Response
+
+from links.wire import WireError
+from reticulum_grid.gateway.bridge import Call, Stopped
+from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
+
+log = logging.getLogger("rngrid.gateway")
+
+
+def check_key(api_key, request):
+    """Raise ApiError(401) unless the request carries ``Authorization: Bearer API_KEY`` (None: no key needed)."""
+    if api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+
+def error_response(error, shape="openai"):
+    """The JSONResponse for any exception, in OpenAI's or Ollama's shape."""
+    api = as_api_error(error)
+    if api.status >= 500 and not isinstance(error, (ApiError, WireError)):
+        log.error("request failed", exc_info=error)
+    body = api.ollama_body() if shape == "ollama" else api.body()
+    return JSONResponse(body, status_code=api.status, headers=api.headers())
+
+
+def endpoint(shape="openai"):
+    """Route-method wrapper: API key check, every failure answered in ``shape``."""
+
+    def wrap(handler):
+        @functools.wraps(handler)
+        async def wrapped(self, request):
+            try:
+                check_key(self.gateway.api_key, request)
+                return await handler(self, request)
+            except Stopped:
+                return Response(status_code=499)  # the client is gone; nobody reads this
+            except Exception as e:
+                return error_response(e, shape)
+
+        return wrapped
+
+    return wrap
+
+
+async def json_body(request, empty=None):
+    """The request's JSON body; ``empty`` (when not None) for an empty body. Raises ApiError(400)."""
+    raw = await request.body()
+    if not raw.strip() and empty is not None:
+        return empty
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not JSON: {e}") from None
+
+
+async def start(request, work, name="rngrid-gateway-call"):
+    """(first event, async iterator of the rest) of ``work`` run for ``request``.
+    Raises what the work raised before its first event; Stopped when the
+    client left before it."""
+    events = Call(work, name=name).events(request.scope["rngrid.gone"])
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:  # the work ended without a word: only when its client left
+        raise Stopped() from None
+    return first, events

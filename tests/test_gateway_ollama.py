@@ -1,0 +1,235 @@
+"""Ollama's API on `rngrid serve`, driven by the real `ollama` Python package
+(OLLAMA_HOST pointed at the gateway) in front of a real tower process and the
+real model: version, list, show, ps, chat and generate streamed and not, tools
+and format, embed, pull, and the errors and cancel of the OpenAI side."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import ollama
+import pytest
+
+from reticulum_grid.client import Usage
+from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
+from tests.gateway_support import serve, start_tower, wait_idle, wait_streaming
+
+MODEL = "gw-olla"  # only this module's tower has this alias
+N_CTX = 1024
+CHAT = [{"role": "user", "content": "Name two planets."}]
+COUNT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tower(hub):
+    return start_tower(hub, "gw-ollama", MODEL, roles=("infer", "sync"), n_ctx=N_CTX, settings={"embeddings": True})
+
+
+@pytest.fixture(scope="module")
+def gateway(hub, tower):
+    with serve(hub, busy_wait_s=30) as url:
+        yield url
+
+
+@pytest.fixture
+def client(gateway, monkeypatch):
+    monkeypatch.setenv("OLLAMA_HOST", gateway)  # as a user points any Ollama client at the grid
+    return ollama.Client(timeout=120)
+
+
+def grid_text(hub, **payload):
+    pieces = list(hub.grid.execute("ai/inference", {"model": MODEL, "temperature": 0.0, **payload}))
+    assert isinstance(pieces[-1], Usage)
+    return "".join(pieces[:-1]), pieces[-1]
+
+
+def test_version_list_show_and_ps(client, tower):
+    version = httpx.get(str(client._client.base_url) + "/api/version").json()["version"]
+    assert [int(part) for part in version.split(".")] >= [0, 6, 4]  # what model-picker apps check for
+    deadline = time.monotonic() + 60
+    while True:  # a tower reads what its model is in the background after it starts
+        listed = {m.model: m for m in client.list().models}
+        ours = listed.get(f"{MODEL}:latest")
+        if ours is not None and ours.details.family:
+            break
+        assert time.monotonic() < deadline, f"{MODEL} never listed with its details: {listed}"
+        time.sleep(0.5)
+    assert ours.size > 50_000_000 and len(ours.digest) == 64 and ours.modified_at is not None
+    assert ours.details.format == "gguf" and ours.details.family == "llama"
+    assert ours.details.quantization_level == "Q4_1" and ours.details.parameter_size.endswith("M")
+
+    shown = client.show(MODEL)
+    assert {"completion", "tools"} <= set(shown.capabilities)
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 8192
+    assert shown.details.family == "llama"
+    assert client.show(f"{MODEL}:latest").modelinfo == shown.modelinfo
+
+    running = [m for m in client.ps().models if m.model == f"{MODEL}:latest"]
+    assert len(running) == 1 and running[0].context_length == N_CTX and running[0].size > 50_000_000
+    assert running[0].size_vram == 0  # a CPU tower
+    raw = httpx.get(str(client._client.base_url) + "/api/ps").json()["models"]
+    grid = next(m["rngrid"] for m in raw if m["model"] == f"{MODEL}:latest")
+    assert grid["tower"] == tower.name and grid["slots"] >= 1 and 0 <= grid["slots_free"] <= grid["slots"]
+
+
+def test_chat_streamed_and_not(hub, client):
+    whole = client.chat(model=MODEL, messages=CHAT, options={"temperature": 0, "num_predict": 24})
+    text, usage = grid_text(hub, messages=CHAT, max_tokens=24)
+    assert whole.message.role == "assistant" and whole.message.content == text
+    assert whole.done and whole.done_reason == "length" and whole.eval_count == 24
+    assert whole.prompt_eval_count == usage.prompt_tokens
+    assert whole.total_duration > whole.eval_duration > 0 and whole.prompt_eval_duration > 0
+    raw = httpx.post(str(client._client.base_url) + "/api/chat", timeout=120, json={
+        "model": MODEL, "messages": CHAT, "stream": False, "options": {"temperature": 0, "num_predict": 24}}).json()
+    assert raw["eval_count"] / raw["eval_duration"] * 1e9 == pytest.approx(raw["rngrid"]["tokens_per_s"], rel=0.01)
+
+    parts = list(client.chat(model=f"{MODEL}:latest", messages=CHAT, options={"temperature": 0, "num_predict": 24},
+                             stream=True))
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done and parts[-1].done_reason == "length"
+    assert "".join(p.message.content for p in parts) == text and parts[-1].eval_count == 24
+    assert len(parts) > 3  # streamed as it came, not all at once
+
+
+def test_generate_streamed_not_and_raw(hub, client):
+    whole = client.generate(model=MODEL, prompt="Name two planets.", options={"temperature": 0, "num_predict": 16})
+    assert whole.response == grid_text(hub, messages=CHAT, max_tokens=16)[0] and whole.done_reason == "length"
+    parts = list(client.generate(model=MODEL, prompt="Name two planets.", stream=True,
+                                 options={"temperature": 0, "num_predict": 16}))
+    assert "".join(p.response for p in parts) == whole.response and parts[-1].done
+    raw = client.generate(model=MODEL, prompt=COUNT, raw=True, options={"temperature": 0, "num_predict": 40,
+                                                                       "stop": [" 6,"]})
+    assert raw.response == grid_text(hub, prompt=COUNT, max_tokens=40, stop=[" 6,"])[0]
+    assert raw.done_reason == "stop" and raw.response.endswith("5,"), raw.response
+    loaded = client.generate(model=MODEL)  # Ollama's "load the model": answered at once
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    with pytest.raises(ollama.ResponseError) as unload:  # towers unload only for another model
+        client.generate(model=MODEL, keep_alive=0)
+    assert unload.value.status_code == 400 and "keep_alive" in unload.value.error
+
+
+def test_tools_and_format(client):
+    ask = [{"role": "user", "content": "Use the get_weather tool to find the weather in Paris."}]
+    reply = client.chat(model=MODEL, messages=ask, tools=WEATHER, options={"temperature": 0, "num_predict": 60})
+    [call] = reply.message.tool_calls  # Ollama's shape: a whole call, its arguments an object
+    assert call.function.name == "get_weather" and isinstance(call.function.arguments["city"], str)
+    streamed = [p for p in client.chat(model=MODEL, messages=ask, tools=WEATHER, stream=True,
+                                       options={"temperature": 0, "num_predict": 60})]
+    calls = [c for p in streamed for c in (p.message.tool_calls or ())]
+    assert len(calls) == 1 and calls[0].function.arguments == call.function.arguments
+    history = ask + [{"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_name": "get_weather", "content": "Sunny, 24 degrees"}]
+    answer = client.chat(model=MODEL, messages=history, options={"temperature": 0, "num_predict": 24})
+    assert answer.message.content and not answer.message.tool_calls
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+              "required": ["name", "legs"]}
+    spider = client.chat(model=MODEL, messages=[{"role": "user", "content": "Describe a spider as JSON."}],
+                         format=schema, options={"temperature": 0, "num_predict": 80})
+    parsed = json.loads(spider.message.content)
+    assert isinstance(parsed["name"], str) and isinstance(parsed["legs"], int)
+    generated = client.generate(model=MODEL, prompt="Give me a JSON object with one key, the name of a cat.",
+                                format="json", options={"temperature": 0, "num_predict": 120})
+    assert generated.done_reason == "stop" and isinstance(json.loads(generated.response), dict)
+
+
+def test_embed_and_embeddings(client):
+    texts = ["The sea is salty.", "The sea is salty.", "Tax forms are due in April."]
+    got = client.embed(model=MODEL, input=texts)
+    assert len(got.embeddings) == 3 and len(got.embeddings[0]) == 576 and got.prompt_eval_count > 0
+
+    def cosine(a, b):
+        return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    assert cosine(got.embeddings[0], got.embeddings[1]) == pytest.approx(1.0, abs=1e-6)
+    assert cosine(got.embeddings[0], got.embeddings[2]) < 0.999
+    legacy = client.embeddings(model=MODEL, prompt="The sea is salty.")
+    assert legacy.embedding == pytest.approx(got.embeddings[0], abs=1e-6)
+    short = client.embed(model=MODEL, input="The sea is salty.", dimensions=32)
+    assert len(short.embeddings[0]) == 32
+
+
+def test_pull_brings_the_model_into_the_gateways_store(hub, client):
+    try:
+        lines = list(client.pull(MODEL, stream=True))
+        statuses = [line.status for line in lines]
+        assert statuses[0] == "pulling manifest" and statuses[-1] == "success", statuses
+        progress = [line for line in lines if line.total]
+        assert progress and progress[-1].completed == progress[-1].total > 50_000_000
+        assert progress[-1].digest == "blake3:" + hub.grid.local_blob(MODEL).hex()
+        assert client.pull(MODEL).status == "success"  # again: already here
+    finally:  # the hub's client would otherwise count as a source of this model for later requests
+        hub.grid.store.remove(MODEL)
+
+
+def test_errors_have_ollamas_shape_and_the_grids_codes(client, gateway):
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.chat(model="no-such-model", messages=CHAT)
+    assert missing.value.status_code == 404 and "no-such-model" in missing.value.error
+    raw = httpx.post(gateway + "/api/chat", json={"model": "no-such-model", "messages": CHAT})
+    assert raw.json()["code"] == "unknown_model"  # the grid's code beside Ollama's "error"
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model=MODEL, messages=CHAT, options={"mirostat": 2})
+    assert refused.value.status_code == 400 and "options.mirostat" in refused.value.error
+    with pytest.raises(ollama.ResponseError) as image:
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "hi", "images": [b"\x89PNG"]}])
+    assert image.value.status_code == 400 and "images" in image.value.error
+    unknown = httpx.post(gateway + "/api/nope", json={})
+    assert unknown.status_code == 404 and "/api/nope" in unknown.json()["error"]
+
+
+def test_api_key_is_checked(hub, tower, monkeypatch):
+    with serve(hub, api_key="s3cret") as url:
+        monkeypatch.setenv("OLLAMA_HOST", url)
+        with pytest.raises(ollama.ResponseError) as denied:
+            ollama.Client().list()
+        assert denied.value.status_code == 401
+        monkeypatch.setenv("OLLAMA_API_KEY", "s3cret")  # the ollama package sends it as a Bearer token
+        assert any(m.model == f"{MODEL}:latest" for m in ollama.Client().list().models)
+
+
+def test_a_client_that_leaves_stops_the_tower_within_a_second(hub, tower, client):
+    parts = client.generate(model=MODEL, prompt=COUNT, raw=True, stream=True, options={"temperature": 0})
+    for i, part in enumerate(parts):
+        if i == 3:
+            break
+    assert wait_streaming(hub, tower, timeout=2.0), "the tower was not generating"
+    parts.close()  # the ollama package's stream: closing it closes the connection
+    seconds = wait_idle(hub, tower, timeout=5.0)
+    assert seconds is not None and seconds < 1.0, seconds
+
+
+def test_rngrid_serve_in_its_own_process_speaks_ollama(hub, tower, tmp_path, monkeypatch):
+    """`rngrid serve` as a user runs it (its own process, RNS and Grid), the ollama package pointed at it."""
+    home = tmp_path / "laptop"
+    home.mkdir()
+    shutil.copy(hub.grid.home / "identity", home / "identity")  # the same person on another process
+    trust_local_towers(home, follow=False)  # ... who trusts the same towers
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
+                             f"127.0.0.1:{port}", "--connect", tower.address], stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_port(port, 60), "rngrid serve did not listen"
+        monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{port}")
+        client = ollama.Client(timeout=120)
+        deadline = time.monotonic() + 60
+        while not any(m.model == f"{MODEL}:latest" for m in client.list().models):  # the tower's announce arrives
+            assert time.monotonic() < deadline, "the served grid never heard the tower"
+            time.sleep(0.3)
+        reply = client.chat(model=MODEL, messages=CHAT, options={"temperature": 0, "num_predict": 6})
+        assert reply.done and reply.eval_count == 6 and reply.message.content
+        assert any(m.model == f"{MODEL}:latest" for m in client.ps().models)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        proc.stderr.close()
