@@ -51,9 +51,16 @@ A tower config (every key optional except as noted)::
     draft = ""                          # alias of a small model of the same vocabulary for
                                         # speculative decoding ("" = none)
     embeddings = false                  # start with embeddings on (else on the first ai/embeddings)
+    [voice.whisper-base]                # a voice engine (audio/transcribe, audio/speech), by alias
+    kind = "stt"                        # stt: speech to text (faster-whisper); tts: text to speech (espeak-ng)
+    path = ""                           # stt: a CTranslate2 Whisper model directory; "" = the bundled Whisper base
+    device = "auto"                     # stt: auto (CUDA when CTranslate2 sees a GPU), cpu or cuda
+    threads = 0                         # stt: CPU threads; 0 = CTranslate2's default
+    language = ""                       # announced and used when a request names none ("" = detect / any)
+    voice = "en-us"                     # tts: espeak-ng's default voice
     [allow]
-    "<identity hash hex>" = ["infer"]   # a user's roles: infer, train, sync, admin (admin = those three
-                                        # and every job); a tower's: shard (runs layers of its split
+    "<identity hash hex>" = ["infer"]   # a user's roles: infer, voice, train, sync, admin (admin = those
+                                        # and every job; infer covers voice too); a tower's: shard (runs layers of its split
                                         # models here), train-peer (enlists this tower in its jobs).
                                         # admin never implies a tower's roles
 
@@ -66,7 +73,9 @@ from pathlib import Path
 
 import tomlkit
 
-ROLES = ("infer", "train", "sync", "shard", "train-peer", "admin")
+ROLES = ("infer", "voice", "train", "sync", "shard", "train-peer", "admin")
+#: Voice engine kinds: speech to text, text to speech.
+VOICE_KINDS = ("stt", "tts")
 #: Roles that only another tower's identity should hold; ``admin`` does not imply them.
 TOWER_ROLES = ("shard", "train-peer")
 NAME_MAX_BYTES = 32
@@ -112,6 +121,18 @@ class ModelConfig:
 
 
 @dataclass
+class VoiceConfig:
+    """One [voice.ALIAS] table (see the module docstring)."""
+    alias: str
+    kind: str
+    path: str = ""
+    device: str = "auto"
+    threads: int = 0
+    language: str = ""
+    voice: str = "en-us"
+
+
+@dataclass
 class TowerConfig:
     path: Path
     name: str
@@ -127,6 +148,7 @@ class TowerConfig:
     shard_threads: int = 0
     unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
     dataplane: str = ""  # [train] dataplane: IP for multi-tower training traffic; "" = not offered
+    voice: list = field(default_factory=list)  # VoiceConfig per [voice.ALIAS]
 
     @property
     def directory(self):
@@ -156,7 +178,35 @@ def load_tower(path):
         shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
         unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
         dataplane=_dataplane(_get(_table(doc, "train"), "dataplane", str, "")),
+        voice=[_voice(alias, spec, path.parent) for alias, spec in _get(doc, "voice", dict, {}).items()],
     )
+
+
+def _voice(alias, spec, base):
+    where = f"voice.{alias}"
+    if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
+        raise ConfigError(f"voice alias {alias!r} must be 1..32 bytes without path separators")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"[{where}] must be a table")
+    unknown = sorted(set(spec) - {"kind", "path", "device", "threads", "language", "voice"})
+    if unknown:
+        raise ConfigError(f"[{where}] has unknown key(s): {', '.join(unknown)}")
+    kind = _get(spec, "kind", str, "")
+    if kind not in VOICE_KINDS:
+        raise ConfigError(f"{where}.kind must be stt (speech to text) or tts (text to speech), got {kind!r}")
+    device = _get(spec, "device", str, "auto")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"{where}.device must be auto, cpu or cuda, got {device!r}")
+    language, voice = _get(spec, "language", str, ""), _get(spec, "voice", str, "en-us")
+    for key, value in (("language", language), ("voice", voice)):
+        if len(value) > 16 or not all(c.isalnum() or c in "-_+" for c in value):
+            raise ConfigError(f"{where}.{key} must be a short language or voice name, got {value!r}")
+    path = _get(spec, "path", str, "")
+    if path:
+        path = os.path.expanduser(path)
+        path = path if Path(path).is_absolute() else str(base / path)
+    return VoiceConfig(alias=alias, kind=kind, path=path, device=device,
+                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, where), language=language, voice=voice)
 
 
 def _dataplane(value):
