@@ -319,7 +319,8 @@ class Grid(BlobTransfers, JobCommands):
         known = {"audio/transcribe": {"audio", "file", "model", "language", "prompt"},
                  "audio/speech": {"text", "model", "voice", "wpm", "format"}}[command]
         if set(payload) - known:
-            raise WireError(Code.BAD_REQUEST, f"unknown field(s) for {command}: {', '.join(sorted(set(payload) - known))}")
+            unknown = ", ".join(sorted(set(payload) - known))
+            raise WireError(Code.BAD_REQUEST, f"unknown field(s) for {command}: {unknown}")
         if command == "audio/speech":
             if not isinstance(payload.get("text"), str):
                 raise WireError(Code.BAD_REQUEST, "audio/speech needs a 'text' string")
@@ -344,7 +345,7 @@ class Grid(BlobTransfers, JobCommands):
 
     def speak(self, text, model=None, voice_name=None, wpm=None, fmt="wav", tower=None):
         """``text`` spoken by a tower: a voice.Speech (``.data`` in ``fmt``:
-        wav, pcm, opus or flac; ``.save(path)``). Raises WireError."""
+        wav, pcm, opus, flac, mp3 or aac; ``.save(path)``). Raises WireError."""
         return voice.speak(self, text, model, voice_name, wpm, fmt, tower)
 
     def embed(self, model, texts, tower=None):

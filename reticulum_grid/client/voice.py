@@ -55,7 +55,7 @@ class Transcript:
 
 @dataclass
 class Speech:
-    """Spoken audio: ``data`` in ``format`` ("wav", "pcm", "opus", "flac"), ``end``
+    """Spoken audio: ``data`` in ``format`` (audio.FORMATS: wav, pcm, opus, flac, mp3, aac), ``end``
     (SpeechEnd: sample rate, seconds, the tower's speed), ``received_bytes``
     (what crossed the link) and ``received_as`` ("pcm" or "opus")."""
     data: bytes
@@ -152,7 +152,8 @@ def _stream(grid, entry, command, payload):
 class TranscriptStream:
     """Iterator of Segment items as they are decoded, then one TranscriptEnd.
     ``transcript()`` reads it whole into a Transcript. ``data``: the audio
-    file's bytes; ``options``: model, language, prompt, tower, force."""
+    file's bytes; ``options``: model, language, prompt, tower, force.
+    ``tower``: the name of the tower transcribing now (or last)."""
 
     def __init__(self, grid, data, model=None, language=None, prompt=None, tower=None, force=False):
         self.grid, self.data, self.force = grid, bytes(data), force
@@ -161,7 +162,7 @@ class TranscriptStream:
         self.audio_s = len(samples) / audio.STT_RATE
         self.choices = rank(grid, "stt", model, language, tower, self.audio_s)[:MAX_TOWERS]
         self.segments, self.end, self.failovers = [], None, 0
-        self.sent_bytes, self.sent_as = 0, ""
+        self.sent_bytes, self.sent_as, self.tower = 0, "", None
         self._encoded = {}
 
     def __iter__(self):
@@ -191,7 +192,7 @@ class TranscriptStream:
             payload["audio"] = data
         else:
             offered = self._offer(conn, data, payload)
-        self.sent_bytes, self.sent_as = len(data), sent_as
+        self.sent_bytes, self.sent_as, self.tower = len(data), sent_as, entry.name
         reader = SegmentReader()
         try:
             for item in _stream(self.grid, entry, "audio/transcribe", payload):

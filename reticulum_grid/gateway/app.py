@@ -4,6 +4,7 @@ Routes (all JSON; errors in OpenAI's shape, see errors.py):
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI's, streamed
   (SSE, ``data: [DONE]``) or not; see openai_api.py for what is accepted.
+- ``POST /v1/audio/transcriptions``, ``POST /v1/audio/speech``: OpenAI's audio API (audio.py).
 - ``GET /v1/models``: every model and adapter a live tower holds (openai_api
   shape, plus ``rngrid`` = {kind, blob, towers}).
 - ``GET /v1/grid/towers``: the towers heard, with live load (views.py).
@@ -32,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
-from reticulum_grid.gateway import commands, openai_api
+from reticulum_grid.gateway import audio, commands, openai_api
 from reticulum_grid.gateway.bridge import Call, DisconnectWatch, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.guard import BrowserGuard
@@ -86,6 +87,7 @@ class Gateway:
             Route("/v1/grid/towers", self.towers),
             Route("/v1/grid/jobs", self.jobs),
             Route("/v1/grid/execute", self.execute, methods=["POST"]),
+            *audio.routes(self, _api),
         ]
         middleware = [Middleware(BrowserGuard, origins=self.origins, loopback=self.loopback),
                       Middleware(DisconnectWatch)]

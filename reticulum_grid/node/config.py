@@ -60,8 +60,9 @@ A tower config (every key optional except as noted)::
     voice = "en-us"                     # tts: espeak-ng's default voice
     [allow]
     "<identity hash hex>" = ["infer"]   # a user's roles: infer, voice, train, sync, admin (admin = those
-                                        # and every job; infer covers voice too); a tower's: shard (runs layers of its split
-                                        # models here), train-peer (enlists this tower in its jobs).
+                                        # and every job; infer covers voice too); a tower's: shard (runs
+                                        # layers of its split models here), train-peer (enlists this
+                                        # tower in its jobs).
                                         # admin never implies a tower's roles
 
 Bad values raise ConfigError naming the key.

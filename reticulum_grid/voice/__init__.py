@@ -1,4 +1,4 @@
-"""Voice on a tower: speech to text (faster-whisper, CTranslate2) and text to speech (espeak-ng), with the codecs that carry audio over slow links.
+"""Voice on a tower: speech to text (faster-whisper) and text to speech (espeak-ng), and the audio codecs.
 
-Uses `node` and `links`; the tower composes it (tower/voice.py), the client uses its codecs.
+Uses `inference` (admission), `node` and `links`; the tower composes it (tower/voice.py), the client uses its codecs.
 """

@@ -34,8 +34,9 @@ RADIO_LINK_BPS = 62500
 KEEP_RATIO = 1.5
 #: Formats a tower streams speech in, and what a client can turn PCM into.
 STREAM_FORMATS = ("pcm", "opus")
-FORMATS = ("wav", "pcm", "opus", "flac")
-MIME = {"wav": "audio/wav", "pcm": "audio/pcm", "opus": "audio/ogg", "flac": "audio/flac"}
+FORMATS = ("wav", "pcm", "opus", "flac", "mp3", "aac")
+MIME = {"wav": "audio/wav", "pcm": "audio/pcm", "opus": "audio/ogg", "flac": "audio/flac", "mp3": "audio/mpeg",
+        "aac": "audio/aac"}
 
 
 class AudioError(ValueError):
@@ -153,16 +154,28 @@ def opus(samples, rate=STT_RATE, bitrate=OPUS_BPS):
     return writer.write(pcm16(samples)) + writer.close()
 
 
-def flac(pcm, rate):
-    """A whole FLAC file of 16-bit mono PCM bytes (through PyAV's FLAC encoder)."""
+#: Formats PyAV encodes whole: (container, codec, bits/s or None).
+ENCODED = {"flac": ("flac", "flac", None), "mp3": ("mp3", "libmp3lame", 64000), "aac": ("adts", "aac", 64000)}
+
+
+def _encode(pcm, rate, fmt):
+    """A whole file of 16-bit mono PCM bytes in ``fmt`` (a key of ENCODED), through PyAV."""
     av = _av()
+    container_format, codec, bitrate = ENCODED[fmt]
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="flac") as container:
-        stream = container.add_stream("flac", rate=rate, layout="mono")
+    with av.open(buffer, mode="w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate, layout="mono")
+        if bitrate:
+            stream.bit_rate = bitrate
+        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=rate)
         samples = np.frombuffer(bytes(pcm[:len(pcm) - len(pcm) % 2]), dtype="<i2")
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = rate
-        for packet in list(stream.encode(frame)) + list(stream.encode(None)):
+        frames = resampler.resample(frame) + resampler.resample(None)
+        for out in frames:
+            for packet in stream.encode(out):
+                container.mux(packet)
+        for packet in stream.encode(None):
             container.mux(packet)
     return buffer.getvalue()
 
@@ -176,8 +189,11 @@ def convert(pcm, rate, fmt, bitrate=OPUS_BPS):
     if fmt == "opus":
         writer = OpusWriter(rate, bitrate)
         return writer.write(pcm) + writer.close()
-    if fmt == "flac":
-        return flac(pcm, rate)
+    if fmt in ENCODED:
+        try:
+            return _encode(pcm, rate, fmt)
+        except (_av().error.FFmpegError, ValueError) as e:
+            raise AudioError(f"PyAV could not encode {fmt}: {e}") from None
     raise AudioError(f"unknown audio format {fmt!r}; formats: {', '.join(FORMATS)}")
 
 
