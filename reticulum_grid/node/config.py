@@ -74,9 +74,9 @@ from pathlib import Path
 
 import tomlkit
 
+from reticulum_grid.node.voice_config import VoiceConfig, parse_voice  # noqa: F401 (VoiceConfig: part of this API)
+
 ROLES = ("infer", "voice", "train", "sync", "shard", "train-peer", "admin")
-#: Voice engine kinds: speech to text, text to speech.
-VOICE_KINDS = ("stt", "tts")
 #: Roles that only another tower's identity should hold; ``admin`` does not imply them.
 TOWER_ROLES = ("shard", "train-peer")
 NAME_MAX_BYTES = 32
@@ -119,18 +119,6 @@ class ModelConfig:
     parallel: int = 0
     draft: str = ""
     embeddings: bool = False
-
-
-@dataclass
-class VoiceConfig:
-    """One [voice.ALIAS] table (see the module docstring)."""
-    alias: str
-    kind: str
-    path: str = ""
-    device: str = "auto"
-    threads: int = 0
-    language: str = ""
-    voice: str = "en-us"
 
 
 @dataclass
@@ -179,35 +167,8 @@ def load_tower(path):
         shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
         unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
         dataplane=_dataplane(_get(_table(doc, "train"), "dataplane", str, "")),
-        voice=[_voice(alias, spec, path.parent) for alias, spec in _get(doc, "voice", dict, {}).items()],
+        voice=[parse_voice(alias, spec, path.parent) for alias, spec in _get(doc, "voice", dict, {}).items()],
     )
-
-
-def _voice(alias, spec, base):
-    where = f"voice.{alias}"
-    if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
-        raise ConfigError(f"voice alias {alias!r} must be 1..32 bytes without path separators")
-    if not isinstance(spec, dict):
-        raise ConfigError(f"[{where}] must be a table")
-    unknown = sorted(set(spec) - {"kind", "path", "device", "threads", "language", "voice"})
-    if unknown:
-        raise ConfigError(f"[{where}] has unknown key(s): {', '.join(unknown)}")
-    kind = _get(spec, "kind", str, "")
-    if kind not in VOICE_KINDS:
-        raise ConfigError(f"{where}.kind must be stt (speech to text) or tts (text to speech), got {kind!r}")
-    device = _get(spec, "device", str, "auto")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"{where}.device must be auto, cpu or cuda, got {device!r}")
-    language, voice = _get(spec, "language", str, ""), _get(spec, "voice", str, "en-us")
-    for key, value in (("language", language), ("voice", voice)):
-        if len(value) > 16 or not all(c.isalnum() or c in "-_+" for c in value):
-            raise ConfigError(f"{where}.{key} must be a short language or voice name, got {value!r}")
-    path = _get(spec, "path", str, "")
-    if path:
-        path = os.path.expanduser(path)
-        path = path if Path(path).is_absolute() else str(base / path)
-    return VoiceConfig(alias=alias, kind=kind, path=path, device=device,
-                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, where), language=language, voice=voice)
 
 
 def _dataplane(value):
