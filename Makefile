@@ -81,7 +81,7 @@ bench: setup
 	$(BIN)/python -m bench.fuzz
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.faults
-	$(BIN)/python -m bench.voice
+	$(BIN)/python -m bench.voice --lab
 
 # Refresh the README's dashboard picture (docs/dashboard.png) from the browser test.
 screenshot: setup

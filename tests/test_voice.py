@@ -101,6 +101,11 @@ def test_cli_say_then_transcribe(hub, tower, tmp_path):
     assert wer(SENTENCE, text) <= 0.2 and lines[-1]["end"]["language"] == "en"
     plain = rngrid("transcribe", str(wav_path), *connect, home=cli_home, timeout=180)
     assert plain.returncode == 0 and "-> " in plain.stdout and wer(SENTENCE, plain.stdout.split("]", 1)[1]) <= 0.2
+    towers = rngrid("towers", "--json", "--wait", "10", *connect, home=cli_home)
+    (row,) = [r for r in json.loads(towers.stdout) if r["name"] == "voice-a"]
+    assert {(v["alias"], v["kind"]) for v in row["voice"]} == {("whisper-base", "stt"), ("espeak-ng", "tts")}
+    table = rngrid("towers", "--wait", "10", *connect, home=cli_home)
+    assert "whisper-base (stt" in table.stdout and "espeak-ng (tts" in table.stdout
 
 
 def _identity(home):

@@ -158,8 +158,7 @@ class TranscriptStream:
     def __init__(self, grid, data, model=None, language=None, prompt=None, tower=None, force=False):
         self.grid, self.data, self.force = grid, bytes(data), force
         self.payload = {k: v for k, v in (("model", model), ("language", language), ("prompt", prompt)) if v}
-        samples = audio.decode(self.data)  # refuse what cannot be decoded before asking anyone
-        self.audio_s = len(samples) / audio.STT_RATE
+        self.audio_s = audio.probe(self.data)  # refuse what cannot be decoded before asking anyone
         self.choices = rank(grid, "stt", model, language, tower, self.audio_s)[:MAX_TOWERS]
         self.segments, self.end, self.failovers = [], None, 0
         self.sent_bytes, self.sent_as, self.tower = 0, "", None
@@ -209,7 +208,7 @@ class TranscriptStream:
     def _for_link(self, conn):
         slow = slow_link(conn)
         if slow not in self._encoded:
-            self._encoded[slow] = audio.for_link(self.data, audio.RADIO_LINK_BPS if slow else None)
+            self._encoded[slow] = audio.for_link(self.data, audio.RADIO_LINK_BPS if slow else None, self.audio_s)
         data, sent_as = self._encoded[slow]
         if slow and not self.force:
             check_duration(len(data), conn.link.get_establishment_rate(), "the audio", MAX_TRANSFER_S)

@@ -81,6 +81,34 @@ def decode(data, rate=STT_RATE, max_s=MAX_AUDIO_S):
     return np.concatenate(chunks).astype(np.float32) / 32768.0
 
 
+def probe(data, max_s=MAX_AUDIO_S):
+    """Seconds of audio in a file's bytes, from its container (decoded whole only when the
+    container does not say), after checking that its first frame decodes. Raises AudioError."""
+    av = _av()
+    seconds = None
+    try:
+        with av.open(io.BytesIO(bytes(data)), mode="r", metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise AudioError("the file has no audio stream")
+            stream = container.streams.audio[0]
+            if stream.duration and stream.time_base:
+                seconds = float(stream.duration * stream.time_base)
+            elif container.duration:
+                seconds = container.duration / 1e6
+            next(container.decode(audio=0))
+    except StopIteration:
+        raise AudioError("the audio holds no samples") from None
+    except AudioError:
+        raise
+    except (av.error.FFmpegError, ValueError, IndexError) as e:
+        raise AudioError(f"the audio could not be decoded: {e}") from None
+    if seconds is None or seconds <= 0:
+        return len(decode(data, max_s=max_s)) / STT_RATE
+    if seconds > max_s:
+        raise AudioError(f"the audio is longer than {max_s:.0f} s")
+    return seconds
+
+
 def pcm16(samples):
     """16-bit little-endian PCM bytes of float samples in [-1, 1]."""
     return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
@@ -202,14 +230,14 @@ def opus_bitrate(link_bps):
     return OPUS_RADIO_BPS if link_bps and link_bps <= RADIO_LINK_BPS else OPUS_BPS
 
 
-def for_link(data, link_bps):
+def for_link(data, link_bps, seconds=None):
     """(bytes to send, what they are) for an audio file's bytes on a link of
     ``link_bps`` bits/s: the file itself when it is no more than KEEP_RATIO
     times Opus at the link's bitrate (already compressed), else Ogg Opus at
-    that bitrate ("opus"). Raises AudioError."""
-    samples = decode(data)
-    seconds = len(samples) / STT_RATE
+    that bitrate ("opus"). ``seconds``: its length, if the caller knows it
+    (probe). Raises AudioError."""
+    seconds = probe(data) if seconds is None else seconds
     bitrate = opus_bitrate(link_bps)
     if len(data) * 8 <= KEEP_RATIO * bitrate * max(seconds, 1.0):
         return bytes(data), "original"
-    return opus(samples, bitrate=bitrate), "opus"
+    return opus(decode(data), bitrate=bitrate), "opus"
