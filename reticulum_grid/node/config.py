@@ -54,7 +54,7 @@ A tower config (every key optional except as noted)::
     [voice.whisper-base]                # a voice engine (audio/transcribe, audio/speech), by alias
     kind = "stt"                        # stt: speech to text (faster-whisper); tts: text to speech (espeak-ng)
     path = ""                           # stt: a CTranslate2 Whisper model directory; "" = the bundled Whisper base
-    device = "auto"                     # stt: auto (CUDA when CTranslate2 sees a GPU), cpu or cuda
+    device = "auto"                     # stt: auto (CUDA when a GPU and cuBLAS/cuDNN load), cpu or cuda
     threads = 0                         # stt: CPU threads; 0 = CTranslate2's default
     language = ""                       # announced and used when a request names none ("" = detect / any)
     voice = "en-us"                     # tts: espeak-ng's default voice

@@ -9,6 +9,8 @@ from a local directory only (the bundled Whisper base, voice/models.py, or a
 faster-whisper from asking a model hub.
 """
 
+import ctypes
+import logging
 import os
 import threading
 import time
@@ -16,6 +18,11 @@ from dataclasses import dataclass
 
 from reticulum_grid.voice.audio import STT_RATE
 
+log = logging.getLogger("rngrid.voice")
+
+#: Libraries CTranslate2's CUDA build loads at its first CUDA call (CUDA 12, cuDNN 9): missing
+#: ones abort the process there, so "auto" takes the GPU only when they load now.
+CUDA_LIBRARIES = ("libcublas.so.12", "libcudnn_ops.so.9")
 #: Beam width of the decoder (faster-whisper's default; 1 is greedy and faster but misses more words).
 BEAM_SIZE = 5
 
@@ -37,9 +44,24 @@ class TranscriptInfo:
     audio_s: float = 0.0
 
 
+def cuda_usable():
+    """True when CTranslate2 sees a CUDA GPU and the CUDA libraries it needs load (else it says why in the log)."""
+    import ctranslate2
+    if ctranslate2.get_cuda_device_count() == 0:
+        return False
+    for name in CUDA_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            log.warning("a GPU is here but %s does not load, so speech to text runs on the CPU (pip install "
+                        "nvidia-cublas-cu12 nvidia-cudnn-cu12 and put their lib folders on LD_LIBRARY_PATH)", name)
+            return False
+    return True
+
+
 class SpeechToText:
     """A faster-whisper model from the directory ``path``. ``device``: "auto"
-    (CUDA when CTranslate2 sees a GPU, else the CPU), "cpu" or "cuda";
+    (CUDA when cuda_usable(), else the CPU), "cpu" or "cuda";
     ``compute_type``: CTranslate2's ("auto": int8 on a CPU, float16 on a GPU);
     ``threads``: CPU threads (0: CTranslate2's default)."""
 
@@ -57,7 +79,8 @@ class SpeechToText:
             if self._model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from faster_whisper import WhisperModel
-                self._model = WhisperModel(self.path, device=self.device, compute_type=self.compute_type,
+                device = self.device if self.device != "auto" else "cuda" if cuda_usable() else "cpu"
+                self._model = WhisperModel(self.path, device=device, compute_type=self.compute_type,
                                            cpu_threads=self.threads, local_files_only=True)
             return self._model
 
