@@ -116,7 +116,9 @@ def test_voice_config_tables(tmp_path):
             config.load_tower(path)
 
 
-class _Entry:
+class EntryDouble:
+    """A test double of a tower table entry (announce/table.py): a name, a destination hash, hops and caps."""
+
     def __init__(self, name, voice, hops=1):
         self.name, self.destination_hash, self.hops = name, name.encode().ljust(16, b"\0"), hops
         self.caps = c.Caps(name=name, voice=voice)
@@ -133,7 +135,7 @@ class _Entry:
      "stt", None, None),  # both capped at PRIOR_MAX_REALTIME: a tie broken at random
 ])
 def test_voice_routing(towers, kind, language, best):
-    entries = [_Entry(name, voice) for name, voice in towers]
+    entries = [EntryDouble(name, voice) for name, voice in towers]
     ranked = router.rank_voice(entries, kind, language=language, audio_s=10)
     if best is None:
         assert ranked[0].key[2] == ranked[1].key[2]
