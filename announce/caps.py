@@ -15,11 +15,17 @@ Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
      "l": [streams, jobs, queue],             # running inference streams, training jobs, queue depth
      "t": 425,                    # tokens/s estimate x10 (int)
      "sh": 8192,                  # MiB lent to split models (optional; absent: unknown)
+     "vo": [[alias, kind, language, realtime, free], ...],  # voice engines (optional): kind "stt"
+                                  # (speech to text) or "tts" (text to speech); language an ISO 639
+                                  # code or voice name, "" for any; realtime: seconds of audio per
+                                  # second of work x10 (int), measured at start; free: requests that
+                                  # start at once
      "more": True}                # present when models/adapters were left out: ask caps/full
 
 The announce limit it must fit is measured against the pinned RNS by
 ``announce.announcer.app_data_limit()``; ``encode()`` keeps the blob under ``CAPS_BUDGET``
-by dropping models and adapters (disk-only first) and setting ``more``.
+by dropping adapters, disk-only models, voice engines and then loaded models,
+and setting ``more``.
 
 ``decode()`` trusts nothing: oversized blobs, malformed msgpack, unknown schema
 versions, wrong types and absurd values raise ``CapsError`` with the reason.
@@ -44,6 +50,10 @@ DECODE_MAX_BYTES = 512
 #: (317 bytes through a transport node on rns 0.9.4, see announcer.app_data_limit()).
 CAPS_BUDGET = 256
 BACKENDS = ("cpu", "cuda", "metal", "rocm", "vulkan", "sycl")
+VOICE_KINDS = ("stt", "tts")
+LANGUAGE_MAX_BYTES = 16
+#: Most a voice engine's announced speed is believed (x real time; espeak-ng reaches a few hundred).
+MAX_REALTIME = 100_000
 
 
 class CapsError(ValueError):
@@ -70,6 +80,18 @@ class AdapterCap:
     @property
     def short_hex(self):
         return self.short_id.hex()
+
+
+@dataclass(frozen=True)
+class VoiceCap:
+    """A voice engine: ``kind`` "stt" or "tts"; ``language`` "" for any;
+    ``realtime``: seconds of audio per second of work (x real time, measured
+    when the tower started); ``free``: requests it starts at once."""
+    alias: str
+    kind: str
+    language: str = ""
+    realtime: float = 0.0
+    free: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +131,7 @@ class Caps:
     tokens_per_s: float = 0.0
     heartbeat_s: int = 900
     lend_mib: int | None = None  # memory lent to split models (MiB); None: not announced
+    voice: tuple = ()  # VoiceCap per voice engine
     more: bool = False
     version: int = SCHEMA_VERSION
 
@@ -120,6 +143,12 @@ class Caps:
         """The AdapterCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
         return _find(self.adapters, alias)
 
+    def voices(self, kind, alias=None, language=None):
+        """The VoiceCaps of ``kind`` named ``alias`` (None: any) that speak
+        ``language`` (None or "": any; an engine announcing "" speaks any)."""
+        return [v for v in self.voice if v.kind == kind and (not alias or v.alias == alias)
+                and (not language or not v.language or v.language.split("-")[0] == language.split("-")[0])]
+
     def materially_differs(self, other, vram_fraction=0.10):
         """True when a re-announce is warranted: models or adapters changed, a
         loaded model's slots became all busy or one freed, a training job
@@ -128,6 +157,8 @@ class Caps:
         if other is None:
             return True
         if _material(self.models) != _material(other.models) or self.adapters != other.adapters:
+            return True
+        if _material_voice(self.voice) != _material_voice(other.voice):
             return True
         if self.load.jobs != other.load.jobs:
             return True
@@ -138,6 +169,10 @@ class Caps:
 
 def _material(models):
     return [(m.alias, m.short_id, m.loaded, m.free > 0) for m in models]
+
+
+def _material_voice(voices):
+    return [(v.alias, v.kind, v.language, v.realtime > 0, v.free > 0) for v in voices]
 
 
 def _find(items, name):
@@ -155,7 +190,7 @@ def _find(items, name):
     return None
 
 
-def _pack_map(caps, models, adapters, more):
+def _pack_map(caps, models, adapters, more, voice=None):
     hw = caps.hardware
     blob = {
         "v": caps.version,
@@ -170,6 +205,9 @@ def _pack_map(caps, models, adapters, more):
     }
     if caps.lend_mib is not None:
         blob["sh"] = int(caps.lend_mib)
+    voice = caps.voice if voice is None else voice
+    if voice:
+        blob["vo"] = [[v.alias, v.kind, v.language, int(round(v.realtime * 10)), int(v.free)] for v in voice]
     if more:
         blob["more"] = True
     return msgpack.packb(blob, use_bin_type=True)
@@ -178,19 +216,22 @@ def _pack_map(caps, models, adapters, more):
 def encode(caps, budget=CAPS_BUDGET):
     """Pack ``caps`` into at most ``budget`` bytes of msgpack.
 
-    Models and adapters that do not fit are left out (adapters first, then
-    models not loaded, newest last) and ``more`` is set so clients fetch
-    ``caps/full``. Raises CapsError if even the bare blob exceeds the budget.
+    Models, adapters and voice engines that do not fit are left out
+    (adapters first, then models not loaded, voice engines, loaded models,
+    newest last) and ``more`` is set so clients fetch ``caps/full``. Raises
+    CapsError if even the bare blob exceeds the budget.
     """
     data = _pack_map(caps, caps.models, caps.adapters, caps.more)
     models = sorted(caps.models, key=lambda m: not m.loaded)  # stable: disk-only models go first
-    adapters = list(caps.adapters)
-    while len(data) > budget and (adapters or models):
+    adapters, voice = list(caps.adapters), list(caps.voice)
+    while len(data) > budget and (adapters or models or voice):
         if adapters:
             adapters.pop()
-        else:
+        elif models and not models[-1].loaded or not voice:
             models.pop()
-        data = _pack_map(caps, models, adapters, True)
+        else:
+            voice.pop()
+        data = _pack_map(caps, models, adapters, True, voice)
     if len(data) > budget:
         raise CapsError(f"caps for {caps.name!r} need {len(data)} bytes, budget is {budget}")
     return data
@@ -233,6 +274,7 @@ def from_map(raw):
         load=_load(raw.get("l")),
         tokens_per_s=_int(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
         lend_mib=None if raw.get("sh") is None else _int(raw.get("sh"), "lent memory", 0, MAX_MIB),
+        voice=tuple(_voice(v) for v in _list(raw.get("vo", []), "voice engines")),
         more=_bool(raw.get("more", False), "more"),
     )
 
@@ -260,6 +302,18 @@ def _model(value):
 def _adapter(value):
     alias, short_id = _list(value, "adapter entry", exact=2)
     return AdapterCap(_alias(alias), _short_id(short_id))
+
+
+def _voice(value):
+    alias, kind, language, realtime, free = _list(value, "voice entry", exact=5)
+    kind = _text(kind, "voice kind", 8)
+    if kind not in VOICE_KINDS:
+        raise CapsError(f"unknown voice kind {kind!r}")
+    language = _text(language, "language", LANGUAGE_MAX_BYTES)
+    if not all(c.isalnum() or c in "-_+" for c in language):
+        raise CapsError(f"language {language!r} is not a language or voice name")
+    return VoiceCap(_alias(alias), kind, language, _int(realtime, "realtime", 0, MAX_REALTIME * 10) / 10.0,
+                    _int(free, "voice free", 0, MAX_COUNT))
 
 
 def _load(value):

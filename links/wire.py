@@ -17,7 +17,8 @@ MAX_REQUEST_BYTES = 1 << 20
 #: a repeat with the same bytes (sent again because its request or reply packet
 #: was lost on a lossy link) gets the first reply and starts nothing new. A
 #: request without its id is run every time.
-ANSWERED_ONCE = {"ai/inference": "stream_id", "genome/train": "submit_id"}
+ANSWERED_ONCE = {"ai/inference": "stream_id", "genome/train": "submit_id", "audio/transcribe": "stream_id",
+                 "audio/speech": "stream_id"}
 
 
 class Code:

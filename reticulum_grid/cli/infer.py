@@ -51,7 +51,8 @@ def _print_towers(rows):
         table.add_row(r["name"], r["destination"], state, str(r["hops"]), f"{r['age_s']:.0f}s",
                       f"{r['backend']} ({r['gpus']} x {r['device']})" if r["gpus"] > 1 else f"{r['backend']} ({r['device']})",
                       f"{free}/{total} MiB {kind}",
-                      ", ".join(m["alias"] + ("" if m["loaded"] else " (disk)") for m in r["models"]),
+                      ", ".join([m["alias"] + ("" if m["loaded"] else " (disk)") for m in r["models"]]
+                                + [f"{v['alias']} ({v['kind']} {v['realtime']:g}x)" for v in r["voice"]]),
                       f"{r['tokens_per_s']:.0f}")
     out.print(table)
 
@@ -77,6 +78,8 @@ def _tower_row(entry, health):
             "backend": hw.backend, "device": hw.device, "gpus": hw.gpus, "vram_free_mib": hw.vram_free_mib,
             "vram_total_mib": hw.vram_total_mib, "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
             "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in entry.caps.models],
+            "voice": [{"alias": v.alias, "kind": v.kind, "language": v.language, "realtime": v.realtime}
+                      for v in entry.caps.voice],
             "tokens_per_s": entry.caps.tokens_per_s,
             "load": {"streams": entry.caps.load.streams, "jobs": entry.caps.load.jobs, "queue": entry.caps.load.queue}}
 

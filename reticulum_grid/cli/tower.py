@@ -23,9 +23,12 @@ from reticulum_grid.cli.common import err, fail, ifac_options, main, out, styled
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
 @click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
               help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}).")
+@click.option("--voice/--no-voice", "voice", default=None,
+              help="Serve speech to text (Whisper base) and text to speech (espeak-ng) in a new config "
+                   "(default: when both are installed).")
 @ifac_options
 @click.pass_context
-def tower(ctx, config_path, name, listen, connect, models, network_name, passphrase):
+def tower(ctx, config_path, name, listen, connect, models, voice, network_name, passphrase):
     """Run a tower: serve the models in its config to allowed identities
     (--network-name/--passphrase: a private grid's IFAC, for a new config)."""
     from reticulum_grid.node.identity import IdentityError
@@ -34,10 +37,12 @@ def tower(ctx, config_path, name, listen, connect, models, network_name, passphr
     logging.getLogger("rngrid").setLevel(min(logging.getLogger().level, logging.INFO))
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     if not path.exists():
-        _new_tower_config(path, name or _host_name(), listen, connect, models, network_name or "", passphrase or "")
+        _new_tower_config(path, name or _host_name(), listen, connect, models, network_name or "", passphrase or "",
+                          voice=_voice_installed() if voice is None else voice)
         err.print(f"wrote new tower config {path}")
     else:
-        given = [f"--{p.replace('_', '-')}" for p in ("name", "listen", "connect", "model", "network_name", "passphrase")
+        given = [f"--{p.replace('_', '-')}" for p in ("name", "listen", "connect", "model", "voice", "network_name",
+                                                      "passphrase")
                  if ctx.get_parameter_source(p if p != "model" else "models") == click.core.ParameterSource.COMMANDLINE]
         if given:
             err.print(f"{path} exists, so {', '.join(given)} only shape a new config and are ignored; "
@@ -50,7 +55,8 @@ def tower(ctx, config_path, name, listen, connect, models, network_name, passphr
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    serving = ", ".join(tower.registry.aliases()) or "no models"
+    voices = [f"{v.alias} ({v.kind})" for v in tower.config.voice]
+    serving = ", ".join([*tower.registry.aliases(), *voices]) or "no models"
     err.print(styled("tower ", (tower.config.name, "bold"), f" serving {serving} at {tower.destination.hash.hex()}"))
     err.print(f"on each machine that may use it, run: rngrid trust {tower.identity.hash.hex()} "
               f"--name {shlex.quote(tower.config.name)}")
@@ -101,7 +107,13 @@ def _host_name():
     return name.encode()[:cfg.NAME_MAX_BYTES].decode(errors="ignore")
 
 
-def _new_tower_config(path, name, listen, connect, models, network_name="", passphrase=""):
+def _voice_installed():
+    import importlib.util
+    import shutil
+    return importlib.util.find_spec("faster_whisper") is not None and shutil.which("espeak-ng") is not None
+
+
+def _new_tower_config(path, name, listen, connect, models, network_name="", passphrase="", voice=False):
     parsed = {}
     for spec in models:
         alias, sep, gguf = spec.partition("=")
@@ -110,8 +122,9 @@ def _new_tower_config(path, name, listen, connect, models, network_name="", pass
         parsed[alias] = str(Path(gguf).expanduser().resolve())
     if not parsed:
         parsed = {DEFAULT_ALIAS: default_model_path()}
+    sections = {"voice": {"whisper-base": {"kind": "stt"}, "espeak-ng": {"kind": "tts"}}} if voice else {}
     cfg.write_tower(path, name, parsed, listen=listen, connect=connect, network_name=network_name,
-                    passphrase=passphrase)
+                    passphrase=passphrase, **sections)
 
 
 @main.command("id")

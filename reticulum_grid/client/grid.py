@@ -30,7 +30,7 @@ from links.wire import Code, WireError
 from reticulum_grid.node import config, identity, rnsnet, trust
 from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
-from reticulum_grid.client import embeddings, split as splitroute
+from reticulum_grid.client import embeddings, split as splitroute, voice
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.client.models import decode_blobs
 from reticulum_grid.store.blobstore import BlobStore
@@ -243,6 +243,18 @@ class Grid(BlobTransfers, JobCommands):
             raise WireError(Code.UNKNOWN_MODEL if entries else Code.NO_TOWER, f"no tower has model {model!r}")
         return ranked
 
+    def discover(self, ready, timeout, settle_s=0.3):
+        """Live entries once ``ready(live entries)`` holds, or once towers were
+        heard and the table went quiet (QUIET_S after ANSWER_S), or after
+        ``timeout`` seconds; a pause of ``settle_s`` lets equally good towers
+        arrive after the first."""
+        if ready(self.table.live()):
+            return self.table.live()
+        quiet = _Quiet(QUIET_S, ANSWER_S)
+        if self.wait_for(lambda entries: ready(entries) or quiet(entries), timeout) and ready(self.table.live()):
+            time.sleep(settle_s)
+        return self.table.live()
+
     def _discover_for(self, model, timeout, settle_s):
         if router.candidates(self.table.live(), model):
             return self.table.live()
@@ -287,7 +299,11 @@ class Grid(BlobTransfers, JobCommands):
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
         (Text, a str with ``.logprobs``; ToolCallDelta items when the model calls
         a tool) followed by one Usage;
-        ``ai/embeddings`` (``{"model", "input"}``): an embeddings.Embeddings; a model the chosen tower lacks is synced
+        ``ai/embeddings`` (``{"model", "input"}``): an embeddings.Embeddings;
+        ``audio/transcribe`` (``{"audio": file bytes | "file": path, "model"?,
+        "language"?, "prompt"?}``): a voice.TranscriptStream (Segments, then a
+        TranscriptEnd); ``audio/speech`` (``{"text", "model"?, "voice"?, "wpm"?,
+        "format"?}``): a voice.Speech; a model the chosen tower lacks is synced
         to it first (``progress(done_bytes, total_bytes)``); towers that fail are
         replaced (inference.py). While every tower is busy, both wait up to
         ``busy_wait`` seconds for a free slot (0: raise busy at once; client/busy.py),
@@ -301,9 +317,46 @@ class Grid(BlobTransfers, JobCommands):
                 raise WireError(Code.BAD_REQUEST, "ai/embeddings needs a payload map with a 'model' string")
             return self.embed(payload["model"], payload.get("input"), tower=tower, busy_wait=busy_wait,
                               on_busy=on_busy)
+        if command in ("audio/transcribe", "audio/speech"):
+            return self._voice(command, payload, tower)
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
+
+    def _voice(self, command, payload, tower):
+        if not isinstance(payload, dict):
+            raise WireError(Code.BAD_REQUEST, f"{command} needs a payload map")
+        known = {"audio/transcribe": {"audio", "file", "model", "language", "prompt"},
+                 "audio/speech": {"text", "model", "voice", "wpm", "format"}}[command]
+        if set(payload) - known:
+            unknown = ", ".join(sorted(set(payload) - known))
+            raise WireError(Code.BAD_REQUEST, f"unknown field(s) for {command}: {unknown}")
+        if command == "audio/speech":
+            if not isinstance(payload.get("text"), str):
+                raise WireError(Code.BAD_REQUEST, "audio/speech needs a 'text' string")
+            return self.speak(payload["text"], payload.get("model"), payload.get("voice"), payload.get("wpm"),
+                              payload.get("format", "wav"), tower=tower)
+        data = payload.get("audio")
+        if data is None and isinstance(payload.get("file"), str):
+            data = Path(payload["file"]).read_bytes()
+        if not isinstance(data, (bytes, bytearray)):
+            raise WireError(Code.BAD_REQUEST, "audio/transcribe needs 'audio' (the file's bytes) or 'file' (a path)")
+        return self.transcribe(data, payload.get("model"), payload.get("language"), payload.get("prompt"), tower)
+
+    def transcribe(self, data, model=None, language=None, prompt=None, tower=None, force=False):
+        """A voice.TranscriptStream of an audio file's bytes (any format FFmpeg
+        reads): iterate for Segments as they come, or ``.transcript()`` for the
+        whole. ``force``: send it over a radio link however long that takes.
+        Raises WireError (bad_request for audio that cannot be decoded)."""
+        try:
+            return voice.TranscriptStream(self, data, model, language, prompt, tower, force)
+        except ValueError as e:  # audio.AudioError
+            raise WireError(Code.BAD_REQUEST, str(e)) from None
+
+    def speak(self, text, model=None, voice_name=None, wpm=None, fmt="wav", tower=None):
+        """``text`` spoken by a tower: a voice.Speech (``.data`` in ``fmt``:
+        wav, pcm, opus, flac, mp3 or aac; ``.save(path)``). Raises WireError."""
+        return voice.speak(self, text, model, voice_name, wpm, fmt, tower)
 
     def embed(self, model, texts, tower=None, busy_wait=0.0, on_busy=None):
         """Embeddings of ``texts`` (a string or a list of strings) from ``model``:

@@ -216,3 +216,51 @@ def _key(entry, caps, cap, tier, adapter, health, need_mib, now):
     return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and room_mib(caps.hardware) < need_mib,
             tier > 0 and free < need_mib, bool(adapter) and caps.adapter(adapter) is None, round(cost, 3),
             need_mib - free, entry.hops, random.random())
+
+
+# -- voice engines ---------------------------------------------------------------
+#
+# Candidates are live towers whose caps list a voice engine of the kind asked
+# ("stt" or "tts"), named as asked (any when no name is given) and speaking
+# the language asked (an engine announcing "" speaks any). Sort key, lower
+# is better:
+#
+# 1. ``backed_off``, as above.
+# 2. ``waits``: the engine has no free slot now (a request would queue).
+# 3. ``cost``: seconds the request is expected to take there, (queue ahead +
+#    1) x audio seconds / the engine's speed (x real time, measured by the
+#    tower at its start; at most PRIOR_MAX_REALTIME is believed) + the RTT.
+# 4. ``hops``, 5. a random tie-breaker.
+
+#: The most an announced voice speed is believed (x real time): Whisper base
+#: on a fast GPU reaches ~100x, espeak-ng ~500x on one core.
+PRIOR_MAX_REALTIME = 1000.0
+
+
+@dataclass(frozen=True)
+class VoiceChoice:
+    """A ranked voice candidate: its ``entry``, the engine's ``cap`` (VoiceCap) and the key."""
+    entry: object
+    cap: object
+    key: tuple
+
+    @property
+    def reasons(self):
+        backed_off, waits, cost, hops, _ = self.key
+        return {"engine": self.cap.alias, "backed_off": backed_off, "waits": waits, "cost_s": cost, "hops": hops}
+
+
+def rank_voice(entries, kind, alias=None, language=None, audio_s=5.0, health=None):
+    """VoiceChoices for a request of ``kind`` ("stt"/"tts") on ``audio_s``
+    seconds of audio (a guess for speech), best first."""
+    book = health or HealthBook()
+    now = time.monotonic()
+    choices = []
+    for entry in entries:
+        h = book.get(entry.destination_hash)
+        for cap in entry.caps.voices(kind, alias, language):
+            speed = min(max(cap.realtime, 0.1), PRIOR_MAX_REALTIME)
+            cost = (h.pending + (0 if cap.free else 1) + 1) * audio_s / speed + h.rtt_s
+            choices.append(VoiceChoice(entry, cap, (now < h.backoff_until, cap.free == 0, round(cost, 3), entry.hops,
+                                                    random.random())))
+    return sorted(choices, key=lambda c: c.key)

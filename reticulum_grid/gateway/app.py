@@ -3,7 +3,8 @@
 Routes (errors in the caller's API's shape, see errors.py):
 
 - OpenAI's (openai_routes.py): ``POST /v1/chat/completions``,
-  ``/v1/completions``, ``/v1/embeddings``; ``GET /v1/models``, ``/v1/models/{id}``.
+  ``/v1/completions``, ``/v1/embeddings``; ``GET /v1/models``, ``/v1/models/{id}``;
+  its audio API (audio.py): ``POST /v1/audio/transcriptions``, ``/v1/audio/speech``.
 - Ollama's (ollama_routes.py): ``GET /api/version``, ``/api/tags``, ``/api/ps``;
   ``POST /api/show``, ``/api/chat``, ``/api/generate``, ``/api/embed``,
   ``/api/embeddings``, ``/api/pull``.
@@ -31,7 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from links.wire import Code
-from reticulum_grid.gateway import commands
+from reticulum_grid.gateway import audio, commands
 from reticulum_grid.gateway.bridge import Call, DisconnectWatch, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.guard import BrowserGuard
@@ -70,6 +71,7 @@ class Gateway:
             Route("/v1/grid/execute", self.execute, methods=["POST"]),
             *OpenAIRoutes(self).routes(),
             *OllamaRoutes(self).routes(),
+            *audio.routes(self),
         ]
         middleware = [Middleware(BrowserGuard, origins=self.origins, loopback=self.loopback),
                       Middleware(DisconnectWatch)]
@@ -81,7 +83,7 @@ class Gateway:
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
             error = ApiError(404, f"no such endpoint: {where}; this gateway serves OpenAI's API under /v1 "
-                                  "(chat/completions, completions, embeddings, models), Ollama's under /api "
+                                  "(chat/completions, completions, embeddings, models, audio), Ollama's under /api "
                                   "(version, tags, show, ps, chat, generate, embed, embeddings, pull) and the "
                                   "grid's under /v1/grid", code="not_found", param=request.url.path)
         elif exc.status_code == 405:

@@ -19,6 +19,7 @@ request accepts ``text/event-stream``. Every event has a ``type``:
   total_bytes} while the data is sent, ``job`` {job_id, tower}, then the job's
   events (``state``, ``started``, ``progress`` {step, total_steps, loss, lr,
   tokens_per_s, eta_s}, ``end`` {state, final_loss, adapter_alias, ...}).
+- ``audio/transcribe``, ``audio/speech``: see audio.command_work.
 - ``jobs/watch`` {job_id, tower?}: the job's events until ``end``.
 - ``jobs/status`` {job_id?, tower?}: ``jobs`` {jobs: [job + tower]}.
 - ``jobs/cancel`` {job_id, tower?}: ``status`` {job}.
@@ -34,6 +35,7 @@ import hashlib
 import json
 
 from links.wire import Code, WireError
+from reticulum_grid.gateway import audio
 from reticulum_grid.gateway.errors import bad_request
 from reticulum_grid.gateway.inference import embeddings_work, inference_work
 
@@ -76,6 +78,8 @@ def work_for(grid, views, command, params, busy_wait_s):
         return embeddings_work(grid, params["model"], texts, tower, busy_wait_s, as_event=True)
     if command == "genome/train":
         return lambda call: _train(grid, params, call)
+    if command in audio.COMMANDS:
+        return audio.command_work(grid, command, params, busy_wait_s)
     if command in ("jobs/watch", "jobs/cancel") or (command == "jobs/status" and params.get("job_id") is not None):
         if not isinstance(params.get("job_id"), str):
             raise bad_request(f"{command} needs params.job_id", "params.job_id")
@@ -90,8 +94,8 @@ def work_for(grid, views, command, params, busy_wait_s):
         return lambda call: call.emit({"type": "towers", "towers": views.towers()})
     if command == "grid/models":
         return lambda call: call.emit({"type": "models", "models": views.models()})
-    known = ("ai/inference, ai/embeddings, genome/train, jobs/status, jobs/watch, jobs/cancel, caps/full, "
-             "grid/towers, grid/models")
+    known = ("ai/inference, ai/embeddings, audio/transcribe, audio/speech, genome/train, jobs/status, jobs/watch, "
+             "jobs/cancel, caps/full, grid/towers, grid/models")
     raise bad_request(f"unknown command {command!r}; known: {known}", "command")
 
 

@@ -8,6 +8,9 @@ any web page the user opens can send requests to 127.0.0.1. So:
   ``--cors-origin``; others get 403. Allowed origins get CORS headers.
 - A POST must say ``Content-Type: application/json``: a cross-site page can
   send a "simple" text/plain POST without asking first, but not a JSON one.
+  OpenAI's upload routes (``MULTIPART_PATHS``) take ``multipart/form-data``,
+  which a page may send too: there the Origin and Host checks are the guard
+  (a browser names the page's origin on every cross-site POST).
 - On a loopback bind, the ``Host`` header must name loopback (localhost,
   127.0.0.1, [::1]): a DNS-rebinding page reaches 127.0.0.1 under its own
   host name. (A gateway bound elsewhere has an API key, which such a page lacks.)
@@ -15,6 +18,9 @@ any web page the user opens can send requests to 127.0.0.1. So:
 
 import json
 from urllib.parse import urlsplit
+
+#: POST routes whose body is OpenAI's multipart upload (gateway/audio.py).
+MULTIPART_PATHS = frozenset({"/v1/audio/transcriptions"})
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
@@ -51,7 +57,8 @@ class BrowserGuard:
             return 403, (f"requests from web pages at {origin} are refused; "
                          f"start rngrid serve with --cors-origin {origin} to allow them")
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        if scope["method"] == "POST" and content_type != "application/json":
+        multipart = content_type == "multipart/form-data" and scope["path"] in MULTIPART_PATHS
+        if scope["method"] == "POST" and content_type != "application/json" and not multipart:
             return 415, "send the request body as JSON (Content-Type: application/json)"
         return None
 

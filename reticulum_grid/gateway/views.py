@@ -43,7 +43,8 @@ class Views:
 
     def towers(self):
         """[tower map]: name, destination, hops, age_s, backend, device, memory (MiB),
-        models, adapters, load (streams, queue, jobs), tokens_per_s, rtt_ms, backed_off."""
+        models, adapters, voice (engines: alias, kind stt/tts, language, realtime x, free), load (streams,
+        queue, jobs), tokens_per_s, rtt_ms, backed_off."""
         return [self.tower(e) for e in self.live()]
 
     def tower(self, entry):
@@ -57,6 +58,8 @@ class Views:
                 "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
                 "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in caps.models],
                 "adapters": [{"alias": a.alias, "blob": a.short_hex} for a in caps.adapters],
+                "voice": [{"alias": v.alias, "kind": v.kind, "language": v.language, "realtime": v.realtime,
+                           "free": v.free} for v in caps.voice],
                 "load": {"streams": caps.load.streams, "queue": caps.load.queue, "jobs": caps.load.jobs},
                 "tokens_per_s": caps.tokens_per_s, "rtt_ms": round(health.rtt_s * 1000, 1),
                 "backed_off": health.backed_off()}

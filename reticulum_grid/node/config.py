@@ -52,10 +52,18 @@ A tower config (every key optional except as noted)::
     embeddings = false                  # start with embeddings on (else on the first ai/embeddings)
     preload = true                      # load at start; false: on first use (a model the tower
                                         # holds for split plans it coordinates, say)
+    [voice.whisper-base]                # a voice engine (audio/transcribe, audio/speech), by alias
+    kind = "stt"                        # stt: speech to text (faster-whisper); tts: text to speech (espeak-ng)
+    path = ""                           # stt: a CTranslate2 Whisper model directory; "" = the bundled Whisper base
+    device = "auto"                     # stt: auto (CUDA when a GPU and cuBLAS/cuDNN load), cpu or cuda
+    threads = 0                         # stt: CPU threads; 0 = CTranslate2's default
+    language = ""                       # announced and used when a request names none ("" = detect / any)
+    voice = "en-us"                     # tts: espeak-ng's default voice
     [allow]
-    "<identity hash hex>" = ["infer"]   # a user's roles: infer, train, sync, admin (admin = those three
-                                        # and every job); a tower's: shard (runs layers of its split
-                                        # models here), train-peer (enlists this tower in its jobs).
+    "<identity hash hex>" = ["infer"]   # a user's roles: infer, voice, train, sync, admin (admin = those
+                                        # and every job; infer covers voice too); a tower's: shard (runs
+                                        # layers of its split models here), train-peer (enlists this
+                                        # tower in its jobs).
                                         # admin never implies a tower's roles
 
 Bad values raise ConfigError naming the key.
@@ -67,7 +75,9 @@ from pathlib import Path
 
 import tomlkit
 
-ROLES = ("infer", "train", "sync", "shard", "train-peer", "admin")
+from reticulum_grid.node.voice_config import VoiceConfig, parse_voice  # noqa: F401 (VoiceConfig: part of this API)
+
+ROLES = ("infer", "voice", "train", "sync", "shard", "train-peer", "admin")
 #: Roles that only another tower's identity should hold; ``admin`` does not imply them.
 TOWER_ROLES = ("shard", "train-peer")
 NAME_MAX_BYTES = 32
@@ -129,6 +139,7 @@ class TowerConfig:
     shard_threads: int = 0
     unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
     dataplane: str = ""  # [network] dataplane: IP for tower-to-tower bulk traffic; "" = not offered
+    voice: list = field(default_factory=list)  # VoiceConfig per [voice.ALIAS]
 
     @property
     def directory(self):
@@ -158,6 +169,7 @@ def load_tower(path):
         shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
         unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
         dataplane=_dataplane(_get(net, "dataplane", str, ""), _table(doc, "train")),
+        voice=[parse_voice(alias, spec, path.parent) for alias, spec in _get(doc, "voice", dict, {}).items()],
     )
 
 

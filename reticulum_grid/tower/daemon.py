@@ -6,6 +6,7 @@ run on their own threads and talk over the Link's Channel, so a cancel is
 never stuck behind them.
 
 Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
+``audio/transcribe``, ``audio/speech`` (voice or infer),
 ``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
 (sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
 ``jobs/watch``, ``jobs/cancel`` (train); tower to tower: ``train/join``
@@ -35,6 +36,7 @@ from reticulum_grid.tower.jobs import TowerJobs
 from reticulum_grid.tower.replies import ReplyCache
 from reticulum_grid.tower.split import TowerSplit
 from reticulum_grid.tower.inference import TowerInference
+from reticulum_grid.tower.voice import TowerVoice
 
 log = logging.getLogger("rngrid.tower")
 
@@ -96,6 +98,7 @@ class Tower:
         self.store = BlobStore(config.directory / "blobs")
         self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
         self.registry = None
+        self.voice = None
         self.jobs = None
         self.collector = None
         self.destination = None
@@ -120,6 +123,7 @@ class Tower:
         self.registry.load_configured()
         self.jobs = TowerJobs(self)
         self.inference = TowerInference(self)
+        self.voice = TowerVoice(self).start()
         self.split = TowerSplit(self)
         self.split.warm()
         self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
@@ -129,7 +133,7 @@ class Tower:
         blobs = TowerBlobs(self)
         # ping: an empty reply, so clients time a small round trip (their RTT).
         commands = {"ping": (None, lambda session, request: {}),
-                    "caps/full": (None, self._caps_full), **self.inference.commands(),
+                    "caps/full": (None, self._caps_full), **self.inference.commands(), **self.voice.commands(),
                     "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
                     "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
                     "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
@@ -218,6 +222,7 @@ class Tower:
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
             lend_mib=self.split.lend_mib(hardware),
+            voice=self.voice.caps(),
         )
 
     def remote_alias(self, alias, kind):
@@ -252,6 +257,7 @@ class Tower:
                  "gpus": [] if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
                  [{"index": g.index, "name": g.name, "total_mib": g.total_mib, "free_mib": g.free_mib}
                   for g in self.hardware.gpus]}
+        reply["voice"] = self.voice.details()  # every configured voice engine, ready or not (and why)
         reply["dataplane"] = bool(self.config.dataplane)  # offered for multi-tower training (not the address)
         if session.identity is not None:
             reply["you"] = {"identity": session.identity.hash.hex(),

@@ -58,7 +58,9 @@ function renderTowers(towers) {
         el("div", { class: "meter" }, el("div", { style: { width: `${used.toFixed(0)}%` } })),
         `${mib(t.memory.free_mib)} / ${mib(t.memory.total_mib)} ${t.memory.kind}`)),
       el("td", {}, t.models.map((m) => el("span", { class: m.loaded ? "tag loaded" : "tag", title: m.blob }, m.alias)),
-        t.adapters.map((a) => el("span", { class: "tag adapter", title: a.blob }, a.alias))),
+        t.adapters.map((a) => el("span", { class: "tag adapter", title: a.blob }, a.alias)),
+        (t.voice || []).map((v) => el("span", { class: "tag voice", "data-voice": v.kind,
+          title: `${v.kind === "stt" ? "speech to text" : "text to speech"}, ${v.realtime}x real time` }, `${v.alias} (${v.kind})`))),
       el("td", {}, `${t.load.streams} running, ${t.load.queue} queued`, t.load.jobs ? el("div", { class: "hash" }, `${t.load.jobs} training`) : null),
       el("td", { class: "num" }, t.tokens_per_s ? t.tokens_per_s.toFixed(0) : "-"),
       el("td", { class: "num" }, `${t.rtt_ms.toFixed(0)} ms`));
