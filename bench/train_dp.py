@@ -108,7 +108,7 @@ def main():
     batch = SPEC["batch_size"]
     scaling = [a / b for a, b in zip(one_s, two_s)]
     t1, t2 = statistics.median(one_s), statistics.median(two_s)
-    grad_bytes, allreduce_s = started["grad_bytes"], statistics.median(allreduce)
+    grad_bytes = started["grad_bytes"]
     print(f"1 rank : {spread(one_s)} s/step, {batch / t1:.2f} samples/s")
     print(f"2 ranks: {spread(two_s)} s/step, {batch / t2:.2f} samples/s (both ranks share this machine's cores; noisy)")
     print(f"per pair, 2 ranks vs 1 (samples/s): {spread(scaling, '.2f')}")

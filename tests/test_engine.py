@@ -15,7 +15,6 @@ import numpy as np
 import psutil
 import pytest
 
-from links.wire import Code, WireError
 from reticulum_grid.client import ToolCallDelta, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.training.gguf_lora import peft_to_gguf

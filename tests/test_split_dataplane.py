@@ -6,7 +6,6 @@ Towers dp-a (holds the GGUF) and dp-b each lend 200 MiB, the model needs
 ~316 MiB, so a plan takes both; the client runs in its own process
 (tests/split_client.py) as in test_split.py."""
 
-import os
 import socket
 import time
 

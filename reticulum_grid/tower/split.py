@@ -36,7 +36,6 @@ from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
 from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
-from reticulum_grid.store import gguf_info
 from reticulum_grid.tower.streams import start_stream
 
 log = logging.getLogger("rngrid.tower.split")
