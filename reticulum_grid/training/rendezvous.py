@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 
-from reticulum_grid.node.peers import owned_by
+from reticulum_grid.node.peers import owned_by, plain_ip
 
 GREETING = b"rngrid-store/1 "
 NONCE_BYTES = 32
@@ -120,7 +120,7 @@ class Front:
     def __init__(self, host, port, secret, store_port, peers=()):
         self.secret = secret
         self.store_port = store_port
-        self.peers = {ipaddress.ip_address(p) for p in peers}
+        self.peers = {plain_ip(p) for p in peers}
         self.admitted = self.refused = 0
         self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
         self.port = self._sock.getsockname()[1]
@@ -136,7 +136,7 @@ class Front:
 
     def _admit(self, conn):
         try:
-            if ipaddress.ip_address(conn.getpeername()[0].split("%")[0]) not in self.peers:
+            if plain_ip(conn.getpeername()[0]) not in self.peers:
                 raise PermissionError("not from a peer of the job")
             conn.settimeout(AUTH_TIMEOUT_S)
             nonce = os.urandom(NONCE_BYTES)
