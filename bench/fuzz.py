@@ -47,7 +47,7 @@ from reticulum_grid.inference import request as inference_request  # noqa: E402
 from reticulum_grid.node import config  # noqa: E402
 from reticulum_grid.store.names import parse_blob_id  # noqa: E402
 from reticulum_grid.tower import blobs as tower_blobs  # noqa: E402
-from reticulum_grid.training import datasets, notify, request as train_request  # noqa: E402
+from reticulum_grid.training import checkpoint, datasets, notify, request as train_request  # noqa: E402
 
 #: An input that takes longer than this is a hang (seconds of CPU time, so
 #: a machine busy with other work does not turn slow inputs into hangs).
@@ -326,7 +326,21 @@ def targets(scratch):
         "tower_models": (TOWER_MODELS, lambda v: tower_models.decode_blobs("t", v), ()),
         "logprobs": (LOGPROBS, client_stream._logprobs, ()),
         "gateway_bodies": (HTTP_BODIES, _http_body, ()),
+        "checkpoint": (_checkpoints(), checkpoint.unpack, (checkpoint.CheckpointError,)),
     }
+
+
+def _checkpoints():
+    """Bytes as rank 0 sends a training state to the other ranks (training/checkpoint.py): garbage,
+    mutations of a real one, and real safetensors files whose tree is any JSON."""
+    import torch
+    from safetensors.torch import save
+    state = {"adapter": {"w": torch.arange(6.0).reshape(2, 3)}, "rng": torch.get_rng_state()[:16],
+             "optimizer": {"state": {0: {"step": torch.tensor(3.0)}},
+                           "param_groups": [{"betas": (0.9, 0.999), "lr": 1e-3, "params": [0]}]}, "step": 3}
+    valid = st.just(checkpoint.pack(state))
+    trees = VALUES.map(_json).map(lambda tree: save({"t0": torch.zeros(2)}, metadata={"tree": tree}))
+    return st.one_of(st.binary(max_size=300), valid, _mutated(valid), trees)
 
 
 class Hang(Exception):

@@ -55,7 +55,8 @@ def test_app_data_limit_through_a_transport_node(hub, transport, tmp_path):
         assert "exceeds MTU" in transport.log(), "the transport node never tried to re-send the big announce"
         print(f"through a transport node: {limit} bytes heard={fits in listener.heard}, "
               f"{limit + 1} bytes heard={too_big in listener.heard}; our caps budget is {CAPS_BUDGET}")
-        assert listener.heard.get(fits) == limit and RNS.Transport.hops_to(fits) == 2
+        assert listener.heard.get(fits) == limit, f"the {limit}-byte announce never came through the transport node"
+        assert RNS.Transport.hops_to(fits) == 2
         assert too_big not in listener.heard
         # The node that could not re-send the big one must keep forwarding (rnsfix): two
         # more of the announces that come every second (one might have been on its way).

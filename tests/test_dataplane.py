@@ -37,15 +37,20 @@ sys.stdin.readline()
 print(json.dumps({"admitted": front.admitted, "refused": front.refused}), flush=True)
 """
 
-#: A forwarder to a front at argv[1]; it connects to itself once (as its worker's store client would),
-#: prints its port and what that connection got back, then waits for the test; prints its refusals.
+#: A forwarder to a front at argv[1]; it connects to itself twice (as its worker's store client would:
+#: torch's uses an IPv6 socket, so the forwarder sees ::ffff:127.0.0.1), prints its port and what those
+#: connections got back, then waits for the test; prints its refusals.
 FORWARDER = """
 import json, socket, sys
 from reticulum_grid.training import rendezvous
 fwd = rendezvous.Forwarder("127.0.0.1", int(sys.argv[1]), bytes(range(32)), timeout_s=10)
 own = socket.create_connection(("127.0.0.1", fwd.port), timeout=10)
 own.sendall(b"own")
-print(fwd.port, own.recv(64).decode(), flush=True)
+mapped = socket.socket(socket.AF_INET6)
+mapped.settimeout(10)
+mapped.connect(("::ffff:127.0.0.1", fwd.port))
+mapped.sendall(b"six")
+print(fwd.port, own.recv(64).decode() + mapped.recv(64).decode(), flush=True)
 sys.stdin.readline()
 print(json.dumps({"refused": fwd.refused}), flush=True)
 """
@@ -94,7 +99,7 @@ def test_the_forwarder_answers_for_its_own_process_only():
     try:
         forwarder = child(FORWARDER, front.stdout.readline().strip())
         port, own = forwarder.stdout.readline().split()
-        assert own == "own"  # its own store client went through to the store and back
+        assert own == "ownsix"  # its own store clients went through to the store and back
         with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as s:  # another process
             s.sendall(b"set key value")
             try:
@@ -103,7 +108,7 @@ def test_the_forwarder_answers_for_its_own_process_only():
                 got = b""
         assert got == b"", "another local process was carried to the store"
         assert finish(forwarder) == {"refused": 1}
-        assert finish(front)["admitted"] == 1
+        assert finish(front)["admitted"] == 2
     finally:
         for proc in (front, forwarder):
             if proc is not None:

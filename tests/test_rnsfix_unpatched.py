@@ -59,8 +59,10 @@ GROUPS = {
             ("TCP frames from several threads interleave on the wire", r"frames were interleaved on the wire")},
     "fatal_transport_jobs": {
         "tests/test_announce.py::test_app_data_limit_through_a_transport_node":
+            # Its job loop may end before it forwarded the one that fits even once.
             ("one announce a transport node cannot re-send ends its job loop for good",
-             r"the transport node stopped forwarding after an oversized announce")},
+             r"the transport node stopped forwarding after an oversized announce|"
+             r"the 317-byte announce never came through the transport node")},
 }
 FIX_TESTS = {node: why for group in GROUPS.values() for node, (why, _) in group.items()}
 SYMPTOMS = {node: symptom for group in GROUPS.values() for node, (_, symptom) in group.items()}

@@ -162,3 +162,11 @@ def test_the_trust_line_a_tower_prints_is_the_one_that_works(grid3, tmp_path):
     assert args[:2] == ["trust", legit.identity_hash] and args[2:] == ["--name", "big-tower"]
     assert bare_rngrid(*args, home=tmp_path).returncode == 0
     assert trust.load(Path(tmp_path) / "client.toml").towers[legit.identity_hash] == "big-tower"
+
+
+def test_job_notifications_are_known_by_the_trusted_towers_lxmf_address(tmp_path):
+    from reticulum_grid.training.notify import delivery_hash
+    tower = load_or_create(tmp_path / "t" / "identity")
+    trust.add(tmp_path / "client.toml", tower.hash.hex(), "gpu-box")
+    sources = trust.load(tmp_path / "client.toml").lxmf_sources()
+    assert sources == {delivery_hash(tower).hex(): "gpu-box"}  # the address its Notifier sends from

@@ -206,7 +206,8 @@ class Grid(BlobTransfers, JobCommands):
 
     def _stranger(self, key):
         """An untrusted tower heard with destination hash (or a prefix of >= 8 hex) ``key``."""
-        found = [e for e in self.table.strangers() if e.hash_hex == key or len(key) >= 8 and e.hash_hex.startswith(key)]
+        found = [e for e in self.table.strangers()
+                 if e.hash_hex == key or len(key) >= 8 and e.hash_hex.startswith(key)]
         return found[0] if len(found) == 1 else None
 
     def _strangers_note(self):

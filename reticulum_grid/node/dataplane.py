@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 
-from reticulum_grid.node.peers import owned_by
+from reticulum_grid.node.peers import owned_by, plain_ip
 
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -132,7 +132,7 @@ class Front:
 
     def __init__(self, host, port, secret, target_port, greeting, peers=None):
         self.secret, self.target_port, self.greeting = secret, target_port, greeting
-        self.peers = None if peers is None else {ipaddress.ip_address(p) for p in peers}
+        self.peers = None if peers is None else {plain_ip(p) for p in peers}
         self.admitted = self.refused = 0
         self.moved = ByteCount()
         self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
@@ -149,8 +149,7 @@ class Front:
 
     def _admit(self, conn):
         try:
-            if self.peers is not None and \
-                    ipaddress.ip_address(conn.getpeername()[0].split("%")[0]) not in self.peers:
+            if self.peers is not None and plain_ip(conn.getpeername()[0]) not in self.peers:
                 raise PermissionError("not from a peer")
             conn.settimeout(AUTH_TIMEOUT_S)
             nonce = os.urandom(NONCE_BYTES)

@@ -8,7 +8,21 @@ other end a given process owns, as the kernel tells it (psutil reads the
 process's sockets from /proc, or the platform's equivalent).
 """
 
+import ipaddress
+
 import psutil
+
+
+def same_address(a, b):
+    """True when IP addresses ``a`` and ``b`` (text) are one: an IPv6 socket
+    shows an IPv4 peer as ``::ffff:a.b.c.d`` (torch's TCPStore client does)."""
+    return plain_ip(a) == plain_ip(b)
+
+
+def plain_ip(text):
+    """``text`` as an ipaddress object, an IPv4-mapped IPv6 address as its IPv4 one. Raises ValueError."""
+    address = ipaddress.ip_address(str(text).split("%")[0])
+    return getattr(address, "ipv4_mapped", None) or address
 
 
 def owned_by(sock, pids):
@@ -22,9 +36,10 @@ def owned_by(sock, pids):
     for process in _with_children(pids):
         try:
             for conn in process.net_connections(kind="tcp"):
-                if conn.laddr and conn.raddr and tuple(conn.laddr)[:2] == peer and tuple(conn.raddr)[:2] == local:
+                if (conn.laddr and conn.raddr and conn.laddr[1] == peer[1] and conn.raddr[1] == local[1]
+                        and same_address(conn.laddr[0], peer[0]) and same_address(conn.raddr[0], local[0])):
                     return True
-        except psutil.Error:
+        except (psutil.Error, ValueError):
             continue
     return False
 

@@ -60,6 +60,7 @@ def pack(state):
 
 def unpack(data):
     """The state ``pack`` made ``data`` (bytes) from. Raises CheckpointError."""
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
     if len(data) < 8:
@@ -71,7 +72,7 @@ def unpack(data):
         header = json.loads(data[8:8 + size])
         tree = json.loads(header["__metadata__"]["tree"])
         tensors = load(bytes(data))
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+    except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
         raise CheckpointError(f"not a checkpoint: {type(e).__name__}: {e}") from None
 
     def decode(node, depth):
