@@ -52,10 +52,10 @@ class HostileTower(TowerProcess):
 
 def _patch(args):
     from links import wire
-    from reticulum_grid.tower import daemon
+    from reticulum_grid.tower import daemon, inference
 
-    real_caps, real_usage, real_handler = daemon.Tower.caps, daemon.Tower.usage, daemon.Tower._handler
-    real_start = daemon.start_stream
+    real_caps, real_handler = daemon.Tower.caps, daemon.Tower._handler
+    real_usage, real_start = inference.TowerInference.usage, inference.start_stream
     claims = {k: v for k, v in (("name", args.claim_name), ("tokens_per_s", args.claim_tokens_per_s)) if v is not None}
     refusals = dict(item.split("=", 1) for item in args.refuse)
 
@@ -85,15 +85,15 @@ def _patch(args):
         return recording
 
     def start_stream(session, request, queue, generate, *rest, **kwargs):
-        def slowed(result, cancel):
-            for item in generate(result, cancel):
+        def slowed(prepared, result, cancel):
+            for item in generate(prepared, result, cancel):
                 time.sleep(args.token_delay)
                 yield item
 
         return real_start(session, request, queue, slowed if args.token_delay else generate, *rest, **kwargs)
 
-    daemon.Tower.caps, daemon.Tower.usage, daemon.Tower._handler = caps, usage, handler
-    daemon.start_stream = start_stream
+    daemon.Tower.caps, daemon.Tower._handler = caps, handler
+    inference.TowerInference.usage, inference.start_stream = usage, start_stream
 
 
 def main():

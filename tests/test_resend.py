@@ -94,6 +94,20 @@ def test_a_resent_train_request_makes_one_job(hub, tower, lose_first_reply):
         conn.request("jobs/cancel", {"job_id": job_id})
 
 
+def test_a_resent_refused_train_request_gets_the_same_refusal(hub, tower, lose_first_reply, tmp_path):
+    # The first run refuses the dataset and drops it from the store; run again,
+    # the second found the dataset gone and answered "internal".
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{not json\n')
+    lost = lose_first_reply("genome/train")
+    with pytest.raises(WireError) as refused:
+        hub.grid.train({"base": DEFAULT_ALIAS, "output_alias": "never", "max_steps": 1}, data_path=broken,
+                       tower=tower.name)
+    assert lost == ["genome/train"], "the first reply must have been dropped"
+    assert refused.value.code in (Code.BAD_REQUEST, Code.UNSUPPORTED), refused.value
+    assert "sent again" in tower.log()
+
+
 def test_a_request_too_big_for_one_packet_is_sent_once(hub, tower, lose_first_reply):
     # It travels as an RNS Resource, which resends its own parts; sending it again
     # would queue a second copy of the whole prompt behind the first on a slow link.

@@ -41,7 +41,7 @@ def test_unpack_errors(data, code):
     ({"model": "m", "prompt": "hi", "stream_id": -1}, "outside"),
     ({"model": "m", "prompt": "hi", "stream_id": 1, "tempreature": 0.1}, "unknown field"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}], "stream_id": 1}, "role must be one of"),
-    ({"model": "m", "messages": [{"role": "user"}], "stream_id": 1}, "exactly 'role' and 'content'"),
+    ({"model": "m", "messages": [{"role": "user"}], "stream_id": 1}, "must be a map with 'role' and 'content'"),
     ({"model": "m", "messages": ["hi"], "stream_id": 1}, "must be a map"),
     ({"model": "m", "prompt": "hi", "stream_id": 1, "stop": [1]}, "stop"),
 ])

@@ -175,30 +175,41 @@ class Tower:
     # -- commands ---------------------------------------------------------
     def _handler(self, path, role, command):
         """An RNS request handler: auth, msgpack map in, reply map out, every
-        failure answered with a coded error."""
+        failure answered with a coded error. A command in wire.ANSWERED_ONCE
+        sent again gets its first reply, a refusal too (its first run may have
+        dropped what it was given), except busy, which asks to be sent again."""
 
         def handle(_path, data, request_id, link_id, remote_identity, requested_at):
+            id_field = wire.ANSWERED_ONCE.get(path)
+            if id_field is None:
+                return run(remote_identity, link_id, data)[0]
+            session = self._session(link_id)
+            key = ReplyCache.key(path, data)
+            reply = session.replies.get(key)
+            if reply is not None:
+                log.info("%s sent again (its reply was lost?): answered as before", path)
+                return reply
+            reply, request, code = run(remote_identity, link_id, data)
+            if request is not None and id_field in request and code != Code.BUSY:
+                session.replies.put(key, reply)
+            return reply
+
+        def run(remote_identity, link_id, data):
+            """(reply bytes, the request map once the command ran with it, else
+            None; the error code or None)."""
+            ran = None
             try:
                 if role:
                     auth.require(remote_identity, role, self.allow.roles_of, tower_role=role in TOWER_ROLES)
                 session, request = self._session(link_id), wire.unpack_map(data)
-                id_field = wire.ANSWERED_ONCE.get(path)
-                if id_field is None or id_field not in request:
-                    return wire.ok(**command(session, request))
-                key = ReplyCache.key(path, data)
-                reply = session.replies.get(key)
-                if reply is None:
-                    reply = wire.ok(**command(session, request))
-                    session.replies.put(key, reply)
-                else:
-                    log.info("%s sent again (its reply was lost?): answered as before", path)
-                return reply
+                ran = request
+                return wire.ok(**command(session, request)), ran, None
             except WireError as e:
                 log.info("%s refused: %s", path, e)
-                return wire.error(e.code, e.message, e.retry_after)
+                return wire.error(e.code, e.message, e.retry_after), ran, e.code
             except Exception as e:
                 log.exception("%s failed", path)
-                return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}")
+                return wire.error(Code.INTERNAL, f"{type(e).__name__}: {e}"), ran, Code.INTERNAL
 
         return handle
 
