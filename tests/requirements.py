@@ -74,6 +74,21 @@ def _module(name, extra):
     return check
 
 
+def _gpu_wheels():
+    """None when the wheel cache holds every wheel the GPU pack needs (scripts/gpu_pack.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_pack", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "gpu_pack.py"))
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    cache = pack.wheel_cache()
+    lacking = []
+    for name, _, _ in pack.needed(pack.runtime_requirements(), pack.image_packages(), pack.installed_requires):
+        version = pack.installed_version(name)
+        if pack.cached_wheel(cache, name, version) is None:
+            lacking.append(f"{name}=={version}")
+    return f"{cache} lacks the wheels {', '.join(lacking)}" if lacking else None
+
+
 def _gpus(count):
     def check():
         if not shutil.which("nvidia-smi"):
@@ -91,6 +106,7 @@ THINGS = {
     "userns": Thing(_user_namespaces, "a kernel that lets unprivileged users make user and mount namespaces"),
     "llama-rpc": Thing(_llama_rpc, "make llama (every build the set-up makes has RPC on)"),
     "peft": Thing(_module("peft", "the train extra"), "make setup (pip install -e '.[train]')"),
+    "gpu-wheels": Thing(_gpu_wheels, "make gpu-pack (downloads the GPU machine's wheels once)"),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),
 }
