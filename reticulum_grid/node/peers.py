@@ -8,7 +8,21 @@ other end a given process owns, as the kernel tells it (psutil reads the
 process's sockets from /proc, or the platform's equivalent).
 """
 
+import ipaddress
+
 import psutil
+
+
+def _endpoint(address):
+    """(host, port) with an IPv4-mapped IPv6 host ("::ffff:127.0.0.1") written as IPv4:
+    a dual-stack client socket (torch's TCPStore makes them) reaching an IPv4 listener
+    is listed by its owner as IPv6, and seen by the listener as IPv4."""
+    host, port = tuple(address)[:2]
+    try:
+        mapped = ipaddress.ip_address(host.split("%")[0]).ipv4_mapped if ":" in host else None
+    except ValueError:
+        mapped = None
+    return (str(mapped) if mapped else host, port)
 
 
 def owned_by(sock, pids):
@@ -16,13 +30,13 @@ def owned_by(sock, pids):
     a socket that one of ``pids`` (process ids), or a child of one, holds.
     A process gone, not ours to inspect, or not a process id counts as not owning it."""
     try:
-        peer, local = sock.getpeername()[:2], sock.getsockname()[:2]
+        peer, local = _endpoint(sock.getpeername()), _endpoint(sock.getsockname())
     except OSError:
         return False
     for process in _with_children(pids):
         try:
             for conn in process.net_connections(kind="tcp"):
-                if conn.laddr and conn.raddr and tuple(conn.laddr)[:2] == peer and tuple(conn.raddr)[:2] == local:
+                if conn.laddr and conn.raddr and _endpoint(conn.laddr) == peer and _endpoint(conn.raddr) == local:
                     return True
         except psutil.Error:
             continue
