@@ -10,7 +10,7 @@ LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages llama gpu-check demo test bench screenshot clean
+.PHONY: setup system-packages llama gpu-pack gpu-check demo test bench screenshot clean
 
 setup: $(VENV)/.installed system-packages
 
@@ -59,14 +59,24 @@ llama:
 	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV) \
 		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
 
-# On a machine with an NVIDIA GPU: build for it, then check a tower really uses it.
+# What a lent GPU machine with no network lacks, in .gpu-pack/ (ignored by git, under
+# 60 MiB): the trimmed llama.cpp source, wheels of the Python packages its image does
+# not have (scripts/gpu_image_packages.txt), the project's wheel, the bundled model's
+# tokenizer. Wheels are downloaded once into ~/.cache/rngrid/gpu-wheels; the test
+# suite's dry run of the GPU check makes its own pack from there, offline.
+gpu-pack:
+	@test -x $(BIN)/python || { echo "run make setup first"; exit 1; }
+	$(BIN)/python scripts/gpu_pack.py --out .gpu-pack
+
+# On that machine (or any with an NVIDIA GPU, the CUDA toolkit and a torch): build
+# llama.cpp for its GPU, start real towers, print the figures (bench/gpu_check.sh).
 gpu-check:
-	bench/gpu_check.sh
+	bench/gpu_check.sh --pack .gpu-pack
 
 demo: setup
 	$(BIN)/rngrid demo
 
-test: setup
+test: setup gpu-pack
 	$(BIN)/python -m pytest
 
 bench: setup

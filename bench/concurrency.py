@@ -11,6 +11,8 @@ first.
 
 Last lines: ``batch_gain_4=<grid aggregate at 4 / grid at 1>`` and
 ``concurrent_vs_llama_server=<grid aggregate / direct aggregate at N=4>`` (goal >= 0.95).
+``--model PATH`` serves another GGUF (the GPU check's 8B-shaped one) and
+``--json FILE`` also writes the figures there (``throughput`` returns them).
 
 ``--determinism`` instead measures how often text at temperature 0 is the
 same: a request alone on a fresh slot twice; with three other streams in the
@@ -20,6 +22,7 @@ evaluated as one batch and once replayed token by token as towers do
 """
 
 import argparse
+import json
 import statistics
 import tempfile
 import threading
@@ -31,7 +34,7 @@ from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.inference.runner import Runner, RunnerSpec
 from reticulum_grid.node import identity, rnsnet
-from reticulum_grid.node.localgrid import TowerProcess
+from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 QUESTIONS = ["List three colours and say why each matters.", "Why is the sky blue?", "Name two rivers in Europe.",
              "What is a prime number? Give examples.", "Write a haiku about the sea.", "Explain rain to a child.",
@@ -58,9 +61,9 @@ def direct_stream(runner, prompt, max_tokens):
     return times
 
 
-def grid_stream(grid, prompt, max_tokens):
+def grid_stream(grid, prompt, max_tokens, alias=DEFAULT_ALIAS):
     times = []
-    for piece in grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": prompt,
+    for piece in grid.execute("ai/inference", {"model": alias, "prompt": prompt,
                                                "max_tokens": max_tokens, "temperature": 0.0}):
         if isinstance(piece, Usage):
             if piece.completion_tokens != max_tokens:
@@ -93,18 +96,22 @@ def together(run, n, round_, max_tokens):
 
 
 def throughput(args, tmp):
-    model = default_model_path()
+    """Run the comparison and print it; returns the figures (the module doc's), per N and side."""
+    model = args.model or default_model_path()
+    alias = DEFAULT_ALIAS if not args.model else "bench-model"
     home = Path(tmp) / "client"
     client_id = identity.load_or_create(home / "identity").hash.hex()
-    tower = TowerProcess(tmp, "conc-tower", {DEFAULT_ALIAS: {"path": model, "parallel": args.slots}},
+    trust_local_towers(home)  # this client trusts the tower it starts
+    tower = TowerProcess(tmp, "conc-tower", {alias: {"path": model, "parallel": args.slots}},
                          allow={client_id: ["infer"]}, threads=args.threads,
                          limits={"queue_depth": max(args.counts)}).start()
     runner = Runner(RunnerSpec(model, n_ctx=4096, parallel=args.slots, threads=args.threads), Path(tmp) / "direct.log")
     try:
         runner.start()
         grid = Grid(home=home, connect=[tower.address])
-        grid.route(DEFAULT_ALIAS, timeout=120)
-        sides = {"grid": lambda m, n: grid_stream(grid, m, n), "direct": lambda m, n: direct_stream(runner, m, n)}
+        grid.route(alias, timeout=180)
+        sides = {"grid": lambda m, n: grid_stream(grid, m, n, alias),
+                 "direct": lambda m, n: direct_stream(runner, m, n)}
         for run in sides.values():
             together(run, args.slots, 0, 8)
         figures = {(side, n): [] for side in sides for n in args.counts}
@@ -113,9 +120,10 @@ def throughput(args, tmp):
                 order = ("grid", "direct") if round_ % 2 == 0 else ("direct", "grid")
                 for side in order:
                     figures[(side, n)].append(together(sides[side], n, 1 + round_ * 10 + n, args.max_tokens))
-        print(f"model={DEFAULT_ALIAS} slots={args.slots} threads={args.threads or 'default'} "
+        print(f"model={alias} slots={args.slots} threads={args.threads or 'default'} "
               f"max_tokens={args.max_tokens} rounds={args.rounds} (medians, ranges)")
-        aggregate = {}
+        aggregate, out = {}, {"model": Path(model).name, "slots": args.slots, "max_tokens": args.max_tokens,
+                              "rounds": args.rounds, "streams": {}}
         for n in args.counts:
             for side in sides:
                 runs = figures[(side, n)]
@@ -123,9 +131,18 @@ def throughput(args, tmp):
                 per = [p for _, streams in runs for p in streams]
                 print(f"N={n} {side:6} aggregate_tokens_per_s={spread([a for a, _ in runs])} "
                       f"per_stream_tokens_per_s={spread(per)}")
-        print(f"batch_gain_4={aggregate[('grid', 4)] / aggregate[('grid', 1)]:.2f}")
-        print(f"concurrent_vs_llama_server={aggregate[('grid', 4)] / aggregate[('direct', 4)]:.3f}")
+                out["streams"].setdefault(str(n), {})[side] = {
+                    "aggregate_tokens_per_s": round(aggregate[(side, n)], 2),
+                    "aggregate_runs": [round(a, 2) for a, _ in runs],
+                    "per_stream_tokens_per_s_median": round(statistics.median(per), 2)}
+        if 1 in args.counts and 4 in args.counts:
+            out["batch_gain_4"] = round(aggregate[('grid', 4)] / aggregate[('grid', 1)], 3)
+            print(f"batch_gain_4={out['batch_gain_4']:.2f}")
+        if 4 in args.counts:
+            out["concurrent_vs_llama_server"] = round(aggregate[('grid', 4)] / aggregate[('direct', 4)], 3)
+            print(f"concurrent_vs_llama_server={out['concurrent_vs_llama_server']:.3f}")
         grid.close()
+        return out
     finally:
         runner.close()
         rnsnet.stop()
@@ -134,8 +151,8 @@ def throughput(args, tmp):
 
 def determinism(args, tmp):
     """How often text at temperature 0 is the same (see the module doc)."""
-    runner = Runner(RunnerSpec(default_model_path(), n_ctx=4096, parallel=args.slots, threads=args.threads),
-                    Path(tmp) / "det.log").start()
+    runner = Runner(RunnerSpec(args.model or default_model_path(), n_ctx=4096, parallel=args.slots,
+                               threads=args.threads), Path(tmp) / "det.log").start()
 
     def tokens(question):
         prompt = runner.call("POST", "/apply-template", {"messages": chat(question, "d")})["prompt"]
@@ -189,9 +206,13 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--determinism", action="store_true")
+    parser.add_argument("--model", default="", metavar="GGUF", help="serve this model (default: the bundled one)")
+    parser.add_argument("--json", default="", metavar="FILE", help="also write the throughput figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
-        (determinism if args.determinism else throughput)(args, tmp)
+        result = (determinism if args.determinism else throughput)(args, tmp)
+    if args.json and result is not None:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,12 +24,20 @@ is what the client planned with (split/estimate.py) and ``round_trips_per_token`
 the split's extra time per token in coordinator-worker round trips (the
 estimate's ROUND_TRIPS_PER_STAGE comes from it).
 
+``--model GGUF`` splits another model (the GPU check's 8B-shaped one): the
+coordinator then lends just under the model's need and the worker about a
+tenth of it (``split_lends``), so the worker holds a few layers; ``--threads N``
+sets llama.cpp's threads on every tower; ``--json FILE`` also writes the
+figures (``run`` returns them).
+
 Last lines: ``profile=<p> path=<path> split_vs_single=<split / single tokens/s>`` (median of
 the pairs), and with --draft ``split_draft_vs_single=``. Goal: split_vs_single >= 0.8 on loopback.
 """
 
 import argparse
+import contextlib
 import json
+import math
 import re
 import statistics
 import sys
@@ -42,12 +50,30 @@ from reticulum_grid.client.split import SplitStream, make_plan
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
+from reticulum_grid.store import gguf_info
 from reticulum_grid.store.blobstore import BlobStore
 
 ALIAS = "lab-split"
 PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 LONG = "{k}. " + "The quick brown fox jumps over the lazy dog. " * 100 + "Count from 1 to 5000: 1,"
 LOADED = re.compile(r"split model loaded in ([0-9.]+) s over \d+ worker\(s\); (\d+) bytes crossed")
+#: The worker's share of a model's need when the coordinator lends just under it (see split_lends).
+WORKER_SHARE = 0.115
+
+
+def split_lends(model, n_ctx=4096):
+    """(coordinator MiB, worker MiB) that make the planner split ``model`` with
+    the worker holding a few of its layers: the coordinator alone falls short
+    of the need plus the plan's headroom, both together hold it. The need is
+    the towers' own estimate (store/gguf_info.need_mib, n_ctx 4096)."""
+    need = gguf_info.need_mib(model, n_ctx, Path(model).stat().st_size)
+    return need, math.ceil(need * WORKER_SHARE)
+
+
+def default_lends(draft):
+    """200 MiB each, below the bundled model's need; 400 with a draft, whose need counts too."""
+    mib = 400 if draft else 200
+    return mib, mib
 
 
 def payload(k, max_tokens, long=False, speculative=False):
@@ -105,25 +131,27 @@ def measure(grid, args):
 
 
 def loopback(args, tmp):
-    model = default_model_path()
+    model = args.model
     home = Path(tmp) / "client"
     client_id = identity.load_or_create(home / "identity").hash.hex()
     trust_local_towers(home)  # this client trusts the towers it starts
     ids = {n: identity.load_or_create(Path(tmp) / n / "identity").hash.hex() for n in ("coord", "worker")}
-    lend = {"lend_mib": 400 if args.draft else 200, "threads": 1}  # a draft adds its own need
+    (coord_mib, worker_mib), threads = args.lends, args.threads
     plane = "127.0.0.1" if args.path == "dataplane" else ""
-    single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0})
+    single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0},
+                          threads=threads)
     # The coordinator holds the model for split plans (and names its draft), loading nothing whole.
     held = {ALIAS: {"path": model, "parallel": 1, "preload": False, **({"draft": "lab-draft"} if args.draft else {})}}
-    coord = TowerProcess(tmp, "coord", held, allow={client_id: ["infer"], ids["worker"]: ["shard"]}, shard=lend,
-                         dataplane=plane)
+    coord = TowerProcess(tmp, "coord", held, allow={client_id: ["infer"], ids["worker"]: ["shard"]},
+                         shard={"lend_mib": coord_mib, "threads": threads}, threads=threads, dataplane=plane)
     if args.draft:
         from tests.tiny_models import renamed_copy
         BlobStore(coord.dir / "blobs").add_file(renamed_copy(model, Path(tmp) / "draft.gguf"), alias="lab-draft",
                                                kind="model")
     towers = [single.start(), coord.start()]
     worker = TowerProcess(tmp, "worker", {}, allow={client_id: ["infer"], ids["coord"]: ["shard"]},
-                          connect=[coord.address], shard=lend, dataplane=plane)
+                          connect=[coord.address], shard={"lend_mib": worker_mib, "threads": threads},
+                          threads=threads, dataplane=plane)
     towers.append(worker.start())
     try:
         grid = Grid(home=home, connect=[t.address for t in towers])
@@ -141,10 +169,9 @@ def lab(args, tmp):
     from tests.requirements import bench_needs
     from tests.tiny_models import renamed_copy
     bench_needs("netns", "the towers sit on two hosts joined by a shaped link")
-    model = default_model_path()
-    draft = renamed_copy(model, Path(tmp) / "draft.gguf") if args.draft else None
-    made = SplitLab(Path(tmp) / "lab", args.profile, model, lend_mib=400 if args.draft else 200, draft=draft,
-                    dataplane=args.path == "dataplane")
+    draft = renamed_copy(args.model, Path(tmp) / "draft.gguf") if args.draft else None
+    made = SplitLab(Path(tmp) / "lab", args.profile, args.model, lend_mib=max(args.lends), threads=args.threads,
+                    draft=draft, dataplane=args.path == "dataplane")
     try:
         done = made.run([sys.executable, "-m", "bench.split", "--measure", str(made.client_home),
                          str(made.client_rns), "--runs", str(args.runs), "--max-tokens", str(args.max_tokens)]
@@ -156,13 +183,32 @@ def lab(args, tmp):
         made.close()
 
 
-def report(args, figures, coord_log):
+def load_figures(coord_log):
+    """Bytes that crossed to the worker while the split model loaded, the
+    seconds it took and their MB/s, from the coordinator's log ({} if absent)."""
+    loaded = LOADED.search(coord_log)
+    if not loaded:
+        return {}
+    seconds, moved = float(loaded.group(1)), int(loaded.group(2))
+    return {"load_bytes": moved, "load_s": seconds, "load_mb_s": moved / 1e6 / max(seconds, 1e-3)}
+
+
+def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
+        path="dataplane", draft=False):
+    """The comparison; returns its figures (measure's and load_figures' keys;
+    the plan as text). ``lends``: (coordinator, worker) MiB, default_lends
+    when None; ``root``: the towers' folder (default a temporary one)."""
+    args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
+                              threads=threads, lends=lends or default_lends(draft), profile=profile, path=path,
+                              draft=draft)
+    with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
+        figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
+    return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}
+
+
+def report(args, figures):
     for key, value in figures.items():
         print(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
-    loaded = LOADED.search(coord_log)
-    if loaded:
-        seconds, moved = float(loaded.group(1)), int(loaded.group(2))
-        print(f"load_bytes={moved} load_s={seconds:.2f} load_mb_s={moved / 1e6 / max(seconds, 1e-3):.1f}")
     if args.draft:
         print(f"profile={args.profile} path={args.path} split_draft_vs_single={figures['split_draft_vs_single']:.3f}")
     print(f"profile={args.profile} path={args.path} split_vs_single={figures['split_vs_single']:.3f}")
@@ -175,15 +221,21 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", action="store_true", help="also measure speculative decoding with a draft")
+    parser.add_argument("--model", default="", metavar="GGUF", help="split this model (default: the bundled one)")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads on every tower")
+    parser.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     parser.add_argument("--measure", nargs=2, metavar=("HOME", "RNS_CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:  # inside the lab's client namespace: measure and print the figures as JSON
         grid = Grid(home=args.measure[0], rns_config=args.measure[1])
         print(json.dumps(measure(grid, args)))
         return
-    with tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
-        figures, coord_log = (loopback if args.profile == "loopback" else lab)(args, tmp)
-        report(args, figures, coord_log)
+    lends = split_lends(args.model) if args.model else None
+    figures = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
+                  path=args.path, draft=args.draft)
+    report(args, figures)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

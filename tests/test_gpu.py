@@ -311,3 +311,14 @@ def test_training_device_and_precision():
     assert pick_device(FakeTorch(mps=True))[::2] == ("mps", "fp32")
     device, name, precision = pick_device(FakeTorch())
     assert (device, precision) == ("cpu", "fp32") and name
+
+
+def test_a_local_spec_may_ask_for_bf16_anywhere():
+    """The GPU check compares the GPU and the CPU at one precision: a worker
+    spec's "precision" (never a request's) replaces the choice."""
+    from reticulum_grid.training.trainer import pick_device
+    assert pick_device(FakeTorch(), "bf16")[::2] == ("cpu", "bf16")
+    assert pick_device(FakeTorch(free=[1 << 30], bf16=False), "bf16")[::2] == ("cuda:0", "bf16")
+    assert pick_device(FakeTorch(free=[1 << 30]), "fp32")[2] == "fp32"
+    with pytest.raises(ValueError, match="precision must be bf16 or fp32"):
+        pick_device(FakeTorch(), "fp8")

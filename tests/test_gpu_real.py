@@ -2,7 +2,9 @@
 ``gpu`` (registered in pyproject.toml) and needs an NVIDIA GPU, and this is
 the one module that holds them. Elsewhere they skip (a GPU cannot be
 installed, so not even RNGRID_REQUIRE_ALL=1 fails them); bench/gpu_check.sh
-runs them in its CUDA venv with ``pytest -m gpu``. What a GPU would report is
+runs them with ``pytest -m gpu`` after its llama.cpp CUDA build, with a
+random-weight model of the bundled one's shape standing in for it
+(RNGRID_DEFAULT_MODEL: no model travels to that machine). What a GPU would report is
 covered without one in tests/test_gpu.py, on named test doubles; here nothing
 is faked.
 

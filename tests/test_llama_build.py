@@ -199,3 +199,44 @@ def test_dry_run_skips_the_build_when_the_binaries_are_there(monkeypatch, tmp_pa
     out = capsys.readouterr()
     assert out.out.splitlines()[0].endswith("(built)") and len(out.out.splitlines()) == 1, out.out
     assert "warning" not in out.err, "an explicit cpu build is not warned about"
+
+
+def test_cublas_from_nvidias_wheel_when_the_toolkit_has_none(tmp_path, monkeypatch):
+    """A toolkit assembled from NVIDIA's pip wheels (nvcc and the runtime, as on
+    a lent GPU machine) may lack cuBLAS and libcuda: cuBLAS comes from the
+    nvidia-cublas wheel on the Python path, libcuda from the driver, each
+    through links the build's RPATH names; nothing is written before the build."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    toolkit, site, driver, shim = tmp_path / "cuda", tmp_path / "site", tmp_path / "driver", tmp_path / "shim"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "lib").mkdir()
+    (toolkit / "lib" / "libcudart.so").write_bytes(b"")
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "include").mkdir()
+    (site / "nvidia" / "cu13" / "include" / "cublas_v2.h").write_text("")
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (site / "nvidia" / "cu13" / "lib" / name).write_bytes(b"")
+    monkeypatch.setattr(lw, "toolkit_roots", lambda nvcc: [toolkit])
+    args, links, missing = lw.cuda_library_args(str(toolkit / "bin" / "nvcc"), shim, [str(site)], driver_dirs=[])
+    assert missing == [] and not shim.exists(), "a plan writes nothing"
+    assert f"-DCUDA_cublas_LIBRARY={shim}/lib/libcublas.so" in args
+    assert f"-DCUDA_cublasLt_LIBRARY={shim}/lib/libcublasLt.so" in args
+    assert f"-DCMAKE_CUDA_FLAGS=-isystem {site}/nvidia/cu13/include" in args
+    assert "-DGGML_CUDA_NO_VMM=ON" in args, "no libcuda anywhere: no virtual-memory pool"
+    assert args[-1] == f"-DCMAKE_BUILD_RPATH={shim}/lib"
+    assert links[shim / "lib" / "libcublas.so.13"] == site / "nvidia" / "cu13" / "lib" / "libcublas.so.13"
+    driver.mkdir()
+    (driver / "libcuda.so.1").write_bytes(b"")
+    args, links, _ = lw.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[str(driver)])
+    assert f"-DCUDA_cuda_driver_LIBRARY={shim}/lib/libcuda.so" in args and "-DGGML_CUDA_NO_VMM=ON" not in args
+    assert links[shim / "lib" / "libcuda.so"] == driver / "libcuda.so.1"
+    lw.make_links(links)
+    assert (shim / "lib" / "libcuda.so").resolve() == (driver / "libcuda.so.1").resolve()
+    # A full toolkit needs nothing of this.
+    for name in ("libcublas.so", "libcublasLt.so", "libcuda.so"):
+        (toolkit / "lib" / name).write_bytes(b"")
+    assert lw.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[]) == ([], {}, [])
+    # Nowhere at all: said, and CMake says the rest.
+    (toolkit / "lib" / "libcublas.so").unlink()
+    assert lw.cuda_library_args("nvcc", shim, [], driver_dirs=[])[2] == ["libcublas.so"]

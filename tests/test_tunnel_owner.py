@@ -83,3 +83,26 @@ def test_only_the_owning_process_gets_through(link):
             proc.kill()
             proc.wait(5)
         listener.close()
+
+
+def test_a_dual_stack_client_is_known_by_its_ipv4_address():
+    """torch's TCPStore connects with an IPv6 socket to ::ffff:127.0.0.1: the
+    owner lists it as IPv6, the IPv4 listener sees 127.0.0.1; it is still ours
+    (seen refused, every rank's store connection, before node/peers.py mapped them)."""
+    import os
+
+    from reticulum_grid.node.peers import owned_by
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError as e:
+        pytest.skip(f"no IPv6 sockets here: {e}")
+    try:
+        client.connect(("::ffff:127.0.0.1", server.getsockname()[1]))
+        accepted, _ = server.accept()
+        assert client.getsockname()[0] == "::ffff:127.0.0.1" and accepted.getpeername()[0] == "127.0.0.1"
+        assert owned_by(accepted, [os.getpid()])
+        accepted.close()
+    finally:
+        client.close()
+        server.close()

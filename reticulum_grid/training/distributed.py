@@ -6,7 +6,9 @@ training spec (trainer.py) plus ``dp``::
     {"world_size": N, "rank": r, "units": M,          # M: see below; fixed for the job's life
      "host": rank 0's data-plane address, "port": its store front's port,
      "secret": hex, "dataplane": this tower's data-plane address, "attempt": int,
-     "peers": [the other ranks' data-plane addresses]}   # rank 0: its front admits only these
+     "peers": [the other ranks' data-plane addresses],   # rank 0: its front admits only these
+     "backend": "gloo" | "nccl"}   # optional: default NCCL on CUDA, gloo on the CPU. Two ranks on
+                                   # one GPU need gloo: NCCL refuses two ranks on one device
 
 Every rank builds the same global batch of ``batch_size`` examples per step
 (the same seeded order as a one-tower job). The global batch is cut into M
@@ -82,7 +84,7 @@ def run(job_dir, spec, events):
     world, rank, units = dp["world_size"], dp["rank"], dp["units"]
     if not 1 <= world <= units <= spec["batch_size"]:
         raise ValueError(f"{world} ranks, {units} units and a batch of {spec['batch_size']} do not fit")
-    device, _, precision = trainer.pick_device(torch)
+    device, _, precision = trainer.pick_device(torch, spec.get("precision"))
     if device == "mps" or precision == "fp16":
         # gloo has no MPS tensors; fp16 would need one loss scaler agreed by every rank.
         device, precision = ("cpu", "fp32") if device == "mps" else (device, "fp32")
@@ -185,6 +187,8 @@ def gather(row, world):
 
     if world == 1:
         return [row.tolist()]
+    if dist.get_backend() != "nccl":
+        row = row.cpu()  # gloo gathers host tensors (on CUDA it has all-reduce and broadcast only)
     rows = [torch.zeros_like(row) for _ in range(world)]
     dist.all_gather(rows, row)
     return [r.tolist() for r in rows]
@@ -211,7 +215,10 @@ def join(dp, device):
     # Everyone loads the model first: wait for all here, then the short collective timeout applies.
     store.set(f"ready/{dp['rank']}", "1")
     store.wait([f"ready/{r}" for r in range(dp["world_size"])], join_timeout)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=store, rank=dp["rank"],
+    backend = dp.get("backend") or ("nccl" if device.startswith("cuda") else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"dp.backend must be nccl or gloo, not {backend!r}")
+    dist.init_process_group(backend, store=store, rank=dp["rank"],
                             world_size=dp["world_size"], timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return dist.group.WORLD, link
 

@@ -7,17 +7,36 @@ names mapped from Hugging Face module names with the ``gguf`` library's own
 tensor-name map. llama.cpp scales an adapter by alpha / rank.
 """
 
+import json
+from pathlib import Path
+
 import gguf
 import numpy as np
 
 from reticulum_grid.store.gguf_info import LoraError, architecture, name_map
 
 
+def base_architecture(base_path):
+    """(architecture, block count) of a base model: a GGUF file, or a safetensors
+    checkpoint folder whose config.json names a model type the gguf library knows."""
+    path = Path(base_path)
+    if not path.is_dir():
+        return architecture(path)[:2]
+    try:
+        config = json.loads((path / "config.json").read_text())
+        arch, blocks = config["model_type"], int(config["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LoraError(f"{path} has no readable config.json with model_type and num_hidden_layers: {e}") from None
+    if arch not in gguf.MODEL_ARCH_NAMES.values():
+        raise LoraError(f"the gguf library has no architecture {arch!r} (model_type of {path / 'config.json'})")
+    return arch, blocks
+
+
 def peft_to_gguf(tensors, alpha, base_path, out_path):
     """Write ``tensors`` (PEFT state dict: name -> numpy array) as a GGUF LoRA for
-    the base model at ``base_path``. Raises LoraError for a tensor it cannot map
-    or an adapter without LoRA pairs."""
-    arch, blocks, _ = architecture(base_path)
+    the base model at ``base_path`` (a GGUF or a checkpoint folder). Raises
+    LoraError for a tensor it cannot map or an adapter without LoRA pairs."""
+    arch, blocks = base_architecture(base_path)
     names = name_map(arch, blocks)
     writer = gguf.GGUFWriter(str(out_path), arch)
     writer.add_string("general.type", "adapter")

@@ -105,7 +105,7 @@ def run(job_dir, spec, events):
 
     from reticulum_grid.training.datasets import read_examples
 
-    device, device_name, precision = pick_device(torch)
+    device, device_name, precision = pick_device(torch, spec.get("precision"))
     tokenizer, model = load_base(spec["base_path"], device, DTYPES[precision])
     batches, cut = tokenize(read_examples(spec["dataset_path"]), tokenizer, spec["seq_len"])
     model = add_lora(model, spec)
@@ -151,19 +151,24 @@ def run(job_dir, spec, events):
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def pick_device(torch):
+def pick_device(torch, precision=None):
     """(device, its name, precision) for this job: the CUDA GPU with the most
     free memory, in bf16 where it supports it (Ampere and later) else fp16
-    with loss scaling; MPS or the CPU in fp32."""
+    with loss scaling; MPS or the CPU in fp32. ``precision`` ("bf16" or
+    "fp32"; a local worker spec's, never a request's: the wire schema has no
+    such field) replaces the choice, e.g. bf16 on the CPU to compare it with
+    a GPU at the same precision."""
+    if precision not in (None, "bf16", "fp32"):
+        raise ValueError(f"precision must be bf16 or fp32, not {precision!r}")
     if torch.cuda.is_available():
         index = max(range(torch.cuda.device_count()), key=lambda i: torch.cuda.mem_get_info(i)[0])
         torch.cuda.set_device(index)
-        return f"cuda:{index}", torch.cuda.get_device_name(index), (
+        return f"cuda:{index}", torch.cuda.get_device_name(index), precision or (
             "bf16" if torch.cuda.is_bf16_supported() else "fp16")
     if torch.backends.mps.is_available():
-        return "mps", "Apple GPU (MPS)", "fp32"
+        return "mps", "Apple GPU (MPS)", precision or "fp32"
     from reticulum_grid.node.hardware import cpu_name
-    return "cpu", cpu_name(), "fp32"
+    return "cpu", cpu_name(), precision or "fp32"
 
 
 def load_base(path, device, dtype=None):
