@@ -10,7 +10,7 @@ LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages llama gpu-pack gpu-check demo test bench screenshot clean
+.PHONY: setup system-packages llama gpu-pack gpu-check demo typecheck test bench screenshot clean
 
 setup: $(VENV)/.installed system-packages
 
@@ -76,7 +76,12 @@ gpu-check:
 demo: setup
 	$(BIN)/rngrid demo
 
-test: setup gpu-pack
+# The type check (mypy, configured in pyproject.toml's [tool.mypy]: the packages
+# it covers are listed there), a few seconds; `make test` runs it first.
+typecheck: setup
+	$(BIN)/python -m mypy
+
+test: setup typecheck gpu-pack
 	$(BIN)/python -m pytest
 
 bench: setup
@@ -98,4 +103,4 @@ screenshot: setup
 	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/test_gateway_clients.py -k dashboard -q
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache

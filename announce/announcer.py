@@ -21,10 +21,13 @@ default app_data), so a returning client does not wait for the floor.
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import RNS
 
 from announce import caps as capscodec
+from announce.caps import Caps
+from announce.table import TowerEntry, TowerTable
 
 APP_NAME = "rngrid"
 TOWER_ASPECT = "tower"
@@ -37,7 +40,7 @@ RADIO_ANNOUNCES_PER_H = 5
 log = logging.getLogger("rngrid.announce")
 
 
-def app_data_limit(ratchets=False):
+def app_data_limit(ratchets: bool = False) -> int:
     """Largest announce app_data (bytes) that fits RNS's 500-byte MTU after a
     transport node re-sends the announce with a two-address (HEADER_2) header.
 
@@ -51,16 +54,17 @@ def app_data_limit(ratchets=False):
     return RNS.Reticulum.MTU - RNS.Reticulum.HEADER_MAXSIZE - fixed
 
 
-def tower_destination_hash(identity):
+def tower_destination_hash(identity: RNS.Identity) -> bytes:
     """The destination hash a tower with ``identity`` serves on (16 bytes)."""
     return RNS.Destination.hash(identity, APP_NAME, TOWER_ASPECT)
 
 
-def remembered_towers(max_age_s=7 * 86400, limit=16):
+def remembered_towers(max_age_s: float = 7 * 86400, limit: int = 16) -> list[bytes]:
     """Tower destination hashes (16 bytes) this RNS instance heard announced
     within ``max_age_s`` seconds, most recent first, at most ``limit``. RNS keeps
     the identities of announced destinations in its storage across restarts."""
-    now, heard = time.time(), []
+    now = time.time()
+    heard: list[tuple[float, bytes]] = []
     for destination_hash, entry in list(RNS.Identity.known_destinations.items()):
         identity = RNS.Identity.recall(destination_hash)
         if (now - entry[0] <= max_age_s and identity is not None
@@ -76,13 +80,14 @@ class TowerListener:
 
     receive_path_responses = True
 
-    def __init__(self, table, on_tower=None):
+    def __init__(self, table: TowerTable, on_tower: Callable[[TowerEntry | None], None] | None = None) -> None:
         self.aspect_filter = f"{APP_NAME}.{TOWER_ASPECT}"
         self.table = table
         self.on_tower = on_tower
         self.rejected = 0
 
-    def received_announce(self, destination_hash, announced_identity, app_data):
+    def received_announce(self, destination_hash: bytes, announced_identity: RNS.Identity | None,
+                          app_data: bytes | None) -> None:
         try:
             caps = capscodec.decode(app_data)
         except capscodec.CapsError as e:
@@ -99,11 +104,12 @@ class PingListener:
 
     receive_path_responses = False
 
-    def __init__(self, announcer):
+    def __init__(self, announcer: "Announcer") -> None:
         self.aspect_filter = f"{APP_NAME}.{CLIENT_ASPECT}"
         self.announcer = announcer
 
-    def received_announce(self, destination_hash, announced_identity, app_data):
+    def received_announce(self, destination_hash: bytes, announced_identity: RNS.Identity | None,
+                          app_data: bytes | None) -> None:
         if app_data == PING_APP_DATA:
             self.announcer.request("discovery ping")
 
@@ -111,11 +117,11 @@ class PingListener:
 class Pinger:
     """Sends discovery pings: announces of this client's ``rngrid.client`` destination."""
 
-    def __init__(self, identity):
+    def __init__(self, identity: RNS.Identity) -> None:
         self.destination = RNS.Destination(identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, CLIENT_ASPECT)
 
-    def ping(self):
+    def ping(self) -> None:
         self.destination.announce(app_data=PING_APP_DATA)
 
 
@@ -124,8 +130,9 @@ class Announcer:
 
     ``caps_fn()`` returns the current Caps. Times are seconds."""
 
-    def __init__(self, destination, caps_fn, heartbeat_s=900.0, floor_s=5.0, check_s=2.0, budget=None,
-                 budget_window_s=3600.0):
+    def __init__(self, destination: RNS.Destination, caps_fn: Callable[[], Caps], heartbeat_s: float = 900.0,
+                 floor_s: float = 5.0, check_s: float = 2.0, budget: int | None = None,
+                 budget_window_s: float = 3600.0) -> None:
         self.destination = destination
         self.caps_fn = caps_fn
         self.heartbeat_s = heartbeat_s
@@ -134,33 +141,33 @@ class Announcer:
         # At most ``budget`` announces in any ``budget_window_s`` (None: no budget):
         # on radio, transport nodes throttle destinations that announce more.
         self.budget, self.budget_window_s = budget, budget_window_s
-        self._recent = []
+        self._recent: list[float] = []
         self.count = 0
-        self.last_reason = None
-        self._last_at = None
-        self._last_caps = None
-        self._pending = None
+        self.last_reason: str | None = None
+        self._last_at: float | None = None
+        self._last_caps: Caps | None = None
+        self._pending: str | None = None
         self._wake = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="rngrid-announcer", daemon=True)
 
-    def start(self):
+    def start(self) -> None:
         self.request("start")
         self._thread.start()
 
-    def stop(self):
+    def stop(self) -> None:
         with self._wake:
             self._stopped = True
             self._wake.notify_all()
 
-    def request(self, reason):
+    def request(self, reason: str) -> None:
         """Ask for an announce as soon as the floor allows."""
         with self._wake:
             if self._pending is None:
                 self._pending = reason
             self._wake.notify_all()
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             with self._wake:
                 if self._stopped:
@@ -173,14 +180,14 @@ class Announcer:
                 self._pending = None
             self._announce(reason)
 
-    def _budget_free_at(self, now):
+    def _budget_free_at(self, now: float) -> float:
         """When the budget next allows an announce (``now`` if it does)."""
         self._recent = [t for t in self._recent if now - t < self.budget_window_s]
         if self.budget is None or len(self._recent) < self.budget:
             return now
         return self._recent[0] + self.budget_window_s
 
-    def _due(self, now):
+    def _due(self, now: float) -> str | None:
         since = None if self._last_at is None else now - self._last_at
         if since is not None and since < self.floor_s:
             return None
@@ -197,12 +204,12 @@ class Announcer:
             log.error("caps unavailable: %s", e)
         return None
 
-    def _sleep_for(self, now):
+    def _sleep_for(self, now: float) -> float:
         if self._pending is not None and self._last_at is not None:
             return max(0.01, self._last_at + self.floor_s - now, self._budget_free_at(now) - now)
         return self.check_s
 
-    def app_data(self):
+    def app_data(self) -> bytes | None:
         """The current caps, encoded (bytes); None if they cannot be built."""
         try:
             return capscodec.encode(self.caps_fn())
@@ -210,7 +217,7 @@ class Announcer:
             log.error("caps for a path response failed: %s", e)
             return None
 
-    def _announce(self, reason):
+    def _announce(self, reason: str) -> None:
         try:
             caps = self.caps_fn()
             self.destination.announce(app_data=capscodec.encode(caps))

@@ -15,7 +15,13 @@ every entry is vetted again.
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from announce.caps import Caps
+
+T = TypeVar("T")
 
 EXPIRY_HEARTBEATS = 2.5
 
@@ -24,44 +30,45 @@ EXPIRY_HEARTBEATS = 2.5
 class TowerEntry:
     """One tower as heard. ``heard_at`` is wall-clock seconds (time.time())."""
     destination_hash: bytes
-    caps: object
+    caps: Caps
     hops: int
     heard_at: float
     trusted: bool = True  # False: heard and used only because the client uses every tower (trust any)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.caps.name
 
     @property
-    def hash_hex(self):
+    def hash_hex(self) -> str:
         return self.destination_hash.hex()
 
-    def expires_at(self):
+    def expires_at(self) -> float:
         return self.heard_at + EXPIRY_HEARTBEATS * self.caps.heartbeat_s
 
-    def age(self, now=None):
+    def age(self, now: float | None = None) -> float:
         return max(0.0, (now if now is not None else time.time()) - self.heard_at)
 
 
 class TowerTable:
     """Destination hash -> TowerEntry, with expiry, waiting and vetting (see above)."""
 
-    def __init__(self, clock=time.time, vet=None):
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 vet: Callable[[bytes, Caps], tuple[Caps, bool] | None] | None = None) -> None:
         self._clock = clock
         self._vet = vet
-        self._version = getattr(vet, "version", None)
-        self._heard = {}  # destination hash -> TowerEntry as announced
-        self._entries = {}  # destination hash -> vetted TowerEntry
+        self._version: Any = getattr(vet, "version", None)
+        self._heard: dict[bytes, TowerEntry] = {}  # destination hash -> TowerEntry as announced
+        self._entries: dict[bytes, TowerEntry] = {}  # destination hash -> vetted TowerEntry
         self._changed = threading.Condition()
 
-    def _vetted(self, heard):
+    def _vetted(self, heard: TowerEntry) -> TowerEntry | None:
         if self._vet is None:
             return heard
         verdict = self._vet(heard.destination_hash, heard.caps)
         return None if verdict is None else replace(heard, caps=verdict[0], trusted=bool(verdict[1]))
 
-    def _put(self, heard):
+    def _put(self, heard: TowerEntry) -> TowerEntry | None:
         """Store ``heard`` and its vetted entry (the lock is held). Returns the vetted one or None."""
         self._heard[heard.destination_hash] = heard
         entry = self._vetted(heard)
@@ -72,7 +79,7 @@ class TowerTable:
         self._changed.notify_all()
         return entry
 
-    def _revet(self):
+    def _revet(self) -> None:
         """Vet everything again when the vet's verdicts may have changed (the lock is held)."""
         version = getattr(self._vet, "version", None)
         if version != self._version:
@@ -81,13 +88,13 @@ class TowerTable:
             for heard in list(self._heard.values()):
                 self._put(heard)
 
-    def update(self, destination_hash, caps, hops):
+    def update(self, destination_hash: bytes, caps: Caps, hops: int) -> TowerEntry | None:
         """Insert or refresh a tower; returns its vetted entry (None: kept apart)."""
         with self._changed:
             self._revet()
             return self._put(TowerEntry(bytes(destination_hash), caps, int(hops), self._clock()))
 
-    def refresh_caps(self, destination_hash, caps):
+    def refresh_caps(self, destination_hash: bytes, caps: Caps) -> TowerEntry | None:
         """Replace caps (e.g. from caps/full) keeping hops; no-op (None) for unknown or unvetted towers."""
         with self._changed:
             self._revet()
@@ -96,32 +103,32 @@ class TowerTable:
                 return None
             return self._put(replace(old, caps=caps, heard_at=self._clock()))
 
-    def remove(self, destination_hash):
+    def remove(self, destination_hash: bytes) -> None:
         with self._changed:
             self._entries.pop(destination_hash, None)
             self._heard.pop(destination_hash, None)
 
-    def get(self, destination_hash):
+    def get(self, destination_hash: bytes) -> TowerEntry | None:
         with self._changed:
             self._revet()
             entry = self._entries.get(destination_hash)
         return entry if entry is not None and not self._expired(entry) else None
 
-    def live(self):
+    def live(self) -> list[TowerEntry]:
         """Unexpired vetted entries, most recently heard first."""
         with self._changed:
             self._revet()
             self._expire()
             return sorted(self._entries.values(), key=lambda e: -e.heard_at)
 
-    def strangers(self):
+    def strangers(self) -> list[TowerEntry]:
         """Unexpired towers heard but kept apart by the vet (as they announced themselves)."""
         with self._changed:
             self._revet()
             self._expire()
             return sorted((e for h, e in self._heard.items() if h not in self._entries), key=lambda e: -e.heard_at)
 
-    def find(self, name_or_hash):
+    def find(self, name_or_hash: str) -> TowerEntry | None:
         """The live entry whose full hash, hash prefix (>= 8 hex) or name matches
         one tower only. A trusted tower's name is its trust entry's; a name that
         a trusted tower and untrusted ones share (trust any) is the trusted
@@ -139,11 +146,11 @@ class TowerTable:
         named = trusted or named
         return named[0] if len(named) == 1 else None
 
-    def named(self, name):
+    def named(self, name: str) -> list[TowerEntry]:
         """Live entries called ``name``."""
         return [e for e in self.live() if e.name == name]
 
-    def wait_for(self, predicate, timeout):
+    def wait_for(self, predicate: Callable[[list[TowerEntry]], T], timeout: float) -> T:
         """Block until ``predicate(live_entries)`` is truthy or ``timeout`` seconds pass.
 
         Returns the predicate's last value."""
@@ -158,10 +165,10 @@ class TowerTable:
                     return result
                 self._changed.wait(min(remaining, 0.25))
 
-    def _expired(self, entry):
+    def _expired(self, entry: TowerEntry) -> bool:
         return self._clock() > entry.expires_at()
 
-    def _expire(self):
+    def _expire(self) -> None:
         for table in (self._entries, self._heard):
             for key in [k for k, e in table.items() if self._expired(e)]:
                 del table[key]

@@ -5,10 +5,15 @@ out), so towers register handlers open to all and check here, answering a
 ``not_allowed`` error that says what to do.
 """
 
+from collections.abc import Callable
+
+import RNS
+
 from links.wire import Code, WireError
 
 
-def require(remote_identity, role, roles_of, tower_role=False):
+def require(remote_identity: RNS.Identity | None, role: str | tuple[str, ...], roles_of: Callable[[bytes], set[str]],
+            tower_role: bool = False) -> None:
     """Raise WireError(not_allowed) unless the Link's identity holds ``role``
     (a role name, or a tuple of names any of which will do). The message says
     which case it is: "not identified", "not on this tower's allow-list" (a

@@ -9,6 +9,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 import RNS
@@ -17,6 +19,9 @@ from RNS.Channel import CEType, ChannelException
 from links.wire import Code, WireError
 
 log = logging.getLogger("rngrid.links")
+
+T = TypeVar("T")
+M = TypeVar("M")
 
 #: Poll period while the Channel window is full (seconds).
 WINDOW_POLL_S = 0.003
@@ -47,7 +52,7 @@ class ProtocolError(ValueError):
     """A Channel message that does not follow its schema."""
 
 
-def get_alive(q, router, idle_timeout, what):
+def get_alive(q: queue.Queue[T], router: "ChannelRouter | None", idle_timeout: float, what: str) -> T:
     """``q.get()``, checking the Link every LIVENESS_POLL_S; WireError(timeout)
     after ``idle_timeout`` seconds, WireError(unreachable) if the Link dies."""
     deadline = time.monotonic() + idle_timeout
@@ -61,7 +66,7 @@ def get_alive(q, router, idle_timeout, what):
                 raise WireError(Code.TIMEOUT, f"no {what} for {idle_timeout:.0f} s") from None
 
 
-def unpack_array(raw, length):
+def unpack_array(raw: bytes, length: int) -> list[Any]:
     """msgpack array of exactly ``length`` items, or ProtocolError."""
     try:
         value = msgpack.unpackb(raw, raw=False)
@@ -72,7 +77,7 @@ def unpack_array(raw, length):
     return value
 
 
-def uint(value, what, hi=MAX_ID):
+def uint(value: object, what: str, hi: int = MAX_ID) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
         raise ProtocolError(f"{what} is not an unsigned integer <= {hi}")
     return value
@@ -85,13 +90,13 @@ def uint(value, what, hi=MAX_ID):
 TEXT_MAX = 1024
 
 
-def short_str(value, what, limit=TEXT_MAX):
+def short_str(value: object, what: str, limit: int = TEXT_MAX) -> str:
     if not isinstance(value, str):
         raise ProtocolError(f"{what} is not a string")
     return clip(value, limit)
 
 
-def clip(text, limit=TEXT_MAX):
+def clip(text: str, limit: int = TEXT_MAX) -> str:
     """``text`` cut to at most ``limit`` UTF-8 bytes (marking the cut with "...")."""
     data = text.encode("utf-8", errors="replace")
     if len(data) <= limit:
@@ -103,35 +108,35 @@ class ChannelRouter:
     """Registers message types on a Link's Channel and routes each message to
     the handler for its type. Unknown types are left to other handlers."""
 
-    def __init__(self, link):
+    def __init__(self, link: RNS.Link) -> None:
         self.link = link
         self.channel = link.get_channel()
-        self._handlers = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {}
         self._lock = threading.Lock()
         self.channel.add_message_handler(self._handle)
         if self.on_radio():
             self.channel._max_tries = max(self.channel._max_tries, RADIO_MAX_TRIES)  # no public setter in 0.9.4
 
-    def on_radio(self):
+    def on_radio(self) -> bool:
         """True when this Link runs over a radio-class interface (<= RADIO_BPS)."""
         bitrate = getattr(getattr(self.link, "attached_interface", None), "bitrate", 0) or 0
         return 0 < bitrate <= RADIO_BPS
 
-    def on(self, message_type, handler):
+    def on(self, message_type: type[M], handler: Callable[[M], None]) -> None:
         """Call ``handler(message)`` for every ``message_type`` message."""
         with self._lock:
             if message_type not in self._handlers:
                 self.channel.register_message_type(message_type)
             self._handlers[message_type] = handler
 
-    def _handle(self, message):
+    def _handle(self, message: RNS.MessageBase) -> bool:
         handler = self._handlers.get(type(message))
         if handler is None:
             return False
         handler(message)
         return True
 
-    def link_usable(self):
+    def link_usable(self) -> bool:
         """False once the Link is closed or the interface it runs on went away.
 
         rns 0.9.4 keeps a Link whose TCP peer vanished open for minutes and
@@ -142,20 +147,20 @@ class ChannelRouter:
         interface = getattr(self.link, "attached_interface", None)
         return interface is None or (interface.online and interface in RNS.Transport.interfaces)
 
-    def check_alive(self):
+    def check_alive(self) -> None:
         """Raise WireError(unreachable), tearing the Link down, once it is unusable."""
         if not self.link_usable():
             if self.link.status != RNS.Link.CLOSED:
                 self.link.teardown()
             raise WireError(Code.UNREACHABLE, "the link to the peer is gone")
 
-    def patience_s(self):
+    def patience_s(self) -> float:
         """Seconds this Link's peer may go without acknowledging anything before
         it counts as gone: STALL_S (RADIO_STALL_S on a radio-class interface)
         or 10 RTTs, whichever is longer."""
         return max(RADIO_STALL_S if self.on_radio() else STALL_S, 10 * (self.link.rtt or 0))
 
-    def wait_window(self):
+    def wait_window(self) -> bool:
         """Block until the Channel can take a message. Returns False (after
         tearing the Link down) if the Link is unusable or the window stays shut
         for ``patience_s()`` seconds."""
@@ -171,7 +176,7 @@ class ChannelRouter:
             self.link.teardown()
         return False
 
-    def send(self, message):
+    def send(self, message: RNS.MessageBase) -> bool:
         """Send one message, waiting for the window. A message larger than the
         Link's Channel MDU is first shrunk by its ``fit(limit)`` (if it has one)
         and otherwise not sent: rns 0.9.4 would use up a sequence number on it
@@ -194,7 +199,7 @@ class ChannelRouter:
                 # another sender took the window between check and send
         return False
 
-    def payload_limit(self, overhead):
+    def payload_limit(self, overhead: int) -> int:
         """Bytes of payload that fit one message with ``overhead`` bytes of own
         fields (follows the Link's negotiated MDU)."""
         return max(1, self.channel.mdu - overhead)

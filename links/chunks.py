@@ -23,12 +23,15 @@ import logging
 import queue
 import secrets
 import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import msgpack
 import RNS
 
 from links.channel import (
     MAX_ID,
+    ChannelRouter,
     ProtocolError,
     clip,
     get_alive,
@@ -36,6 +39,7 @@ from links.channel import (
     uint,
     unpack_array,
 )
+from links.manifest import Manifest
 from links.wire import Code, WireError
 
 log = logging.getLogger("rngrid.links")
@@ -49,7 +53,7 @@ DATA_OVERHEAD = 40  # ChunkData's own fields: array header, ids, offset, bin hea
 CHUNK_IDLE_S = 30.0
 
 
-def _blob_id(value):
+def _blob_id(value: object) -> bytes:
     if not isinstance(value, bytes) or len(value) != 32:
         raise ProtocolError("blob id must be 32 bytes")
     return value
@@ -58,13 +62,13 @@ def _blob_id(value):
 class ChunkRequest(RNS.MessageBase):
     MSGTYPE = 0x0201
 
-    def __init__(self, xfer_id=0, blob_id=b"", indices=()):
+    def __init__(self, xfer_id: int = 0, blob_id: bytes = b"", indices: Sequence[int] = ()) -> None:
         self.xfer_id, self.blob_id, self.indices = xfer_id, blob_id, list(indices)
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id, self.blob_id, self.indices], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         xfer_id, blob_id, indices = unpack_array(raw, 3)
         if not isinstance(indices, list) or not 0 < len(indices) <= MAX_INDICES:
             raise ProtocolError(f"a chunk request names 1..{MAX_INDICES} chunks")
@@ -75,13 +79,13 @@ class ChunkRequest(RNS.MessageBase):
 class ChunkData(RNS.MessageBase):
     MSGTYPE = 0x0202
 
-    def __init__(self, xfer_id=0, index=0, offset=0, data=b""):
+    def __init__(self, xfer_id: int = 0, index: int = 0, offset: int = 0, data: bytes = b"") -> None:
         self.xfer_id, self.index, self.offset, self.data = xfer_id, index, offset, data
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id, self.index, self.offset, self.data], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         xfer_id, index, offset, data = unpack_array(raw, 4)
         if not isinstance(data, bytes):
             raise ProtocolError("chunk data is not bytes")
@@ -92,16 +96,16 @@ class ChunkData(RNS.MessageBase):
 class ChunkError(RNS.MessageBase):
     MSGTYPE = 0x0203
 
-    def __init__(self, xfer_id=0, index=-1, code="", message=""):
+    def __init__(self, xfer_id: int = 0, index: int = -1, code: str = "", message: str = "") -> None:
         self.xfer_id, self.index, self.code, self.message = xfer_id, index, code, clip(message)
 
-    def fit(self, limit):
+    def fit(self, limit: int) -> "ChunkError":
         return ChunkError(self.xfer_id, self.index, self.code, clip(self.message, max(16, limit - 48)))
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id, self.index, self.code, self.message], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         xfer_id, index, code, message = unpack_array(raw, 4)
         if not isinstance(index, int) or isinstance(index, bool) or not -1 <= index < 1 << 31:
             raise ProtocolError("chunk index is not an integer")
@@ -112,13 +116,13 @@ class ChunkError(RNS.MessageBase):
 class ChunkCancel(RNS.MessageBase):
     MSGTYPE = 0x0204
 
-    def __init__(self, xfer_id=0):
+    def __init__(self, xfer_id: int = 0) -> None:
         self.xfer_id = xfer_id
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id])
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         (xfer_id,) = unpack_array(raw, 1)
         self.xfer_id = uint(xfer_id, "transfer id")
 
@@ -126,13 +130,13 @@ class ChunkCancel(RNS.MessageBase):
 class TransferProgress(RNS.MessageBase):
     MSGTYPE = 0x0205
 
-    def __init__(self, xfer_id=0, done=0, total=0):
+    def __init__(self, xfer_id: int = 0, done: int = 0, total: int = 0) -> None:
         self.xfer_id, self.done, self.total = xfer_id, done, total
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id, self.done, self.total])
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         xfer_id, done, total = unpack_array(raw, 3)
         self.xfer_id = uint(xfer_id, "transfer id")
         self.done, self.total = uint(done, "done", 1 << 50), uint(total, "total", 1 << 50)
@@ -141,18 +145,19 @@ class TransferProgress(RNS.MessageBase):
 class TransferEnd(RNS.MessageBase):
     MSGTYPE = 0x0206
 
-    def __init__(self, xfer_id=0, ok=False, code="", message="", report=None):
+    def __init__(self, xfer_id: int = 0, ok: bool = False, code: str = "", message: str = "",
+                 report: dict[str, Any] | None = None) -> None:
         self.xfer_id, self.ok, self.code, self.message = xfer_id, ok, code, clip(message)
         self.report = report or {}
 
-    def fit(self, limit):
+    def fit(self, limit: int) -> "TransferEnd":
         """Without the report (the client can ask caps/full), then with a shorter message."""
         return TransferEnd(self.xfer_id, self.ok, self.code, clip(self.message, max(16, limit - 48)), {})
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.xfer_id, self.ok, self.code, self.message, self.report], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         xfer_id, ok, code, message, report = unpack_array(raw, 5)
         if not isinstance(ok, bool) or not isinstance(report, dict):
             raise ProtocolError("malformed transfer end")
@@ -168,22 +173,23 @@ class ChunkServer:
 
     MAX_ACTIVE = 4
 
-    def __init__(self, router, read_chunk, authorize):
+    def __init__(self, router: ChannelRouter, read_chunk: Callable[[bytes, int], bytes],
+                 authorize: Callable[[bytes], None]) -> None:
         self.router = router
         self.read_chunk = read_chunk
         self.authorize = authorize
-        self._active = set()
-        self._cancelled = set()
+        self._active: set[int] = set()
+        self._cancelled: set[int] = set()
         self._lock = threading.Lock()
         router.on(ChunkRequest, self._request)
         router.on(ChunkCancel, self._cancel)
 
-    def _cancel(self, message):
+    def _cancel(self, message: ChunkCancel) -> None:
         with self._lock:
             if message.xfer_id in self._active:  # only running transfers: the set stays small
                 self._cancelled.add(message.xfer_id)
 
-    def _request(self, request):
+    def _request(self, request: ChunkRequest) -> None:
         try:
             self.authorize(request.blob_id)  # before any serving thread: a refusal reads nothing
             with self._lock:
@@ -198,7 +204,7 @@ class ChunkServer:
             return
         threading.Thread(target=self._serve, args=(request,), name="rngrid-chunks", daemon=True).start()
 
-    def _serve(self, request):
+    def _serve(self, request: ChunkRequest) -> None:
         try:
             self._send_chunks(request)
         finally:
@@ -206,7 +212,7 @@ class ChunkServer:
                 self._active.discard(request.xfer_id)
                 self._cancelled.discard(request.xfer_id)
 
-    def _send_chunks(self, request):
+    def _send_chunks(self, request: ChunkRequest) -> None:
         limit = self.router.payload_limit(DATA_OVERHEAD)
         for index in request.indices:
             if request.xfer_id in self._cancelled:
@@ -233,27 +239,29 @@ class ChunkFetcher:
     closed, ``timeout`` after ``idle_timeout`` seconds without data (default:
     CHUNK_IDLE_S, or twice the Link's patience_s on a slow link)."""
 
-    def __init__(self, router):
+    def __init__(self, router: ChannelRouter) -> None:
         self.router = router
-        self._queues = {}
+        self._queues: dict[int, queue.Queue[ChunkData | ChunkError | None]] = {}
         router.on(ChunkData, self._deliver)
         router.on(ChunkError, self._deliver)
 
-    def _deliver(self, message):
+    def _deliver(self, message: ChunkData | ChunkError) -> None:
         q = self._queues.get(message.xfer_id)
         if q is not None:
             q.put(message)
 
-    def link_closed(self):
+    def link_closed(self) -> None:
         for q in list(self._queues.values()):
             q.put(None)
 
-    def fetch(self, blob_id, manifest, indices, idle_timeout=None):
+    def fetch(self, blob_id: bytes, manifest: Manifest, indices: Sequence[int],
+              idle_timeout: float | None = None) -> Iterator[tuple[int, bytes]]:
         # A source whose Channel window is shut (a radio fade) waits patience_s()
         # for acknowledgements, then resends with backoff: give it that twice over.
         idle_timeout = idle_timeout or max(CHUNK_IDLE_S, 2 * self.router.patience_s())
         xfer_id = secrets.randbelow(MAX_ID)
-        q = self._queues[xfer_id] = queue.Queue()
+        q: queue.Queue[ChunkData | ChunkError | None] = queue.Queue()
+        self._queues[xfer_id] = q
         done = False
         try:
             if not self.router.send(ChunkRequest(xfer_id, blob_id, indices)):
@@ -266,7 +274,8 @@ class ChunkFetcher:
             if not done and self.router.link.status == RNS.Link.ACTIVE:
                 self.router.send(ChunkCancel(xfer_id))
 
-    def _receive_chunk(self, q, index, expected, idle_timeout):
+    def _receive_chunk(self, q: queue.Queue[ChunkData | ChunkError | None], index: int, expected: tuple[bytes, int],
+                       idle_timeout: float) -> bytes:
         length = expected[1]
         buffer = bytearray()
         while len(buffer) < length:

@@ -9,6 +9,7 @@ and the blob id is BLAKE3(manifest bytes) (32 bytes). Human aliases point at
 blob ids; a short id (first 4 bytes) names a blob in caps.
 """
 
+import os
 from dataclasses import dataclass
 
 import blake3
@@ -30,21 +31,21 @@ class ManifestError(ValueError):
 class Manifest:
     chunk_size: int
     total_size: int
-    chunks: tuple  # ((hash bytes, length), ...)
+    chunks: tuple[tuple[bytes, int], ...]  # ((hash bytes, length), ...)
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([VERSION, self.chunk_size, self.total_size,
                               [[h, n] for h, n in self.chunks]], use_bin_type=True)
 
     @property
-    def blob_id(self):
+    def blob_id(self) -> bytes:
         return blake3.blake3(self.pack()).digest()
 
-    def chunk_offset(self, index):
+    def chunk_offset(self, index: int) -> int:
         return index * self.chunk_size
 
 
-def build(path, chunk_size=CHUNK_SIZE):
+def build(path: str | os.PathLike[str], chunk_size: int = CHUNK_SIZE) -> Manifest:
     """Manifest of the file at ``path`` (reads it once)."""
     chunks, total = [], 0
     with open(path, "rb") as f:
@@ -57,7 +58,7 @@ def build(path, chunk_size=CHUNK_SIZE):
     return Manifest(chunk_size, total, tuple(chunks))
 
 
-def unpack(data, expected_id=None):
+def unpack(data: object, expected_id: bytes | None = None) -> Manifest:
     """Parse and check a manifest. With ``expected_id`` the bytes must hash to it.
 
     Raises ManifestError on malformed data, inconsistent sizes or a wrong id."""

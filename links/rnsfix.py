@@ -59,6 +59,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import RNS
 
@@ -67,16 +69,16 @@ AFFECTED_VERSIONS = ("0.9.4",)
 #: "name,name" without the named ones (for tests).
 UNPATCHED_ENV = "RNGRID_RNS_UNPATCHED"
 
-_applied = None  # after apply(): whether every fix is active
+_applied: bool | None = None  # after apply(): whether every fix is active
 _guard = threading.Lock()
 
 
-def applies_to(version=None):
+def applies_to(version: str | None = None) -> bool:
     """True when the running (or given) RNS version carries both races."""
     return (version or RNS.__version__) in AFFECTED_VERSIONS
 
 
-def apply():
+def apply() -> bool:
     """Install the fixes if the running RNS is an affected version.
 
     Returns True when all of them are active after the call.
@@ -98,7 +100,7 @@ def apply():
         return _applied
 
 
-def _left_out():
+def _left_out() -> set[str]:
     """Names of the fixes the environment switch leaves out."""
     value = os.environ.get(UNPATCHED_ENV, "").strip()
     if value in ("1", "all"):
@@ -113,7 +115,7 @@ def _left_out():
 _guard_links = threading.Lock()
 
 
-def _link_lock(link):
+def _link_lock(link: RNS.Link) -> threading.RLock:
     lock = link.__dict__.get("_rngrid_request_lock")
     if lock is None:
         with _guard_links:
@@ -121,16 +123,16 @@ def _link_lock(link):
     return lock
 
 
-def _fix_request_reply_race():
+def _fix_request_reply_race() -> None:
     # Race 1 (see module docstring): response handled before RequestReceipt registered.
     original_request = RNS.Link.request
     original_handle_response = RNS.Link.handle_response
 
-    def request(self, *args, **kwargs):
+    def request(self: RNS.Link, *args: Any, **kwargs: Any) -> Any:
         with _link_lock(self):
             return original_request(self, *args, **kwargs)
 
-    def handle_response(self, *args, **kwargs):
+    def handle_response(self: RNS.Link, *args: Any, **kwargs: Any) -> Any:
         with _link_lock(self):
             return original_handle_response(self, *args, **kwargs)
 
@@ -139,9 +141,9 @@ def _fix_request_reply_race():
     RNS.Link.handle_response = handle_response
 
 
-def _fix_resource_advertise_race():
+def _fix_resource_advertise_race() -> None:
     # Race 2 (see module docstring): part request arrives before the resource is registered.
-    def advertise_job(self):
+    def advertise_job(self: RNS.Resource) -> None:
         self.advertisement_packet = RNS.Packet(
             self.link, RNS.ResourceAdvertisement(self).pack(), context=RNS.Packet.RESOURCE_ADV
         )
@@ -168,7 +170,7 @@ def _fix_resource_advertise_race():
     RNS.Resource._Resource__advertise_job = advertise_job
 
 
-def _wants_receipt(packet):
+def _wants_receipt(packet: RNS.Packet) -> bool:
     # Transport.outbound's own rule for which packets get a PacketReceipt.
     return (packet.create_receipt is True and packet.packet_type == RNS.Packet.DATA
             and packet.destination.type != RNS.Destination.PLAIN
@@ -176,11 +178,11 @@ def _wants_receipt(packet):
             and not (RNS.Packet.RESOURCE <= packet.context <= RNS.Packet.RESOURCE_RCL))
 
 
-def _fix_receipt_after_transmit_race():
+def _fix_receipt_after_transmit_race() -> None:
     # Race 3 (see module docstring): proof handled before the receipt exists.
     original_outbound = RNS.Transport.outbound
 
-    def outbound(packet):
+    def outbound(packet: RNS.Packet) -> bool:
         if not _wants_receipt(packet):
             return original_outbound(packet)
         if not packet.packed:
@@ -200,11 +202,11 @@ def _fix_receipt_after_transmit_race():
     RNS.Transport.outbound = staticmethod(outbound)
 
 
-def _fix_late_delivery_callback_race():
+def _fix_late_delivery_callback_race() -> None:
     # Race 4 (see module docstring): delivery callback set after the proof arrived.
     original = RNS.PacketReceipt.set_delivery_callback
 
-    def set_delivery_callback(self, callback):
+    def set_delivery_callback(self: RNS.PacketReceipt, callback: Callable[[Any], None] | None) -> None:
         original(self, callback)
         if callback is not None and self.status == RNS.PacketReceipt.DELIVERED:
             callback(self)
@@ -212,22 +214,22 @@ def _fix_late_delivery_callback_race():
     RNS.PacketReceipt.set_delivery_callback = set_delivery_callback
 
 
-def _fix_unlocked_ring_iteration():
+def _fix_unlocked_ring_iteration() -> None:
     from RNS.Channel import Channel
     original = Channel._update_packet_timeouts
 
-    def update_packet_timeouts(self):
+    def update_packet_timeouts(self: Any) -> Any:
         with self._lock:
             return original(self)
 
     Channel._update_packet_timeouts = update_packet_timeouts
 
 
-def _fix_spawned_ingress_control():
+def _fix_spawned_ingress_control() -> None:
     from RNS.Interfaces.Interface import Interface
     original = Interface.should_ingress_limit
 
-    def should_ingress_limit(self):
+    def should_ingress_limit(self: Any) -> bool:
         parent = getattr(self, "parent_interface", None)
         if parent is not None and not getattr(parent, "ingress_control", True):
             return False
@@ -236,10 +238,10 @@ def _fix_spawned_ingress_control():
     Interface.should_ingress_limit = should_ingress_limit
 
 
-def _fix_fatal_transport_jobs():
+def _fix_fatal_transport_jobs() -> None:
     original = RNS.Transport.jobs
 
-    def jobs():
+    def jobs() -> None:
         try:
             original()
         except Exception as e:
@@ -249,11 +251,11 @@ def _fix_fatal_transport_jobs():
     RNS.Transport.jobs = staticmethod(jobs)
 
 
-def _fix_interleaved_tcp_writes():
+def _fix_interleaved_tcp_writes() -> None:
     from RNS.Interfaces.TCPInterface import TCPClientInterface
     original = TCPClientInterface.process_outgoing
 
-    def process_outgoing(self, data):
+    def process_outgoing(self: Any, data: bytes) -> Any:
         lock = self.__dict__.get("_rngrid_write_lock")
         if lock is None:
             with _guard_links:
@@ -265,7 +267,7 @@ def _fix_interleaved_tcp_writes():
 
 
 #: Every fix by name, in the order they are applied.
-FIXES = {
+FIXES: dict[str, Callable[[], None]] = {
     "request_reply": _fix_request_reply_race,
     "resource_advertise": _fix_resource_advertise_race,
     "receipt_after_transmit": _fix_receipt_after_transmit_race,

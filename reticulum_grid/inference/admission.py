@@ -21,6 +21,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 
 from links.wire import Code, WireError
 
@@ -33,7 +34,7 @@ class Ticket:
     """A place in line; ``ahead`` is how many requests were before it."""
     __slots__ = ("ahead",)
 
-    def __init__(self, ahead):
+    def __init__(self, ahead: int) -> None:
         self.ahead = ahead
 
 
@@ -48,36 +49,37 @@ class ModelQueue:
     ``on_change()``: called (outside the lock) when free slots go from 0 to
     some or from some to 0."""
 
-    def __init__(self, queue_depth=4, slots=1, initial_request_s=5.0, on_change=None):
+    def __init__(self, queue_depth: int = 4, slots: int = 1, initial_request_s: float = 5.0,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.queue_depth = queue_depth
         self.slots = slots
         self.running = 0
         self.avg_request_s = initial_request_s
         self.on_change = on_change
-        self._line = deque()
-        self._started = []  # time.monotonic() at which each running stream took its slot
+        self._line: deque[Ticket] = deque()
+        self._started: list[float] = []  # time.monotonic() at which each running stream took its slot
         self._timed = False  # a generation was recorded (avg_request_s is no longer the first guess)
         self._free_told = True  # what on_change last reported: some slot free
         self._draining = 0
         self._cond = threading.Condition()
 
     @property
-    def waiting(self):
+    def waiting(self) -> int:
         return len(self._line)
 
     @property
-    def free(self):
+    def free(self) -> int:
         """Slots free now (announced in caps)."""
         return max(0, self.slots - self.running)
 
-    def set_slots(self, slots):
+    def set_slots(self, slots: int) -> None:
         with self._cond:
             self.slots = max(1, slots)
             self._cond.notify_all()
             changed = self._flipped()
         self._changed(changed)
 
-    def _flipped(self):
+    def _flipped(self) -> bool:
         """Whether "some slot is free" differs from when on_change last ran (the lock is held)."""
         free = self.free > 0
         if free == self._free_told:
@@ -85,11 +87,11 @@ class ModelQueue:
         self._free_told = free
         return True
 
-    def _changed(self, changed):
+    def _changed(self, changed: bool) -> None:
         if changed and self.on_change is not None:
             self.on_change()
 
-    def admit(self):
+    def admit(self) -> Ticket:
         """A Ticket for a place in line; raises WireError(busy) when every slot
         runs and the line is full."""
         with self._cond:
@@ -101,7 +103,7 @@ class ModelQueue:
             self._line.append(ticket)
             return ticket
 
-    def retry_hint(self, now=None):
+    def retry_hint(self, now: float | None = None) -> float:
         """Seconds until a place in the line opens: until the running stream
         that took its slot first is expected to end (the line then moves up
         one), at least MIN_HINT_S. The lock is held or the caller does not mind."""
@@ -110,7 +112,7 @@ class ModelQueue:
         return round(max(MIN_HINT_S, self.avg_request_s - (now - oldest)), 1)
 
     @contextlib.contextmanager
-    def turn(self, ticket, cancel, poll_s=0.1):
+    def turn(self, ticket: Ticket, cancel: threading.Event, poll_s: float = 0.1) -> Iterator[None]:
         """Wait for ``ticket``'s turn; raises Cancelled if ``cancel`` is set first."""
         with self._cond:
             while self._draining or self.running >= self.slots or self._line[0] is not ticket:
@@ -136,7 +138,7 @@ class ModelQueue:
                 changed = not self._line and self._flipped()  # else the next in line takes it at once
             self._changed(changed)
 
-    def forget(self, ticket):
+    def forget(self, ticket: Ticket) -> None:
         """Take ``ticket`` out of the line if it is still there (its request
         failed before its turn)."""
         with self._cond:
@@ -145,7 +147,7 @@ class ModelQueue:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def drain(self):
+    def drain(self) -> Iterator[None]:
         """Hold new turns back until no stream runs, then run the block (the
         caller holds no turn itself)."""
         with self._cond:
@@ -159,7 +161,7 @@ class ModelQueue:
                 self._draining -= 1
                 self._cond.notify_all()
 
-    def record(self, seconds):
+    def record(self, seconds: float) -> None:
         """Feed a finished generation's duration (seconds, from its turn) into the
         retry hint; the first one replaces the initial guess."""
         with self._cond:

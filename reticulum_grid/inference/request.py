@@ -36,6 +36,7 @@ messages (links/stream.py). Sampling defaults are llama-cpp-python's.
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
@@ -86,26 +87,26 @@ EMBED_SCHEMA = {
 class InferenceRequest:
     model: str
     prompt: str | None
-    messages: list | None
+    messages: list[dict[str, Any]] | None
     sampling: Sampling
     stream_id: int
     adapter: str | None = None
     adapter_scale: float = 1.0
-    continue_tokens: tuple = ()
-    tools: list | None = None
-    tool_choice: object = None
-    json_schema: dict | None = None  # response_format as a JSON schema ({} for any JSON object)
+    continue_tokens: tuple[int, ...] = ()
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None  # response_format as a JSON schema ({} for any JSON object)
     logprobs: int = 0  # top alternatives per token; 0 without logprobs
     speculative: bool = True
 
     @property
-    def continuable(self):
+    def continuable(self) -> bool:
         """Whether another tower may continue this stream from its tokens (no
         stop strings, whose held-back text blurs the token boundary; no tools)."""
         return not self.sampling.stop and not self.tools
 
 
-def parse(request):
+def parse(request: dict[str, Any]) -> InferenceRequest:
     """Validate an unpacked request map. Raises WireError(bad_request)."""
     r = validate(request, SCHEMA)
     if (r["prompt"] is None) == (r["messages"] is None):
@@ -136,7 +137,7 @@ def parse(request):
                             (r["top_logprobs"] or 1) if r["logprobs"] else 0, r["speculative"])
 
 
-def parse_embeddings(request):
+def parse_embeddings(request: dict[str, Any]) -> tuple[str, list[str], int]:
     """(model, [text, ...], stream id) of an ai/embeddings request. Raises WireError(bad_request)."""
     r = validate(request, EMBED_SCHEMA)
     texts = [r["input"]] if isinstance(r["input"], str) else r["input"]
@@ -148,7 +149,7 @@ def parse_embeddings(request):
     return r["model"], texts, r["stream_id"]
 
 
-def _json_size(value, field):
+def _json_size(value: object, field: str) -> None:
     try:
         size = len(json.dumps(value))
     except (TypeError, ValueError):
@@ -157,14 +158,15 @@ def _json_size(value, field):
         raise WireError(Code.BAD_REQUEST, f"field {field!r} is {size} bytes of JSON, limit {MAX_JSON_BYTES}")
 
 
-def _tools(tools, choice):
+def _tools(tools: list[Any] | None,
+           choice: str | dict[str, Any] | None) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any] | None]:
     """(tools or None, tool_choice or None); "none" drops the tools."""
     if choice is not None and tools is None:
         raise WireError(Code.BAD_REQUEST, "field 'tool_choice' needs 'tools'")
     if tools is None:
         return None, None
     _json_size(tools, "tools")
-    names = []
+    names: list[str] = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict) \
@@ -188,7 +190,7 @@ def _tools(tools, choice):
     return tools, choice
 
 
-def _response_format(value):
+def _response_format(value: dict[str, Any] | None) -> dict[str, Any] | None:
     """The JSON schema a response_format asks for ({} for any JSON object), or None."""
     if value is None or value.get("type") == "text":
         return None
@@ -205,7 +207,7 @@ def _response_format(value):
     raise WireError(Code.BAD_REQUEST, "field 'response_format': type must be text, json_object or json_schema")
 
 
-def _check_messages(messages):
+def _check_messages(messages: list[Any]) -> None:
     total = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not {"role", "content"} <= set(m) <= {"role", "content", "tool_calls",
@@ -224,7 +226,7 @@ def _check_messages(messages):
         raise WireError(Code.BAD_REQUEST, "messages too long")
 
 
-def _content_chars(content, i, message):
+def _content_chars(content: object, i: int, message: dict[str, Any]) -> int:
     if isinstance(content, str):
         return len(content)
     if content is None and message["role"] == "assistant" and message.get("tool_calls"):
@@ -237,7 +239,7 @@ def _content_chars(content, i, message):
                                       "{'type': 'text', 'text': str} parts (null only beside tool_calls)")
 
 
-def _check_calls(calls, i, role):
+def _check_calls(calls: object, i: int, role: str) -> None:
     if role != "assistant" or not isinstance(calls, list) or len(calls) > MAX_TOOLS:
         raise WireError(Code.BAD_REQUEST, f"messages[{i}].tool_calls belongs to an assistant message, as a list")
     _json_size(calls, "tool_calls")

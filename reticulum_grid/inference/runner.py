@@ -21,11 +21,15 @@ import logging
 import os
 import secrets
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
 
-from reticulum_grid.inference.placement import LoadError, parse_placement
+from reticulum_grid.inference.placement import LoadError, Placement, parse_placement
 from reticulum_grid.node import childguard, engine
 from reticulum_grid.node.localgrid import free_port
 
@@ -52,7 +56,7 @@ class RunnerError(Exception):
     server's error type, or for status 0 "timeout" (it stopped answering) or
     "closed" (its connection ended: it died)."""
 
-    def __init__(self, status, message, kind=""):
+    def __init__(self, status: int, message: str, kind: str = "") -> None:
         super().__init__(f"{status}: {message}")
         self.status, self.message, self.kind = status, message, kind
 
@@ -74,17 +78,17 @@ class RunnerSpec:
     parallel: int = 1
     n_gpu_layers: int = -1
     threads: int = 0
-    tensor_split: tuple = ()
-    adapters: tuple = ()
+    tensor_split: tuple[float, ...] = ()
+    adapters: tuple[str, ...] = ()
     draft: str = ""
     draft_device: str = ""  # llama.cpp device of the draft ("none": the CPU); "": as the model's
     embeddings: bool = False
     pooling: str = ""  # embeddings' pooling ("mean", ...); "": the model's own
-    rpc: tuple = ()
-    overrides: tuple = ()
+    rpc: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
     fit: bool = False  # llama.cpp chooses how many layers fit on the GPUs (the rest stay in RAM)
 
-    def argv(self, port, key):
+    def argv(self, port: int, key: str) -> list[str]:
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
                 "--api-key", key, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui",
@@ -121,7 +125,7 @@ class RunnerSpec:
 @dataclass
 class _Life:
     """One start of the child: its guard process, port and key, where its log began."""
-    guard: object
+    guard: subprocess.Popen[bytes]
     port: int
     key: str
     log_offset: int
@@ -132,24 +136,27 @@ class Runner:
     """A supervised llama-server. ``start()`` loads the model (raises LoadError);
     ``call``/``stream`` talk to it; ``close()`` ends it for good."""
 
-    def __init__(self, spec, log_path, name="runner", on_restart=None, restart=True, stream_timeout_s=CALL_TIMEOUT_S):
+    def __init__(self, spec: RunnerSpec, log_path: Path, name: str = "runner",
+                 on_restart: Callable[[], None] | None = None, restart: bool = True,
+                 stream_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.spec = spec
         self.log_path = log_path
         self.name = name
         self.on_restart = on_restart
         self.restart = restart
         self.stream_timeout_s = stream_timeout_s
-        self.placement = None
-        self.props = {}
-        self.meta = {}
-        self._life = None
+        self.placement: Placement | None = None
+        self.props: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
+        self._life: _Life | None = None
         self._deaths = 0
         self._closed = False
         self._lock = threading.RLock()
         self._up = threading.Event()
 
     # -- life cycle -------------------------------------------------------
-    def start(self, timeout_s=LOAD_TIMEOUT_S, progress=None, quiet_s=None):
+    def start(self, timeout_s: float = LOAD_TIMEOUT_S, progress: Callable[[], int] | None = None,
+              quiet_s: float | None = None) -> Self:
         """Start the child and wait until its model is loaded. Raises LoadError
         (``out_of_memory`` when llama.cpp's log says an allocation failed,
         ``stuck`` when ``progress()`` (a count, e.g. bytes the model's
@@ -162,7 +169,7 @@ class Runner:
                              daemon=True).start()
         return self
 
-    def _spawn(self):
+    def _spawn(self) -> _Life:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.log_path.exists() and self.log_path.stat().st_size > LOG_ROTATE_BYTES:
             os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
@@ -171,9 +178,12 @@ class Runner:
         guard = childguard.start(self.spec.argv(port, key), self.log_path, env=engine.child_env())
         self._life = _Life(guard, port, key, offset)
         self._up.clear()
+        return self._life
 
-    def _wait_ready(self, timeout_s, progress=None, quiet_s=None):
+    def _wait_ready(self, timeout_s: float, progress: Callable[[], int] | None = None,
+                    quiet_s: float | None = None) -> None:
         life, deadline = self._life, time.monotonic() + timeout_s
+        assert life is not None  # just spawned, under the lock
         seen, still_until = None, time.monotonic() + (quiet_s or timeout_s)
         while True:
             if life.guard.poll() is not None:
@@ -186,11 +196,11 @@ class Runner:
                 pass
             now = time.monotonic()
             if progress is not None and (count := progress()) != seen:
-                seen, still_until = count, now + quiet_s
+                seen, still_until = count, now + (quiet_s or timeout_s)
             if now > deadline or now > still_until:
                 childguard.stop(life.guard)
                 error = LoadError(f"llama-server did not load the model within {timeout_s:.0f} s" if now > deadline
-                                  else f"loading moved nothing for {quiet_s:.0f} s", self.log_text())
+                                  else f"loading moved nothing for {quiet_s or timeout_s:.0f} s", self.log_text())
                 error.stuck = now <= deadline
                 raise error
             time.sleep(0.1)
@@ -201,8 +211,8 @@ class Runner:
         log.info("runner %s up on 127.0.0.1:%d (pid %s, %d slot(s) of %d tokens)", self.name, life.port,
                  childguard.program_pid(life.guard), self.spec.parallel, self.spec.n_ctx)
 
-    def _supervise(self, life):
-        code = life.guard.wait()
+    def _supervise(self, life: _Life) -> None:
+        code: int | None = life.guard.wait()
         while True:
             with self._lock:
                 if self._closed or self._life is not life:
@@ -217,49 +227,48 @@ class Runner:
                 if self._closed:
                     return
                 try:
-                    self._spawn()
+                    life = self._spawn()
                     self._wait_ready(LOAD_TIMEOUT_S)
                 except LoadError as e:
                     log.error("runner %s did not come back: %s", self.name, e)
-                    life, code = self._life, self._life.guard.poll()
+                    code = life.guard.poll()
                     continue
-                life = self._life
             if self.on_restart:
                 self.on_restart()
             code = life.guard.wait()
 
     @property
-    def n_vocab(self):
+    def n_vocab(self) -> int:
         """The model's vocabulary size (tokens)."""
         return int(self.meta.get("n_vocab") or 1 << 31)
 
     @property
-    def supports_tools(self):
+    def supports_tools(self) -> bool:
         """Whether the model's chat template describes tools (llama-server parses its tool calls)."""
         return bool((self.props.get("chat_template_caps") or {}).get("supports_tools"))
 
     @property
-    def exited(self):
+    def exited(self) -> bool:
         """True once the current child process ended (a crash, or close())."""
         life = self._life
         return life is None or life.guard.poll() is not None
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         life = self._life
         return self._up.is_set() and life is not None and life.guard.poll() is None
 
-    def wait_up(self, timeout_s):
+    def wait_up(self, timeout_s: float) -> bool:
         """True once the runner serves (after a restart), within ``timeout_s`` seconds."""
         return self._up.wait(timeout_s) and not self._closed
 
     @property
-    def pid(self):
+    def pid(self) -> int | None:
         """The llama-server process id (None while none runs)."""
         life = self._life
         return childguard.program_pid(life.guard) if life else None
 
-    def close(self):
+    def close(self) -> None:
         with self._lock:
             self._closed = True
             self._up.clear()
@@ -268,7 +277,7 @@ class Runner:
             childguard.stop(life.guard)
 
     # -- log --------------------------------------------------------------
-    def log_text(self, tail_bytes=None):
+    def log_text(self, tail_bytes: int | None = None) -> str:
         """What the current child wrote to its log so far (its last ``tail_bytes``)."""
         life = self._life
         try:
@@ -281,7 +290,7 @@ class Runner:
         except OSError:
             return ""
 
-    def last_error(self):
+    def last_error(self) -> str:
         """The last line of the child's log that reads like an error ("" if none)."""
         lines = self.log_text(tail_bytes=TAIL_BYTES).splitlines()[-TAIL_LINES:]
         for line in reversed(lines):
@@ -291,7 +300,8 @@ class Runner:
         return ""
 
     # -- HTTP -------------------------------------------------------------
-    def _request(self, method, path, body, timeout, life=None):
+    def _request(self, method: str, path: str, body: object, timeout: float,
+                 life: _Life | None = None) -> tuple[int, bytes]:
         life = life or self._life
         if life is None:
             raise ConnectionRefusedError("runner is closed")
@@ -307,7 +317,7 @@ class Runner:
         finally:
             conn.close()
 
-    def call(self, method, path, body=None, timeout=CALL_TIMEOUT_S):
+    def call(self, method: str, path: str, body: object = None, timeout: float = CALL_TIMEOUT_S) -> Any:
         """One JSON request; the decoded reply. Raises RunnerError."""
         try:
             status, data = self._request(method, path, body, timeout)
@@ -318,7 +328,7 @@ class Runner:
             raise _error(status, reply, data)
         return reply
 
-    def stream(self, path, body, timeout=None):
+    def stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> "RunnerStream":
         """A streamed request (SSE): an iterable of decoded events. Raises RunnerError."""
         life = self._life
         if life is None:
@@ -330,7 +340,7 @@ class RunnerStream:
     """One streamed completion from a runner: iterate for its event maps;
     ``close()`` from any thread ends it (the runner then frees the slot)."""
 
-    def __init__(self, port, key, path, body, timeout):
+    def __init__(self, port: int, key: str, path: str, body: dict[str, Any], timeout: float) -> None:
         self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         self._closed = False
         try:
@@ -345,7 +355,7 @@ class RunnerStream:
             self._conn.close()
             raise _error(self._resp.status, _json(data), data)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         """The stream's events, up to the one that ends it (``stop`` true, or
         OpenAI's ``[DONE]``). Raises RunnerError when it breaks off before,
         unless ``close()`` ended it."""
@@ -377,12 +387,12 @@ class RunnerStream:
         finally:
             self.close()
 
-    def settimeout(self, seconds):
+    def settimeout(self, seconds: float) -> None:
         """The longest wait for the next event from now on (seconds)."""
         if self._conn.sock is not None:
             self._conn.sock.settimeout(seconds)
 
-    def close(self):
+    def close(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -395,14 +405,14 @@ class RunnerStream:
         self._conn.close()
 
 
-def _json(data):
+def _json(data: bytes) -> Any:
     try:
         return json.loads(data)
     except (ValueError, TypeError):
         return None
 
 
-def _error(status, reply, data):
+def _error(status: int, reply: object, data: bytes | None) -> RunnerError:
     err = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(err, dict):
         return RunnerError(int(err.get("code") or status), str(err.get("message", "")), str(err.get("type", "")))

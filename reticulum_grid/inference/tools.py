@@ -14,18 +14,23 @@ a well-formed call. The answer comes back in OpenAI's shapes.
 
 import json
 import secrets
+from typing import Any
+
+#: A chat message or a tool, in OpenAI's shapes (JSON maps).
+Message = dict[str, Any]
+Tool = dict[str, Any]
 
 INSTRUCTION = ("You can call these tools. Answer with one JSON object: "
                '{"tool_call": {"name": <tool name>, "arguments": <arguments>}}')
 AUTO_INSTRUCTION = ' to call a tool, or {"response": <your answer>} to answer directly.'
 
 
-def messages(history, tools, choice):
+def messages(history: list[Message], tools: list[Tool], choice: str | dict[str, Any] | None) -> list[Message]:
     """``history`` for a template without tools: the tools described in a system
     message; earlier calls and tool results as plain text."""
     described = "\n".join(json.dumps(t["function"], sort_keys=True) for t in tools)
     note = INSTRUCTION + (AUTO_INSTRUCTION if choice in (None, "auto") else ".") + "\n" + described
-    out = []
+    out: list[Message] = []
     for m in history:
         if m["role"] == "tool":
             out.append({"role": "user", "content": f"Tool result ({m.get('tool_call_id', '')}): {_text(m)}"})
@@ -40,12 +45,13 @@ def messages(history, tools, choice):
     return [{"role": "system", "content": note}] + out
 
 
-def schema(tools, choice):
+def schema(tools: list[Tool], choice: str | dict[str, Any] | None) -> dict[str, Any]:
     """The JSON schema of the one answer allowed."""
     if isinstance(choice, dict):
         allowed = [t for t in tools if t["function"]["name"] == choice["function"]["name"]]
     else:
         allowed = tools
+    calls: list[dict[str, Any]]
     calls = [{"type": "object", "required": ["tool_call"], "additionalProperties": False, "properties": {
         "tool_call": {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
                       "properties": {"name": {"const": t["function"]["name"]},
@@ -57,7 +63,7 @@ def schema(tools, choice):
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def answer(text):
+def answer(text: str) -> tuple[str, list[dict[str, Any]]]:
     """(content text, OpenAI tool_calls deltas) from the model's JSON answer."""
     value = _loads(text)
     if isinstance(value, dict) and isinstance(value.get("tool_call"), dict):
@@ -70,14 +76,14 @@ def answer(text):
     return text, []
 
 
-def _text(message):
+def _text(message: Message) -> str:
     content = message.get("content")
     if isinstance(content, list):
         return "\n".join(p["text"] for p in content)
     return content or ""
 
 
-def _loads(text):
+def _loads(text: str) -> Any:
     try:
         return json.loads(text)
     except (TypeError, ValueError):

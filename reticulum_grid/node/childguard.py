@@ -21,13 +21,16 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 
 #: Seconds a program gets to exit after SIGTERM before SIGKILL.
 GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
-def start(argv, log_path, env=None, limits=None):
+def start(argv: Sequence[str], log_path: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+          limits: Mapping[int, int] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` under a guard; its output goes to ``log_path`` (appended).
     ``limits``: {resource.RLIMIT_*: bytes} set on the program (e.g. RLIMIT_DATA).
     Returns the guard's Popen (close its stdin, or ``stop()``, to end both)."""
@@ -37,12 +40,13 @@ def start(argv, log_path, env=None, limits=None):
                                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
-def stop(guard, timeout_s=GRACE_S + 5.0):
+def stop(guard: subprocess.Popen[bytes], timeout_s: float = GRACE_S + 5.0) -> None:
     """End a guard and its program (stdin closed, then SIGKILL if it lingers)."""
     if guard.poll() is not None:
         return
     try:
-        guard.stdin.close()
+        if guard.stdin is not None:
+            guard.stdin.close()
     except OSError:
         pass
     try:
@@ -52,7 +56,7 @@ def stop(guard, timeout_s=GRACE_S + 5.0):
         guard.wait(5)
 
 
-def program_pid(guard):
+def program_pid(guard: subprocess.Popen[bytes]) -> int | None:
     """The pid of the program a guard runs, or None (not started yet, or gone)."""
     import psutil
     try:
@@ -62,8 +66,8 @@ def program_pid(guard):
     return children[0].pid if children else None
 
 
-def _preexec(limits):
-    def run():
+def _preexec(limits: Mapping[int, int]) -> Callable[[], None]:
+    def run() -> None:
         os.setpgid(0, 0)  # a Ctrl-C meant for the tower's terminal reaches the program through us only
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -74,7 +78,7 @@ def _preexec(limits):
     return run
 
 
-def _end(proc):
+def _end(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -84,9 +88,9 @@ def _end(proc):
             proc.wait()
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    limits = {}
+    limits: dict[int, int] = {}
     while args and args[0].startswith("--limit="):
         which, value = args.pop(0)[len("--limit="):].split(":")
         limits[int(which)] = int(value)
@@ -96,13 +100,13 @@ def main(argv=None):
     proc = subprocess.Popen(args[1:], stdin=subprocess.DEVNULL, preexec_fn=_preexec(limits))
     done = threading.Event()
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: FrameType | None) -> None:
         done.set()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tower decides when we end
 
-    def watch_stdin():
+    def watch_stdin() -> None:
         try:  # os.read: a buffered read would hold a lock the interpreter's exit waits on
             while os.read(0, 4096):
                 pass

@@ -70,8 +70,10 @@ Bad values raise ConfigError naming the key.
 """
 
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomlkit
 
@@ -92,7 +94,7 @@ class ConfigError(ValueError):
     pass
 
 
-def home():
+def home() -> Path:
     """The grid's home directory (RNGRID_HOME or ~/.rngrid), created if missing."""
     path = Path(os.environ.get("RNGRID_HOME") or Path.home() / ".rngrid")
     path.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,7 @@ def home():
 @dataclass
 class NetworkConfig:
     listen: str = ""
-    connect: list = field(default_factory=list)
+    connect: list[str] = field(default_factory=list)
     rns_config: str = ""
     transport: bool = False
     bitrate: int = 0
@@ -128,8 +130,8 @@ class TowerConfig:
     path: Path
     name: str
     network: NetworkConfig
-    models: list
-    allow: dict
+    models: list[ModelConfig]
+    allow: dict[str, list[str]]
     heartbeat_s: float = 900.0
     floor_s: float = 5.0
     queue_depth: int = 4
@@ -139,14 +141,14 @@ class TowerConfig:
     shard_threads: int = 0
     unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
     dataplane: str = ""  # [network] dataplane: IP for tower-to-tower bulk traffic; "" = not offered
-    voice: list = field(default_factory=list)  # VoiceConfig per [voice.ALIAS]
+    voice: list[VoiceConfig] = field(default_factory=list)  # VoiceConfig per [voice.ALIAS]
 
     @property
-    def directory(self):
+    def directory(self) -> Path:
         return self.path.parent
 
 
-def load_tower(path):
+def load_tower(path: str | os.PathLike[str]) -> TowerConfig:
     """Read a tower config. Raises ConfigError (or FileNotFoundError)."""
     path = Path(path)
     doc = read_toml(path)
@@ -173,7 +175,7 @@ def load_tower(path):
     )
 
 
-def _dataplane(value, train):
+def _dataplane(value: str, train: Mapping[str, Any]) -> str:
     import ipaddress
     if "dataplane" in train:
         raise ConfigError("[train] dataplane is now [network] dataplane: one address for training and split "
@@ -192,14 +194,16 @@ def _dataplane(value, train):
     return value
 
 
-def load_network(path):
+def load_network(path: str | os.PathLike[str]) -> NetworkConfig:
     """Read a client config's [network] table; a missing file gives defaults."""
     path = Path(path)
     return _network(_table(read_toml(path), "network") if path.exists() else {})
 
 
-def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=None, threads=0, network_name="",
-                passphrase="", dataplane="", **sections):
+def write_tower(path: str | os.PathLike[str], name: str, models: Mapping[str, Any], listen: str = "127.0.0.1:4242",
+                connect: Iterable[str] = (), allow: Mapping[str, Sequence[str]] | None = None, threads: int = 0,
+                network_name: str = "", passphrase: str = "", dataplane: str = "",
+                **sections: Mapping[str, Any]) -> None:
     """Write a new tower config. ``models``: {alias: gguf path, or a map of
     [models.X] keys with its "path"}; ``threads``: llama.cpp threads per model
     (0: its default); ``network_name``/``passphrase``: IFAC; ``dataplane``:
@@ -220,7 +224,7 @@ def write_tower(path, name, models, listen="127.0.0.1:4242", connect=(), allow=N
     write_toml(Path(path), doc)
 
 
-def allow(path, identity_hash_hex, roles):
+def allow(path: str | os.PathLike[str], identity_hash_hex: str, roles: Iterable[str]) -> list[str]:
     """Grant ``roles`` to an identity in a tower config, keeping its comments.
 
     Returns the identity's roles after the change."""
@@ -237,7 +241,7 @@ def allow(path, identity_hash_hex, roles):
     return list(table[identity_hash_hex])
 
 
-def revoke(path, identity_hash_hex):
+def revoke(path: str | os.PathLike[str], identity_hash_hex: str) -> bool:
     """Remove an identity from a tower's allow-list. Returns True if it was there."""
     identity_hash_hex = identity_hex(identity_hash_hex)
     path = Path(path)
@@ -250,14 +254,14 @@ def revoke(path, identity_hash_hex):
     return True
 
 
-def read_toml(path):
+def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomlkit.parse(path.read_text()).unwrap()
     except (tomlkit.exceptions.TOMLKitError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def write_toml(path, doc):
+def write_toml(path: Path, doc: Mapping[str, Any]) -> None:
     """Write ``doc`` to ``path`` atomically, readable by this user only (a config may hold a passphrase)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -266,7 +270,7 @@ def write_toml(path, doc):
     os.replace(tmp, path)
 
 
-def _get(table, key, types, default):
+def _get(table: Mapping[str, Any], key: str, types: type | tuple[type, ...], default: Any) -> Any:
     value = table.get(key, default)
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise ConfigError(f"{key} must be {types}, got bool")
@@ -275,7 +279,7 @@ def _get(table, key, types, default):
     return value
 
 
-def _network(table):
+def _network(table: Mapping[str, Any]) -> NetworkConfig:
     if "bitrate" in table:
         raise ConfigError("[network] bitrate is now link_bitrate: it tells RNS the link's speed (MTU, announce "
                           "pacing) and never limited the rate")
@@ -298,7 +302,7 @@ def _network(table):
                          bitrate=_get(table, "link_bitrate", int, 0), **ifac)
 
 
-def _model(alias, spec, base):
+def _model(alias: str, spec: object, base: Path) -> ModelConfig:
     if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
         raise ConfigError(f"model alias {alias!r} must be 1..32 bytes without path separators")
     if not isinstance(spec, dict) or "path" not in spec:
@@ -313,35 +317,35 @@ def _model(alias, spec, base):
                        preload=_get(spec, "preload", bool, True))
 
 
-def _n_ctx(spec, alias):
+def _n_ctx(spec: Mapping[str, Any], alias: str) -> int:
     value = _bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}")
     if value == 1:  # llama-server cannot start with one: its warm-up decodes two tokens
         raise ConfigError(f"models.{alias}.n_ctx = 1 holds no prompt and answer; give 2 or more (0: the model's own)")
     return value
 
 
-def _table(doc, key):
+def _table(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
     value = doc.get(key, {})
     if not isinstance(value, dict):
         raise ConfigError(f"[{key}] must be a table, got {type(value).__name__}")
     return value
 
 
-def _seconds(table, key, default, lo):
+def _seconds(table: Mapping[str, Any], key: str, default: float, lo: float) -> float:
     value = float(_get(table, key, (int, float), default))
     if not lo <= value < float("inf"):
         raise ConfigError(f"{key} = {value} must be a number of seconds >= {lo}")
     return value
 
 
-def _bounded(table, key, default, lo, hi, where):
+def _bounded(table: Mapping[str, Any], key: str, default: int, lo: int, hi: int, where: str) -> int:
     value = _get(table, key, int, default)
     if not lo <= value <= hi:
         raise ConfigError(f"{where}.{key} = {value} is outside [{lo}, {hi}]")
     return value
 
 
-def _lend_mib(table):
+def _lend_mib(table: Mapping[str, Any]) -> int | None:
     if "lend_mib" not in table:
         return None
     value = _get(table, "lend_mib", int, 0)
@@ -350,7 +354,7 @@ def _lend_mib(table):
     return value
 
 
-def _allow(table):
+def _allow(table: Mapping[str, Any]) -> dict[str, list[str]]:
     out = {}
     for key, roles in table.items():
         if not isinstance(roles, list) or any(r not in ROLES for r in roles):
@@ -359,14 +363,14 @@ def _allow(table):
     return out
 
 
-def identity_hex(value):
+def identity_hex(value: str) -> str:
     value = value.strip().strip("<>").lower()
     if len(value) != IDENTITY_HASH_HEX or any(c not in "0123456789abcdef" for c in value):
         raise ConfigError(f"{value!r} is not an identity hash ({IDENTITY_HASH_HEX} hex characters)")
     return value
 
 
-def parse_hostport(text):
+def parse_hostport(text: object) -> tuple[str, int]:
     """'host:port' -> (host, port). Raises ConfigError."""
     if not isinstance(text, str):
         raise ConfigError(f"{text!r} is not host:port")
@@ -381,19 +385,19 @@ class LiveAllowList:
     ``rngrid allow`` takes effect without restarting the tower. A config that
     stops parsing keeps the last good allow-list (and logs why)."""
 
-    def __init__(self, config, on_error=None):
+    def __init__(self, config: TowerConfig, on_error: Callable[[Exception], None] | None = None) -> None:
         self._path = config.path
         self._allow = config.allow
         self._mtime = self._stat()
         self._on_error = on_error
 
-    def _stat(self):
+    def _stat(self) -> int | None:
         try:
             return self._path.stat().st_mtime_ns
         except OSError:
             return None
 
-    def roles_of(self, identity_hash):
+    def roles_of(self, identity_hash: bytes) -> set[str]:
         mtime = self._stat()
         if mtime != self._mtime:
             self._mtime = mtime

@@ -11,6 +11,8 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import RNS
 
@@ -19,13 +21,14 @@ from links import wire
 from links.channel import MAX_ID, ChannelRouter, get_alive
 from links.chunks import ChunkFetcher, ChunkServer, TransferEnd, TransferProgress
 from links.jobevents import JobEvent
+from links.manifest import Manifest
 from links.stream import StreamCancel, StreamReceiver, StreamRoutes
 from links.wire import Code, WireError
 
 log = logging.getLogger("rngrid.client")
 
 
-def wait_until(predicate, timeout, poll_s=0.05):
+def wait_until(predicate: Callable[[], object], timeout: float, poll_s: float = 0.05) -> bool:
     """Poll ``predicate`` until true or ``timeout`` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -59,7 +62,7 @@ REQUEST_FRAMING = 64
 PACKETS_PER_HOP = 8
 
 
-def attempt_timeout(destination_hash, rtt_s=0.0):
+def attempt_timeout(destination_hash: bytes, rtt_s: float = 0.0) -> float:
     """Seconds to wait for one small round trip with ``destination_hash``: the
     longest of ATTEMPT_FLOOR_S, RTT_FACTOR x ``rtt_s`` (the measured RTT, 0 if
     none) and the airtime of PACKETS_PER_HOP full packets per hop at the bitrate
@@ -72,7 +75,8 @@ def attempt_timeout(destination_hash, rtt_s=0.0):
     return max(ATTEMPT_FLOOR_S, RTT_FACTOR * rtt_s, slow_link_s)
 
 
-def open_link(destination_hash, app_name, *aspects, name=None, timeout=15.0, closed_callback=None):
+def open_link(destination_hash: bytes, app_name: str, *aspects: str, name: str | None = None, timeout: float = 15.0,
+              closed_callback: Callable[[RNS.Link], None] | None = None) -> RNS.Link:
     """An established RNS Link to ``destination_hash`` (app and aspects as the
     destination announced them), requesting a path first when there is none.
     Raises WireError(unreachable) after ``timeout`` seconds per step."""
@@ -97,41 +101,43 @@ def open_link(destination_hash, app_name, *aspects, name=None, timeout=15.0, clo
 class TowerConnection:
     """A Link to the tower at ``destination_hash``, identified as ``identity``."""
 
-    def __init__(self, identity, destination_hash, name):
+    def __init__(self, identity: RNS.Identity, destination_hash: bytes, name: str) -> None:
         self.identity = identity
         self.destination_hash = destination_hash
         self.name = name
-        self.link = None
-        self.router = None
-        self.streams = None
-        self.fetcher = None
-        self.receivers = {}
-        self.transfers = {}
-        self.offered = {}
+        self.link: RNS.Link | None = None
+        self.router: ChannelRouter | None = None
+        self.streams: StreamRoutes | None = None
+        self.fetcher: ChunkFetcher | None = None
+        self.receivers: dict[int, StreamReceiver] = {}
+        self.transfers: dict[int, queue.Queue[Any]] = {}
+        self.offered: dict[bytes, Callable[[bytes, int], bytes]] = {}
         self._lock = threading.Lock()
 
-    def ensure_link(self, timeout=15.0):
+    def ensure_link(self, timeout: float = 15.0) -> RNS.Link:
         """The active Link, establishing it (and a path) if needed. Raises WireError(unreachable)."""
         with self._lock:
             if self.link is not None and self.link.status == RNS.Link.ACTIVE:
-                if self.router.link_usable():
+                if self.router is not None and self.router.link_usable():
                     return self.link
                 self.link.teardown()  # its interface is gone: the tower went away
             link = open_link(self.destination_hash, APP_NAME, TOWER_ASPECT, name=f"tower {self.name}",
                              timeout=timeout, closed_callback=self._closed)
             link.identify(self.identity)
-            self.link, self.router = link, ChannelRouter(link)
-            self.streams = StreamRoutes(self.router)
-            self.fetcher = ChunkFetcher(self.router)
-            self.router.on(TransferProgress, self._transfer_message)
-            self.router.on(TransferEnd, self._transfer_message)
-            self.router.on(JobEvent, lambda m: self._queue_for(m.watch_id, m.event))
+            router = ChannelRouter(link)
+            self.link, self.router = link, router
+            self.streams = StreamRoutes(router)
+            self.fetcher = ChunkFetcher(router)
+            router.on(TransferProgress, self._transfer_message)
+            router.on(TransferEnd, self._transfer_message)
+            router.on(JobEvent, lambda m: self._queue_for(m.watch_id, m.event))
             # Registered now so a tower's chunk request is always understood (and
             # refused unless offered): an unknown message type would break the Channel.
-            ChunkServer(self.router, self._read_offered, self._authorize_offered)
+            ChunkServer(router, self._read_offered, self._authorize_offered)
             return link
 
-    def request(self, path, payload, timeout=30.0, link_timeout=15.0):
+    def request(self, path: str, payload: dict[str, Any], timeout: float = 30.0,
+                link_timeout: float = 15.0) -> dict[str, Any]:
         """Send one command and wait for its reply map (``timeout`` seconds, and
         ``link_timeout`` to set up a Link first). Raises WireError.
 
@@ -153,10 +159,12 @@ class TowerConnection:
             self.link.identify(self.identity)
             identified = True
 
-    def _exchange(self, path, data, deadline, link_timeout, timeout):
-        replied, box = threading.Event(), {}
+    def _exchange(self, path: str, data: bytes, deadline: float, link_timeout: float,
+                  timeout: float) -> dict[str, Any]:
+        replied = threading.Event()
+        box: dict[str, bytes] = {}
 
-        def on_response(receipt):
+        def on_response(receipt: RNS.RequestReceipt) -> None:
             box.setdefault("data", receipt.response)
             replied.set()
 
@@ -181,7 +189,8 @@ class TowerConnection:
             link.request(path, data, response_callback=on_response, failed_callback=lambda _: replied.set(),
                          timeout=max(0.1, deadline - time.monotonic()))
 
-    def _send(self, path, data, on_response, on_failed, deadline, link_timeout):
+    def _send(self, path: str, data: bytes, on_response: Callable[[RNS.RequestReceipt], None],
+              on_failed: Callable[[], None], deadline: float, link_timeout: float) -> RNS.Link:
         """The Link ``data`` went out on (a Link that cannot send any more is replaced once)."""
         for _ in range(2):
             link = self.ensure_link(link_timeout)
@@ -193,21 +202,22 @@ class TowerConnection:
         raise WireError(Code.UNREACHABLE, f"could not send {path} to {self.name}")
 
     # -- token streams ----------------------------------------------------
-    def open_stream(self, stream_id, link_timeout=15.0):
+    def open_stream(self, stream_id: int, link_timeout: float = 15.0) -> StreamReceiver:
         self.ensure_link(link_timeout)
         receiver = self.receivers[stream_id] = StreamReceiver(stream_id)
+        assert self.streams is not None  # set with the Link
         self.streams.add(stream_id, receiver.deliver)
         return receiver
 
-    def close_stream(self, stream_id):
+    def close_stream(self, stream_id: int) -> None:
         self.receivers.pop(stream_id, None)
         if self.streams is not None:
             self.streams.remove(stream_id)
 
-    def cancel(self, stream_id):
+    def cancel(self, stream_id: int) -> None:
         """Stop a stream on the tower; a thread reading it (e.g. an HTTP gateway's
         worker, cancelled from another thread) gets WireError(cancelled) at once."""
-        if self.router is not None and self.link.status == RNS.Link.ACTIVE:
+        if self.router is not None and self.link is not None and self.link.status == RNS.Link.ACTIVE:
             self.router.send(StreamCancel(stream_id))
         receiver = self.receivers.get(stream_id)
         self.close_stream(stream_id)
@@ -215,40 +225,42 @@ class TowerConnection:
             receiver.abort(Code.CANCELLED, "cancelled by this client")
 
     # -- blobs ------------------------------------------------------------
-    def fetch(self, blob_id, manifest, indices):
+    def fetch(self, blob_id: bytes, manifest: Manifest, indices: list[int]) -> Iterator[tuple[int, bytes]]:
         """Chunks from this tower (see ChunkFetcher.fetch)."""
         self.ensure_link()
+        assert self.fetcher is not None  # set with the Link
         return self.fetcher.fetch(blob_id, manifest, indices)
 
-    def offer(self, blob_id, read_chunk):
+    def offer(self, blob_id: bytes, read_chunk: Callable[[bytes, int], bytes]) -> None:
         """Let the tower fetch ``blob_id`` from us over this Link (a push). Only
         offered blobs are served, through ``read_chunk(blob_id, index)``."""
         self.ensure_link()
         self.offered[blob_id] = read_chunk
 
-    def _authorize_offered(self, blob_id):
+    def _authorize_offered(self, blob_id: bytes) -> None:
         if blob_id not in self.offered:
             raise WireError(Code.NOT_ALLOWED, "that blob was not offered on this link")
 
-    def _read_offered(self, blob_id, index):
+    def _read_offered(self, blob_id: bytes, index: int) -> bytes:
         self._authorize_offered(blob_id)
         return self.offered[blob_id](blob_id, index)
 
-    def watch_transfer(self, xfer_id):
+    def watch_transfer(self, xfer_id: int) -> queue.Queue[Any]:
         """A queue that receives this transfer's TransferProgress and TransferEnd
         messages, or a job watch's events (None when the Link closes)."""
-        q = self.transfers[xfer_id] = queue.Queue()
+        q: queue.Queue[Any] = queue.Queue()
+        self.transfers[xfer_id] = q
         return q
 
-    def _transfer_message(self, message):
+    def _transfer_message(self, message: TransferProgress | TransferEnd) -> None:
         self._queue_for(message.xfer_id, message)
 
-    def _queue_for(self, key, item):
+    def _queue_for(self, key: int, item: object) -> None:
         q = self.transfers.get(key)
         if q is not None:
             q.put(item)
 
-    def watch_job(self, job_id, idle_timeout=600.0):
+    def watch_job(self, job_id: str, idle_timeout: float = 600.0) -> Iterator[dict[str, Any]]:
         """Events of a training job (maps, see links/jobevents.py) until its "end" event."""
         self.ensure_link()
         watch_id = secrets.randbelow(MAX_ID)
@@ -265,11 +277,11 @@ class TowerConnection:
         finally:
             self.transfers.pop(watch_id, None)
 
-    def close(self):
+    def close(self) -> None:
         if self.link is not None:
             self.link.teardown()
 
-    def _closed(self, link):
+    def _closed(self, link: RNS.Link) -> None:
         for receiver in list(self.receivers.values()):
             receiver.abort(Code.UNREACHABLE, f"link to tower {self.name} closed")
         if self.fetcher is not None:

@@ -32,6 +32,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 from reticulum_grid.node.peers import owned_by, plain_ip
 
@@ -47,7 +48,7 @@ class DataPlaneError(RuntimeError):
     pass
 
 
-def check_bind_address(host):
+def check_bind_address(host: str) -> str:
     """``host`` if it is one IP address a tower may listen on: never the wildcard.
     Raises DataPlaneError."""
     try:
@@ -59,23 +60,23 @@ def check_bind_address(host):
     return host
 
 
-def answer(secret, greeting, nonce):
+def answer(secret: bytes, greeting: bytes, nonce: bytes) -> bytes:
     """The 32-byte answer to a challenge ``nonce`` after ``greeting``, for ``secret`` (bytes)."""
     return hmac.new(secret, greeting + nonce, hashlib.sha256).digest()
 
 
-def free_port(host):
+def free_port(host: str) -> int:
     """A TCP port on ``host`` that was free a moment ago."""
     with socket.socket(_family(host)) as s:
         s.bind((check_bind_address(host), 0))
         return s.getsockname()[1]
 
 
-def _family(host):
+def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def recv_exact(conn, size):
+def recv_exact(conn: socket.socket, size: int) -> bytes | None:
     data = b""
     while len(data) < size:
         part = conn.recv(size - len(data))
@@ -85,7 +86,7 @@ def recv_exact(conn, size):
     return data
 
 
-def _relay(a, b, counter=None):
+def _relay(a: socket.socket, b: socket.socket, counter: "ByteCount | None" = None) -> None:
     """Copy bytes a -> b until either side closes; then close both."""
     try:
         while data := a.recv(RELAY_BYTES):
@@ -104,16 +105,16 @@ def _relay(a, b, counter=None):
 class ByteCount:
     """Bytes relayed (thread-safe), for load progress and figures."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.value = 0
         self._lock = threading.Lock()
 
-    def add(self, n):
+    def add(self, n: int) -> None:
         with self._lock:
             self.value += n
 
 
-def splice(x, y, counter=None):
+def splice(x: socket.socket, y: socket.socket, counter: ByteCount | None = None) -> None:
     """Relay ``x`` and ``y`` both ways, each on its own thread."""
     for sock in (x, y):
         try:
@@ -130,7 +131,8 @@ class Front:
     the only data-plane addresses that may connect (None: any). ``admitted``
     and ``refused`` count connections; ``moved`` the bytes relayed."""
 
-    def __init__(self, host, port, secret, target_port, greeting, peers=None):
+    def __init__(self, host: str, port: int, secret: bytes, target_port: int, greeting: bytes,
+                 peers: Iterable[str] | None = None) -> None:
         self.secret, self.target_port, self.greeting = secret, target_port, greeting
         self.peers = None if peers is None else {plain_ip(p) for p in peers}
         self.admitted = self.refused = 0
@@ -139,7 +141,7 @@ class Front:
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._accept, name="rngrid-dataplane-front", daemon=True).start()
 
-    def _accept(self):
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -147,7 +149,7 @@ class Front:
                 return  # closed
             threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
 
-    def _admit(self, conn):
+    def _admit(self, conn: socket.socket) -> None:
         try:
             if self.peers is not None and plain_ip(conn.getpeername()[0]) not in self.peers:
                 raise PermissionError("not from a peer")
@@ -166,7 +168,7 @@ class Front:
         self.admitted += 1
         splice(conn, target, self.moved)
 
-    def close(self):
+    def close(self) -> None:
         self._sock.close()
 
 
@@ -176,7 +178,8 @@ class Forwarder:
     its challenge; ``refused`` counts the others, ``moved`` the bytes relayed.
     The front may not be up yet: connecting is retried for ``timeout_s``."""
 
-    def __init__(self, host, port, secret, greeting, owners, timeout_s=120.0):
+    def __init__(self, host: str, port: int, secret: bytes, greeting: bytes, owners: Callable[[], Iterable[int]],
+                 timeout_s: float = 120.0) -> None:
         self.remote = (host, port)
         self.secret, self.greeting, self.owners = secret, greeting, owners
         self.timeout_s = timeout_s
@@ -187,7 +190,7 @@ class Forwarder:
         self.endpoint = f"127.0.0.1:{self.port}"
         threading.Thread(target=self._accept, name="rngrid-dataplane-forwarder", daemon=True).start()
 
-    def _accept(self):
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -195,7 +198,7 @@ class Forwarder:
                 return
             threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
 
-    def _carry(self, local):
+    def _carry(self, local: socket.socket) -> None:
         if not owned_by(local, self.owners()):
             self.refused += 1
             local.close()
@@ -206,7 +209,7 @@ class Forwarder:
             return
         splice(local, remote, self.moved)
 
-    def _connect(self):
+    def _connect(self) -> socket.socket | None:
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             try:
@@ -221,11 +224,11 @@ class Forwarder:
                 time.sleep(0.3)
         return None
 
-    def close(self):
+    def close(self) -> None:
         self._sock.close()
 
 
-def interface_of(address):
+def interface_of(address: str) -> str:
     """Name of the network interface that holds IP ``address`` (for gloo's and
     NCCL's socket settings, which take interface names). Raises DataPlaneError."""
     import psutil

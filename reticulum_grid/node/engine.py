@@ -44,7 +44,7 @@ class Device:
     free_mib: int
 
 
-def binary(name):
+def binary(name: str) -> str:
     """Absolute path of llama.cpp binary ``name``. Raises EngineMissing."""
     folder = os.environ.get("RNGRID_LLAMA_BIN")
     candidates = [Path(folder) / name] if folder else [Path(sys.executable).parent / name]
@@ -57,7 +57,7 @@ def binary(name):
                         "run `make llama` in the reticulum_grid checkout")
 
 
-def available(name=SERVER):
+def available(name: str = SERVER) -> bool:
     """True when binary ``name`` is installed."""
     try:
         binary(name)
@@ -66,7 +66,7 @@ def available(name=SERVER):
         return False
 
 
-def child_env():
+def child_env() -> dict[str, str]:
     """The environment llama.cpp's processes run in: ours without llama.cpp's
     own LLAMA_ARG_* settings (the tower passes every flag itself), GPUs
     numbered in PCI bus order as nvidia-smi numbers them, and no backtrace on
@@ -78,7 +78,7 @@ def child_env():
     return env
 
 
-def parse_devices(text):
+def parse_devices(text: str) -> list[Device]:
     """Devices from ``llama-server --list-devices`` output (CPU is never listed)."""
     out = []
     for line in text.splitlines():
@@ -92,7 +92,7 @@ def parse_devices(text):
     return out
 
 
-def list_devices(timeout_s=60.0):
+def list_devices(timeout_s: float = 60.0) -> list[Device]:
     """The devices this llama.cpp build sees now ([] without a GPU build or a
     GPU). Starts a short-lived process (it loads the GPU driver: ~0.1-1 s)."""
     try:
@@ -104,7 +104,7 @@ def list_devices(timeout_s=60.0):
 
 
 @lru_cache(maxsize=1)
-def build_info():
+def build_info() -> str:
     """llama-server's version line ("version: 1 (0c1e570)"), or "" when missing."""
     try:
         done = subprocess.run([binary(SERVER), "--version"], capture_output=True, text=True, timeout=60)

@@ -18,11 +18,13 @@ import platform
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 from announce.caps import BACKENDS, DEVICE_MAX_BYTES, Hardware
+from reticulum_grid.node.engine import Device
 from reticulum_grid.node import engine
 
 MIB = 1024 * 1024
@@ -41,7 +43,7 @@ class Gpu:
     free_mib: int
 
 
-def snapshot():
+def snapshot() -> tuple[Hardware, tuple[Gpu, ...]]:
     """(Hardware, tuple of Gpu) now. Takes milliseconds; callers cache it."""
     ram = psutil.virtual_memory()
     ram_total, ram_free = ram.total // MIB, ram.available // MIB
@@ -53,7 +55,7 @@ def snapshot():
     return Hardware(gpus[0].backend, _clip(device_label(gpus)), total, free, ram_total, ram_free, gpus=len(gpus)), gpus
 
 
-def probe():
+def probe() -> Hardware:
     """Current Hardware (GPU figures summed over the GPUs)."""
     return snapshot()[0]
 
@@ -62,34 +64,36 @@ class CachedProbe:
     """snapshot() at most once every ``ttl_s`` seconds; call for the Hardware,
     ``.gpus`` for the GPU list of the same reading."""
 
-    def __init__(self, ttl_s=5.0):
+    def __init__(self, ttl_s: float = 5.0) -> None:
         self.ttl_s = ttl_s
-        self._value, self._gpus, self._at = None, (), 0.0
+        self._value: Hardware | None = None
+        self._gpus: tuple[Gpu, ...] = ()
+        self._at = 0.0
 
-    def __call__(self):
+    def __call__(self) -> Hardware:
         now = time.monotonic()
         if self._value is None or now - self._at > self.ttl_s:
             (self._value, self._gpus), self._at = snapshot(), now
         return self._value
 
     @property
-    def gpus(self):
+    def gpus(self) -> tuple[Gpu, ...]:
         self()
         return self._gpus
 
 
-def device_label(gpus):
+def device_label(gpus: Iterable[Gpu]) -> str:
     """"NVIDIA H200" for one GPU or several of one model, else the names joined by " + "."""
     names = list(dict.fromkeys(g.name for g in gpus))
     return names[0] if len(names) == 1 else " + ".join(names)
 
 
-def gpu_offload():
+def gpu_offload() -> bool:
     """True when this llama.cpp build can put layers on a GPU of this machine."""
     return bool(_listed())
 
 
-def gpu_devices():
+def gpu_devices() -> list[Gpu]:
     """The GPUs llama.cpp uses, as Gpu, in its order, with free memory now; []
     when it sees none. Remote (RPC) devices are other machines' and are left out."""
     listed = _listed()
@@ -106,10 +110,10 @@ def gpu_devices():
     return out
 
 
-_devices = None
+_devices: list[Device] | None = None
 
 
-def _listed():
+def _listed() -> list[Device]:
     """The GPU devices llama.cpp lists, asked once per process (engine.list_devices)."""
     global _devices
     if _devices is None:
@@ -117,7 +121,7 @@ def _listed():
     return _devices
 
 
-def nvidia_smi_gpus():
+def nvidia_smi_gpus() -> list[tuple[str, int, int]]:
     """[(name, total MiB, free MiB)] for each GPU nvidia-smi lists; [] without it."""
     if shutil.which("nvidia-smi") is None:
         return []
@@ -131,7 +135,8 @@ def nvidia_smi_gpus():
         return []
 
 
-def unused_gpu_warning(smi_gpus=None, offload=None, devices=None, nvcc=None):
+def unused_gpu_warning(smi_gpus: Sequence[tuple[str, int, int]] | None = None, offload: bool | None = None,
+                       devices: Sequence[Gpu] | None = None, nvcc: bool | None = None) -> str | None:
     """A warning when the machine has NVIDIA GPUs that llama.cpp does not use
     (with the command that fixes it), else None. Arguments default to the
     live readings."""
@@ -148,19 +153,19 @@ def unused_gpu_warning(smi_gpus=None, offload=None, devices=None, nvcc=None):
         why = ("llama.cpp sees none of them (driver and CUDA runtime disagree, or CUDA_VISIBLE_DEVICES hides them), "
                "so this tower runs models on the CPU and announces backend cpu. Check `nvidia-smi` and the driver.")
         return head + why
-    nvcc = (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")) if nvcc is None else nvcc
+    nvcc = bool(shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")) if nvcc is None else nvcc
     fix = f"`{CUDA_FIX}` in the reticulum_grid checkout" + (
         "" if nvcc else " after installing the CUDA toolkit (nvcc not found)")
     return head + ("llama.cpp was built without CUDA, so this tower runs models on the CPU and announces "
                    f"backend cpu. Fix: {fix}, then restart the tower.")
 
 
-def cpu_label():
+def cpu_label() -> str:
     """This machine's CPU model, clipped to what caps carry."""
     return _clip(cpu_name())
 
 
-def cpu_name():
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -171,6 +176,6 @@ def cpu_name():
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _clip(text):
+def _clip(text: str) -> str:
     data = " ".join(text.split()).encode("utf-8")[:DEVICE_MAX_BYTES]
     return data.decode("utf-8", "ignore")

@@ -15,7 +15,7 @@ class IdentityError(RuntimeError):
     pass
 
 
-def load_or_create(path):
+def load_or_create(path: str | os.PathLike[str]) -> RNS.Identity:
     """Load the identity at ``path``, or create it (mode 0600) when absent.
 
     Raises IdentityError when the file exists but cannot be read as an

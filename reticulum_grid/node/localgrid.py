@@ -16,17 +16,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any, Self
 
 from reticulum_grid.node import config, identity, trust
 
 #: Towers this process started as trusted ({identity hash hex: name}), and the
 #: client homes that trust every one of them as they start.
-_started = {}
-_trusting = []
+_started: dict[str, str] = {}
+_trusting: list[Path] = []
 
 
-def trust_local_towers(home, follow=True):
+def trust_local_towers(home: str | os.PathLike[str], follow: bool = True) -> None:
     """Make the client at ``home`` trust every tower this process started (with
     ``trusted=True``) and, with ``follow``, every one it starts from now on.
     Entries take the towers' announced names (two test towers may share one)."""
@@ -37,14 +39,14 @@ def trust_local_towers(home, follow=True):
         trust.add_many(path, {h: "" for h in _started})
 
 
-def free_port():
+def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_port(port, timeout):
+def wait_port(port: int, timeout: float) -> bool:
     """True once 127.0.0.1:port accepts connections (bounded by ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,22 +61,22 @@ def wait_port(port, timeout):
 class LocalProcess:
     """A child process with its own directory, log file and loopback port."""
 
-    def __init__(self, directory, name, port):
+    def __init__(self, directory: str | os.PathLike[str], name: str, port: int | None) -> None:
         self.dir = Path(directory)
         self.name = name
         self.port = port
         self.log_path = self.dir / f"{name}.log"
-        self.proc = None
-        self._log = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     @property
-    def address(self):
+    def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def argv(self):
+    def argv(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self, timeout=60.0):
+    def start(self, timeout: float = 60.0) -> Self:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -84,7 +86,7 @@ class LocalProcess:
             raise RuntimeError(f"{self.name} did not listen within {timeout:.0f} s; see {self.log_path}")
         return self
 
-    def stop(self, timeout=15.0):
+    def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
@@ -94,18 +96,18 @@ class LocalProcess:
                 self.kill()
         self._close_log()
 
-    def kill(self):
+    def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
         self._close_log()
 
-    def _close_log(self):
+    def _close_log(self) -> None:
         if self._log:
             self._log.close()
             self._log = None
 
-    def log(self):
+    def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
@@ -113,11 +115,11 @@ class TransportProcess(LocalProcess):
     """An RNS transport node (``rngrid transport``) listening on a free loopback
     port and connecting to ``connect`` ("host:port" list)."""
 
-    def __init__(self, root, name, connect=()):
+    def __init__(self, root: str | os.PathLike[str], name: str, connect: Iterable[str] = ()) -> None:
         super().__init__(Path(root) / name, name, free_port())
         self.connect = list(connect)
 
-    def argv(self):
+    def argv(self) -> list[str]:
         return [sys.executable, "-m", "reticulum_grid", "transport", "--config-dir", str(self.dir), "--listen",
                 self.address] + [arg for c in self.connect for arg in ("--connect", c)]
 
@@ -129,7 +131,9 @@ class TowerProcess(LocalProcess):
     ``sections``: extra config tables (e.g. announce={"floor_s": 1});
     ``trusted``: the clients of trust_local_towers trust it once it starts."""
 
-    def __init__(self, root, name, models, allow=None, connect=(), listen=True, threads=1, trusted=True, **sections):
+    def __init__(self, root: str | os.PathLike[str], name: str, models: Mapping[str, Any],
+                 allow: Mapping[str, Sequence[str]] | None = None, connect: Iterable[str] = (), listen: bool = True,
+                 threads: int = 1, trusted: bool = True, **sections: Any) -> None:
         super().__init__(Path(root) / name, name, free_port() if listen else None)
         self.trusted = trusted
         self.config_path = self.dir / "tower.toml"
@@ -140,15 +144,15 @@ class TowerProcess(LocalProcess):
                            connect=connect, allow=allow, threads=threads, **sections)
 
     @property
-    def identity_hash(self):
+    def identity_hash(self) -> str:
         """The tower's identity hash (hex; its identity file is created if missing)."""
         return identity.load_or_create(self.dir / "identity").hash.hex()
 
-    def trust_line(self):
+    def trust_line(self) -> str:
         """The command a client runs to trust this tower."""
         return f"rngrid trust {self.identity_hash} --name {self.name}"
 
-    def start(self, timeout=60.0):
+    def start(self, timeout: float = 60.0) -> Self:
         if self.trusted:
             try:
                 _started[self.identity_hash] = self.name
@@ -160,5 +164,5 @@ class TowerProcess(LocalProcess):
                         trust.add_many(path, {self.identity_hash: ""})
         return super().start(timeout)
 
-    def argv(self):
+    def argv(self) -> list[str]:
         return [sys.executable, "-m", "reticulum_grid", "-v", "tower", "--config", str(self.config_path)]

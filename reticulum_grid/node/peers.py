@@ -9,23 +9,25 @@ process's sockets from /proc, or the platform's equivalent).
 """
 
 import ipaddress
+import socket
+from collections.abc import Iterable
 
 import psutil
 
 
-def same_address(a, b):
+def same_address(a: str, b: str) -> bool:
     """True when IP addresses ``a`` and ``b`` (text) are one: an IPv6 socket
     shows an IPv4 peer as ``::ffff:a.b.c.d`` (torch's TCPStore client does)."""
     return plain_ip(a) == plain_ip(b)
 
 
-def plain_ip(text):
+def plain_ip(text: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """``text`` as an ipaddress object, an IPv4-mapped IPv6 address as its IPv4 one. Raises ValueError."""
     address = ipaddress.ip_address(str(text).split("%")[0])
     return getattr(address, "ipv4_mapped", None) or address
 
 
-def owned_by(sock, pids):
+def owned_by(sock: socket.socket, pids: Iterable[int]) -> bool:
     """True when the connection ``sock`` (accepted on 127.0.0.1) was made from
     a socket that one of ``pids`` (process ids), or a child of one, holds.
     A process gone, not ours to inspect, or not a process id counts as not owning it."""
@@ -44,8 +46,8 @@ def owned_by(sock, pids):
     return False
 
 
-def _with_children(pids):
-    out = []
+def _with_children(pids: Iterable[int]) -> list[psutil.Process]:
+    out: list[psutil.Process] = []
     for pid in pids:
         try:
             process = psutil.Process(pid)

@@ -17,7 +17,9 @@ them hears no announce and cannot open a Link.
 import logging
 import os
 import signal
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import RNS
 
@@ -28,7 +30,8 @@ from reticulum_grid.node.config import ConfigError, parse_hostport
 rns_log = logging.getLogger("rngrid.rns")
 
 
-def config_text(listen="", connect=(), transport=False, bitrate=0, network_name="", passphrase=""):
+def config_text(listen: str = "", connect: Iterable[str] = (), transport: bool = False, bitrate: float = 0,
+                network_name: str = "", passphrase: str = "") -> str:
     """RNS config text: a TCP server on ``listen`` ("host:port" or ""), a TCP
     client per ``connect`` entry, no AutoInterface, no shared instance.
     ``network_name`` / ``passphrase`` (either may be ""): the interfaces' IFAC
@@ -61,7 +64,7 @@ def config_text(listen="", connect=(), transport=False, bitrate=0, network_name=
     return "\n".join(lines) + "\n"
 
 
-def ifac_lines(network_name="", passphrase=""):
+def ifac_lines(network_name: str = "", passphrase: str = "") -> list[str]:
     """An interface's IFAC options (``network_name``, ``passphrase``) as RNS
     config lines, quoted as RNS's ConfigObj reads them. Raises ConfigError."""
     from RNS.vendor.configobj import ConfigObj
@@ -78,7 +81,7 @@ def ifac_lines(network_name="", passphrase=""):
         raise ConfigError(f"network name or passphrase cannot be written to an RNS config: {e}") from None
 
 
-def check_listen(listen):
+def check_listen(listen: str) -> None:
     """Raise OSError when nothing may listen on ``listen`` ("host:port"), e.g. a
     tower already runs there; RNS itself would only log it and exit."""
     import socket
@@ -93,19 +96,19 @@ def check_listen(listen):
 
 
 
-def on_radio():
+def on_radio() -> bool:
     """True when any running RNS interface is radio-class (see RADIO_BPS): a
     real RNode, or an interface configured with a low ``bitrate``."""
     return any(0 < (getattr(i, "bitrate", 0) or 0) <= RADIO_BPS for i in RNS.Transport.interfaces)
 
 
-def offline_peers():
+def offline_peers() -> list[str]:
     """"host:port" of the TCP client interfaces that are not connected."""
     return [f"{i.target_ip}:{i.target_port}" for i in RNS.Transport.interfaces
             if hasattr(i, "target_ip") and not i.online]
 
 
-def write_config(directory, **kwargs):
+def write_config(directory: str | os.PathLike[str], **kwargs: Any) -> Path:
     """Write ``directory/config`` (see config_text; readable by this user only:
     it may hold the passphrase) and return the directory."""
     directory = Path(directory)
@@ -118,7 +121,7 @@ def write_config(directory, **kwargs):
     return directory
 
 
-def start(configdir):
+def start(configdir: str | os.PathLike[str]) -> RNS.Reticulum:
     """Start this process's RNS instance from ``configdir`` (which must hold a
     config), with the 0.9.4 race fixes applied and RNS logs sent to logging.
 
@@ -136,7 +139,7 @@ def start(configdir):
     return reticulum
 
 
-def stop():
+def stop() -> None:
     """Save RNS's tables and detach its interfaces (RNS otherwise does this at
     process exit, which is too late when its config dir is temporary)."""
     RNS.Reticulum.exit_handler()
@@ -150,7 +153,7 @@ ROUTINE = ("No interfaces could process the outbound packet",
            "could not be established", "Leaving unconnected and retrying")
 
 
-def _log(line):
+def _log(line: str) -> None:
     # RNS hands us formatted lines; its level is only in the text.
     if any(text in line for text in ROUTINE):
         rns_log.info(line)

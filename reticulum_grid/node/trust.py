@@ -22,7 +22,9 @@ Bad values raise ConfigError naming the key.
 """
 
 import logging
+import os
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import RNS
 import tomlkit
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
+from announce.caps import Caps
 from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, write_toml
 
 log = logging.getLogger("rngrid.trust")
@@ -40,24 +43,24 @@ TABLE = "trust"
 @dataclass(frozen=True)
 class Trust:
     """``towers``: {identity hash hex: name ("" = the announced one)}; ``any``: use untrusted towers too."""
-    towers: dict = field(default_factory=dict)
+    towers: dict[str, str] = field(default_factory=dict)
     any: bool = False
 
-    def destinations(self):
+    def destinations(self) -> dict[bytes, str]:
         """{tower destination hash (16 bytes): name} for the trusted identities."""
         return {tower_destination(h): name for h, name in self.towers.items()}
 
-    def lxmf_sources(self):
+    def lxmf_sources(self) -> dict[str, str]:
         """{LXMF delivery hash hex: name} of the trusted towers (the sender of their job notifications)."""
         return {RNS.Destination.hash(bytes.fromhex(h), "lxmf", "delivery").hex(): name for h, name in self.towers.items()}
 
 
-def tower_destination(identity_hash_hex):
+def tower_destination(identity_hash_hex: str) -> bytes:
     """The destination hash (16 bytes) a tower with this identity hash serves on."""
     return RNS.Destination.hash(bytes.fromhex(identity_hash_hex), APP_NAME, TOWER_ASPECT)
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Trust:
     """The ``[trust]`` table of the client config at ``path`` (a missing file trusts nothing)."""
     path = Path(path)
     table = read_toml(path).get(TABLE, {}) if path.exists() else {}
@@ -66,7 +69,7 @@ def load(path):
     any_tower = table.get("any", False)
     if not isinstance(any_tower, bool):
         raise ConfigError(f"{TABLE}.any must be true or false")
-    towers = {}
+    towers: dict[str, str] = {}
     for key, name in table.items():
         if key == "any":
             continue
@@ -76,7 +79,7 @@ def load(path):
     return Trust(towers, any_tower)
 
 
-def check_name(name):
+def check_name(name: str) -> str:
     """``name`` if it may name a tower here: 1..32 bytes of printable text, not a hash. Raises ConfigError."""
     if not name or len(name.encode()) > NAME_MAX_BYTES:
         raise ConfigError(f"a tower name is 1..{NAME_MAX_BYTES} bytes, got {name!r}")
@@ -87,20 +90,20 @@ def check_name(name):
     return name
 
 
-def add(path, identity_hash, name=None):
+def add(path: str | os.PathLike[str], identity_hash: str, name: str | None = None) -> str:
     """Trust the tower with ``identity_hash``, called ``name`` (None or "": the
     name it announces). Returns the entry's name. Raises ConfigError when the
     name is another trusted tower's."""
     return add_many(path, {identity_hash: name})[identity_hex(identity_hash)]
 
 
-def add_many(path, towers):
+def add_many(path: str | os.PathLike[str], towers: Mapping[str, str | None]) -> dict[str, str]:
     """Trust every tower of ``towers`` ({identity hash: name or None}) in one
     write of the client config at ``path``. Returns {identity hex: name}."""
     path = Path(path)
     doc = tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
     table = doc.setdefault(TABLE, tomlkit.table())
-    added = {}
+    added: dict[str, str] = {}
     for identity_hash, name in towers.items():
         identity_hash, name = identity_hex(identity_hash), check_name(name) if name else ""
         taken = [k for k, v in table.items() if k != "any" and v == name and k != identity_hash]
@@ -112,7 +115,7 @@ def add_many(path, towers):
     return added
 
 
-def remove(path, identity_hash):
+def remove(path: str | os.PathLike[str], identity_hash: str) -> bool:
     """Stop trusting a tower. Returns True if it was trusted."""
     identity_hash = identity_hex(identity_hash)
     path = Path(path)
@@ -133,14 +136,14 @@ class LiveTrust:
     parsing keeps the last good table (and logs why). Vets tower table
     entries (announce.table.TowerTable's ``vet``)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = Path(path)
         self._mtime = self._stat()
         self._trust = load(self._path)
         self._destinations = self._trust.destinations()
         self._warned = False
 
-    def _stat(self):
+    def _stat(self) -> tuple[int, int, int, int] | None:
         # The file is replaced on every write (a new inode; its size grows with
         # each entry): two writes within one tick of the file system's clock
         # still differ.
@@ -151,7 +154,7 @@ class LiveTrust:
         return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
     @property
-    def version(self):
+    def version(self) -> tuple[int, int, int, int] | None:
         """Changes whenever the table does (re-reading the file if it changed)."""
         mtime = self._stat()
         if mtime != self._mtime:
@@ -164,11 +167,11 @@ class LiveTrust:
         return self._mtime
 
     @property
-    def trust(self):
+    def trust(self) -> Trust:
         self.version  # noqa: B018 (re-reads a changed file)
         return self._trust
 
-    def __call__(self, destination_hash, caps):
+    def __call__(self, destination_hash: bytes, caps: Caps) -> tuple[Caps, bool] | None:
         """(caps named as the trust entry says, trusted?) for an announce or
         caps/full of ``destination_hash``; None for a tower not to be used."""
         name = self._destinations.get(destination_hash)

@@ -20,7 +20,7 @@ class VoiceConfig:
     voice: str = "en-us"
 
 
-def parse_voice(alias, spec, base):
+def parse_voice(alias: str, spec: object, base: Path) -> VoiceConfig:
     """A VoiceConfig from the [voice.ALIAS] table ``spec`` (paths relative to ``base``). Raises ConfigError."""
     from reticulum_grid.node.config import ConfigError, _bounded, _get  # config imports this module
     where = f"voice.{alias}"

@@ -18,16 +18,21 @@ when this tower has a data-plane address and was given one).
 
 import ipaddress
 import secrets
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from links.wire import Code, WireError
 from reticulum_grid.node.dataplane import Forwarder, Front
+
+if TYPE_CHECKING:
+    from reticulum_grid.split.tunnel import TunnelListener
 
 #: What an RPC front says first (node/dataplane.py's challenge).
 GREETING = b"rngrid-rpc/1 "
 SECRET_BYTES = 32
 
 
-def offer(own_address, coordinator_address, rpc_port):
+def offer(own_address: str, coordinator_address: str, rpc_port: int) -> tuple[Front, dict[str, Any]]:
     """(Front, its reply map) for a coordinator at ``coordinator_address``, on
     this tower's ``own_address``, relaying to 127.0.0.1:``rpc_port``. Raises
     WireError(bad_request) for an address that is no IP."""
@@ -40,7 +45,7 @@ def offer(own_address, coordinator_address, rpc_port):
     return front, {"host": own_address, "port": front.port, "secret": secret}
 
 
-def forwarder(reply, owners):
+def forwarder(reply: dict[str, Any], owners: Callable[[], Iterable[int]]) -> Forwarder | None:
     """A Forwarder to the front a worker's ``split/tunnel`` reply names, for
     ``owners()``'s processes; None when the reply names none. Raises
     WireError(bad_request) for a reply that does not hold together."""
@@ -57,7 +62,7 @@ def forwarder(reply, owners):
     return Forwarder(host, port, secret, GREETING, owners, timeout_s=15.0)
 
 
-def moved(listener):
+def moved(listener: "Forwarder | TunnelListener") -> int:
     """Bytes a tunnel listener or a forwarder carried so far."""
     if isinstance(listener, Forwarder):
         return listener.moved.value

@@ -18,6 +18,10 @@ slower than not splitting; bench/split.py measures the real ones.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # plan.py refers to this module's Estimate
+    from reticulum_grid.split.plan import Plan
 
 #: Round trips per generated token per remote stage (see the module doc).
 ROUND_TRIPS_PER_STAGE = 2.4
@@ -39,12 +43,12 @@ class Estimate:
     added_ttft_s: float
     where: str
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         return {"tokens_per_s": round(self.tokens_per_s, 2), "added_ttft_s": round(self.added_ttft_s, 3),
                 "where": self.where}
 
 
-def bandwidth(backend, tokens_per_s=0.0, model_bytes=0):
+def bandwidth(backend: str, tokens_per_s: float = 0.0, model_bytes: int = 0) -> float:
     """Bytes/s a tower reads weights at: its tokens/s on a model of
     ``model_bytes``, else its backend's prior; clamped to what machines do."""
     measured = tokens_per_s * model_bytes if tokens_per_s > 0 and model_bytes > 0 else 0.0
@@ -52,12 +56,13 @@ def bandwidth(backend, tokens_per_s=0.0, model_bytes=0):
     return min(max(value, MIN_BANDWIDTH), MAX_BANDWIDTH)
 
 
-def whole(model_bytes, tower_bandwidth, name):
+def whole(model_bytes: int, tower_bandwidth: float, name: str) -> Estimate:
     """The Estimate for the model on one tower."""
     return Estimate(tower_bandwidth / max(model_bytes, 1), 0.0, name)
 
 
-def split(placement, model_bytes, bandwidths, rtts, embedding, rates=None, prompt_tokens=PROMPT_TOKENS):
+def split(placement: "Plan", model_bytes: int, bandwidths: dict[bytes, float], rtts: dict[bytes, float],
+          embedding: int, rates: dict[bytes, float] | None = None, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
     """The Estimate for ``placement`` (a plan.Plan). ``bandwidths``: {tower key:
     bytes/s}; ``rtts``: {worker key: seconds between the coordinator and it};
     ``embedding``: the model's width; ``rates``: {worker key: bytes/s of its

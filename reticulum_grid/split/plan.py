@@ -12,7 +12,12 @@ per token) never cross the network. Workers hold the first layers, in order.
 """
 
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # estimate.py reads Plans
+    from reticulum_grid.split.estimate import Estimate
 
 #: Spare memory a plan keeps over the model's need (fraction).
 HEADROOM = 0.10
@@ -51,7 +56,7 @@ class Part:
     mib: int
 
     @property
-    def layers(self):
+    def layers(self) -> int:
         return self.end - self.first
 
 
@@ -60,21 +65,21 @@ class Plan:
     """``workers`` hold the first layers in order; ``coordinator`` the rest and
     the output layer. ``reasons``: why, in words."""
     coordinator: Part
-    workers: tuple = ()
+    workers: tuple[Part, ...] = ()
     need_mib: int = 0
     n_layers: int = 0
-    reasons: tuple = field(default=(), compare=False)
-    estimate: object = field(default=None, compare=False)  # split/estimate.py's Estimate, once made
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+    estimate: "Estimate | None" = field(default=None, compare=False)  # split/estimate.py's, once made
 
     @property
-    def parts(self):
+    def parts(self) -> tuple[Part, ...]:
         return self.workers + (self.coordinator,)
 
     @property
-    def towers(self):
+    def towers(self) -> list[str]:
         return [p.offer.name for p in self.parts]
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         """The plan as plain data (for --json and for the coordinator)."""
         return {"need_mib": self.need_mib, "n_layers": self.n_layers, "reasons": list(self.reasons),
                 **({"estimate": self.estimate.to_map()} if self.estimate is not None else {}),
@@ -83,11 +88,11 @@ class Plan:
                           for p in self.parts]}
 
 
-def _preference(offer):
+def _preference(offer: Offer) -> tuple[bool, int, float, float, int, str]:
     return (offer.training, offer.hops, round(offer.rtt_s, 3), -offer.tokens_per_s, -offer.lend_mib, offer.name)
 
 
-def plan(offers, need_mib, n_layers, headroom=HEADROOM):
+def plan(offers: Iterable[Offer], need_mib: int, n_layers: int, headroom: float = HEADROOM) -> Plan:
     """The placement for a model needing ``need_mib`` MiB with ``n_layers``
     repeating layers. Raises PlanError when the offers cannot hold it."""
     if n_layers < 1 or need_mib < 1:
@@ -107,12 +112,13 @@ def plan(offers, need_mib, n_layers, headroom=HEADROOM):
                     f"offer {have} MiB together")
 
 
-def _layout(chosen, need_mib, n_layers, wanted, considered):
+def _layout(chosen: Sequence[Offer], need_mib: int, n_layers: int, wanted: int, considered: int) -> Plan:
     coordinator = max(chosen, key=lambda o: (o.lend_mib, o.has_model, not o.training, -o.hops))
     workers = [o for o in chosen if o is not coordinator]
     order = workers + [coordinator]
     counts = _proportional([o.lend_mib for o in order], n_layers)
-    parts, first = [], 0
+    parts: list[Part] = []
+    first = 0
     for offer, count in zip(order, counts):
         parts.append(Part(offer, first, first + count, -(-need_mib * count // n_layers)))
         first += count
@@ -125,7 +131,7 @@ def _layout(chosen, need_mib, n_layers, wanted, considered):
     return Plan(parts[-1], tuple(parts[:-1]), need_mib, n_layers, tuple(reasons))
 
 
-def _proportional(weights, total):
+def _proportional(weights: Sequence[int], total: int) -> list[int]:
     """Integers summing to ``total``, proportional to ``weights``, each >= 1
     (largest remainder)."""
     scale = sum(weights)

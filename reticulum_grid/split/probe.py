@@ -14,6 +14,9 @@ seconds), where it did.
 
 import threading
 import time
+from collections.abc import Iterable
+
+import RNS
 
 from links.wire import WireError
 from reticulum_grid.node.connection import TowerConnection
@@ -27,23 +30,25 @@ PING_TIMEOUT_S = 10.0
 class LinkProbe:
     """RTTs from this tower (``identity``) to others, measured on demand, cached."""
 
-    def __init__(self, identity):
+    def __init__(self, identity: RNS.Identity) -> None:
         self.identity = identity
-        self.rates = {}  # destination hash -> bytes/s seen while loading a split model
-        self._rtts = {}  # destination hash -> (monotonic time, seconds)
-        self._busy = set()
-        self._connections = {}
+        self.rates: dict[bytes, float] = {}  # destination hash -> bytes/s seen while loading a split model
+        self._rtts: dict[bytes, tuple[float, float]] = {}  # destination hash -> (monotonic time, seconds)
+        self._busy: set[bytes] = set()
+        self._connections: dict[bytes, TowerConnection] = {}
         self._lock = threading.Lock()
 
-    def ask(self, destinations):
+    def ask(self, destinations: Iterable[bytes]) -> tuple[dict[bytes, float], list[bytes]]:
         """(rtts, pending) for ``destinations`` (16-byte hashes): the fresh ones
         known, and the ones whose pings were started now or run still."""
-        now, rtts, pending = time.monotonic(), {}, []
+        now = time.monotonic()
+        rtts: dict[bytes, float] = {}
+        pending: list[bytes] = []
         with self._lock:
             for key in destinations:
-                at, rtt = self._rtts.get(key, (None, None))
-                if at is not None and now - at < FRESH_S:
-                    rtts[key] = rtt
+                known = self._rtts.get(key)
+                if known is not None and now - known[0] < FRESH_S:
+                    rtts[key] = known[1]
                     continue
                 pending.append(key)
                 if key not in self._busy:
@@ -51,17 +56,16 @@ class LinkProbe:
                     threading.Thread(target=self._measure, args=(key,), name="rngrid-probe", daemon=True).start()
         return rtts, pending
 
-    def _measure(self, key):
+    def _measure(self, key: bytes) -> None:
         try:
             conn = self._connections.get(key)
             if conn is None:
                 conn = self._connections[key] = TowerConnection(self.identity, key, f"tower {key.hex()[:8]}")
-            best = None
+            best = float("inf")
             for _ in range(PINGS):
                 sent = time.monotonic()
                 conn.request("ping", {}, PING_TIMEOUT_S, link_timeout=PING_TIMEOUT_S)
-                rtt = time.monotonic() - sent
-                best = rtt if best is None else min(best, rtt)
+                best = min(best, time.monotonic() - sent)
             with self._lock:
                 self._rtts[key] = (time.monotonic(), best)
         except WireError:
@@ -70,11 +74,11 @@ class LinkProbe:
             with self._lock:
                 self._busy.discard(key)
 
-    def record_rate(self, key, moved_bytes, seconds):
+    def record_rate(self, key: bytes, moved_bytes: int, seconds: float) -> None:
         """What crossed to worker ``key`` while a split model loaded (bytes, seconds)."""
         if moved_bytes > 0 and seconds > 0:
             self.rates[key] = moved_bytes / seconds
 
-    def close(self):
+    def close(self) -> None:
         for conn in self._connections.values():
             conn.close()

@@ -21,8 +21,11 @@ What such a peer can still do is bounded by the process it talks to:
 
 import logging
 import resource
+import os
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from reticulum_grid.node import childguard, engine
 from reticulum_grid.node.localgrid import free_port, wait_port
@@ -48,25 +51,26 @@ class RpcWorker:
     died) and returns its "127.0.0.1:port"; ``lend_mib()`` gives the memory
     cap (MiB) of the next start, None for none."""
 
-    def __init__(self, log_path, threads=0, lend_mib=lambda: None):
+    def __init__(self, log_path: str | os.PathLike[str], threads: int = 0,
+                 lend_mib: Callable[[], int | None] = lambda: None) -> None:
         self.log_path = log_path
         self.threads = threads
         self.lend_mib = lend_mib
-        self.guard = None
-        self.port = None
+        self.guard: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
         self.deaths = 0
         self._started = 0.0
         self._died = 0.0
         self._lock = threading.Lock()
 
-    def endpoint(self):
+    def endpoint(self) -> str:
         """Raises RpcUnavailable when the server does not come up, or is in its backoff."""
         with self._lock:
             if self.guard is None or self.guard.poll() is not None:
                 self._restart()
             return f"127.0.0.1:{self.port}"
 
-    def _restart(self):
+    def _restart(self) -> None:
         if self.guard is not None:  # it died: count it, and wait out the backoff
             if self._died < self._started:
                 self._died = time.monotonic()
@@ -75,21 +79,21 @@ class RpcWorker:
             wait = min(2.0 ** (self.deaths - 1), MAX_BACKOFF_S) - (time.monotonic() - self._died)
             if wait > 0:
                 raise RpcUnavailable(f"the RPC server died {self.deaths} time(s) in a row; it restarts in {wait:.0f} s")
-        self.port = free_port()
-        argv = [engine.binary(engine.RPC_SERVER), "-H", "127.0.0.1", "-p", str(self.port)]
+        self.port = port = free_port()
+        argv = [engine.binary(engine.RPC_SERVER), "-H", "127.0.0.1", "-p", str(port)]
         if self.threads:
             argv += ["-t", str(self.threads)]
         lend = self.lend_mib()
         limits = {resource.RLIMIT_DATA: (lend + RPC_HEADROOM_MIB) << 20} if lend else None
-        self.guard = childguard.start(argv, self.log_path, env=engine.child_env(), limits=limits)
+        self.guard = guard = childguard.start(argv, self.log_path, env=engine.child_env(), limits=limits)
         self._started = time.monotonic()
-        if not wait_port(self.port, START_TIMEOUT_S):
+        if not wait_port(port, START_TIMEOUT_S):
             self.stop()
             raise RpcUnavailable(f"the RPC server did not listen within {START_TIMEOUT_S:.0f} s; see {self.log_path}")
-        log.info("RPC server listening on 127.0.0.1:%d (pid %s%s)", self.port, childguard.program_pid(self.guard),
+        log.info("RPC server listening on 127.0.0.1:%d (pid %s%s)", port, childguard.program_pid(guard),
                  f", data capped at {lend + RPC_HEADROOM_MIB} MiB" if lend else "")
 
-    def stop(self):
+    def stop(self) -> None:
         guard = self.guard
         if guard is not None:
             childguard.stop(guard)

@@ -19,10 +19,16 @@ itself: the next request builds a new plan's model.
 """
 
 import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Self
 
 from links.wire import Code, WireError
 from reticulum_grid.inference import generation
 from reticulum_grid.inference.placement import LoadError
+from reticulum_grid.inference.request import InferenceRequest
 from reticulum_grid.inference.runner import Runner, RunnerError, RunnerSpec
 from reticulum_grid.split import experts
 
@@ -39,7 +45,8 @@ LOAD_QUIET_S = 30.0
 OUTPUT_ON_CPU = r"^(output|output_norm|token_embd)\.weight$=CPU"
 
 
-def layout(counts, endpoints, coordinator_gpu, expert_mode=False, path=None):
+def layout(counts: Sequence[int], endpoints: Sequence[str], coordinator_gpu: bool, expert_mode: bool = False,
+           path: object = None) -> tuple[int, tuple[float, ...], tuple[str, ...]]:
     """(n_gpu_layers, tensor_split, overrides) for a runner holding a model
     split as ``counts`` (layers per part: workers in order, the coordinator
     last) over the RPC ``endpoints`` (one per worker)."""
@@ -60,8 +67,9 @@ class SplitModel:
     ``draft``: a small model's path for speculative decoding, run whole on
     this tower (each round trip to the workers then verifies several tokens)."""
 
-    def __init__(self, key, path, n_ctx, endpoints, counts, log_path, threads=0, experts=False, gpu="",
-                 draft="", freeze_s=FREEZE_S):
+    def __init__(self, key: object, path: str | os.PathLike[str], n_ctx: int, endpoints: Sequence[str],
+                 counts: Sequence[int], log_path: Path, threads: int = 0, experts: bool = False, gpu: str = "",
+                 draft: str = "", freeze_s: float = FREEZE_S) -> None:
         ngl, split, overrides = layout(counts, endpoints, bool(gpu), experts, path)
         self.key = key
         self.spec = RunnerSpec(str(path), n_ctx=n_ctx, parallel=1, n_gpu_layers=ngl, threads=threads,
@@ -70,7 +78,8 @@ class SplitModel:
         self.runner = Runner(self.spec, log_path, name="split", restart=False, stream_timeout_s=freeze_s)
         self.freeze_s = freeze_s
 
-    def start(self, timeout=LOAD_TIMEOUT_S, moved=None, quiet_s=LOAD_QUIET_S):
+    def start(self, timeout: float = LOAD_TIMEOUT_S, moved: Callable[[], int] | None = None,
+              quiet_s: float = LOAD_QUIET_S) -> Self:
         """Start the runner and wait for it to load. ``moved()``: bytes the
         model's tunnels carried so far; a load that moves none for ``quiet_s``
         seconds is stuck (RPC has no timeouts of its own). Raises WireError."""
@@ -86,16 +95,17 @@ class SplitModel:
         return self
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self.runner.alive
 
     @property
-    def weights_mib(self):
+    def weights_mib(self) -> dict[str, float]:
         """llama.cpp's own account: {buffer: MiB of weights} (RPC buffers are the workers')."""
         placement = self.runner.placement
         return {b: mib for (b, kind), mib in placement.buffers.items() if kind == "model"} if placement else {}
 
-    def generate(self, request, cancel, result):
+    def generate(self, request: InferenceRequest, cancel: threading.Event,
+                 result: generation.Generation) -> Iterator[generation.Piece]:
         """Yield generation.Piece, filling ``result``. Raises WireError."""
         try:
             yield from generation.generate(self.runner, request, cancel, result)
@@ -107,5 +117,5 @@ class SplitModel:
             raise WireError(Code.UNREACHABLE, f"the split model process ended ({e.message}): a shard tower "
                                               "went away") from None
 
-    def close(self):
+    def close(self) -> None:
         self.runner.close()

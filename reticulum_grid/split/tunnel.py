@@ -33,11 +33,12 @@ import logging
 import queue
 import socket
 import threading
+from collections.abc import Callable, Iterable
 
 import msgpack
 import RNS
 
-from links.channel import ProtocolError, short_str, uint, unpack_array
+from links.channel import ChannelRouter, ProtocolError, short_str, uint, unpack_array
 from reticulum_grid.node.peers import owned_by
 
 log = logging.getLogger("rngrid.split.tunnel")
@@ -53,13 +54,13 @@ MAX_TUNNELS = 16
 class TunnelOpen(RNS.MessageBase):
     MSGTYPE = 0x0401
 
-    def __init__(self, tunnel_id=0):
+    def __init__(self, tunnel_id: int = 0) -> None:
         self.tunnel_id = tunnel_id
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.tunnel_id])
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         (tunnel_id,) = unpack_array(raw, 1)
         self.tunnel_id = uint(tunnel_id, "tunnel id")
 
@@ -67,13 +68,13 @@ class TunnelOpen(RNS.MessageBase):
 class TunnelData(RNS.MessageBase):
     MSGTYPE = 0x0402
 
-    def __init__(self, tunnel_id=0, data=b""):
+    def __init__(self, tunnel_id: int = 0, data: bytes = b"") -> None:
         self.tunnel_id, self.data = tunnel_id, data
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.tunnel_id, self.data], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         tunnel_id, data = unpack_array(raw, 2)
         if not isinstance(data, bytes):
             raise ProtocolError("tunnel data is not bytes")
@@ -83,13 +84,13 @@ class TunnelData(RNS.MessageBase):
 class TunnelClose(RNS.MessageBase):
     MSGTYPE = 0x0403
 
-    def __init__(self, tunnel_id=0, reason=""):
+    def __init__(self, tunnel_id: int = 0, reason: str = "") -> None:
         self.tunnel_id, self.reason = tunnel_id, reason
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.tunnel_id, self.reason])
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         tunnel_id, reason = unpack_array(raw, 2)
         self.tunnel_id, self.reason = uint(tunnel_id, "tunnel id"), short_str(reason, "reason", 200)
 
@@ -99,14 +100,14 @@ class _Pipe:
     Channel) and a writer thread (Channel to socket, so RNS's thread never
     blocks on a socket)."""
 
-    def __init__(self, tunnels, tunnel_id, sock):
+    def __init__(self, tunnels: "Tunnels", tunnel_id: int, sock: socket.socket) -> None:
         self.tunnels, self.tunnel_id, self.sock = tunnels, tunnel_id, sock
-        self.outbox = queue.Queue()
+        self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.closed = threading.Event()
         for target in (self._read, self._write):
             threading.Thread(target=target, name=f"rngrid-tunnel-{tunnel_id}", daemon=True).start()
 
-    def _read(self):
+    def _read(self) -> None:
         limit = self.tunnels.router.payload_limit(DATA_OVERHEAD)
         try:
             while not self.closed.is_set():
@@ -121,7 +122,7 @@ class _Pipe:
             pass
         self.close("socket closed", tell_peer=True)
 
-    def _drain(self, room):
+    def _drain(self, room: int) -> bytes:
         """What else the socket already holds (up to ``room`` bytes): RPC writes
         a command in several small pieces, and every Channel message costs a
         packet and a delivery proof."""
@@ -139,7 +140,7 @@ class _Pipe:
             self.sock.setblocking(True)
         return more
 
-    def _write(self):
+    def _write(self) -> None:
         try:
             while True:
                 data = self.outbox.get()
@@ -149,7 +150,7 @@ class _Pipe:
         except OSError:
             self.close("socket write failed", tell_peer=True)
 
-    def close(self, reason, tell_peer=False):
+    def close(self, reason: str, tell_peer: bool = False) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
@@ -171,10 +172,10 @@ class Tunnels:
     local RPC server's port that a TunnelOpen connects to (None on the
     coordinator, which refuses TunnelOpen)."""
 
-    def __init__(self, router, target_port=None):
+    def __init__(self, router: ChannelRouter, target_port: int | None = None) -> None:
         self.router = router
         self.target_port = target_port
-        self.pipes = {}
+        self.pipes: dict[int, _Pipe] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
         self._lock = threading.Lock()
@@ -183,19 +184,19 @@ class Tunnels:
         router.on(TunnelData, self._data)
         router.on(TunnelClose, self._close)
 
-    def attach(self, sock):
+    def attach(self, sock: socket.socket) -> None:
         """Carry an accepted local socket over a new tunnel (coordinator end)."""
         with self._lock:
             tunnel_id, self._next_id = self._next_id, self._next_id + 1
         self.router.send(TunnelOpen(tunnel_id))
         self._add(tunnel_id, sock)
 
-    def _add(self, tunnel_id, sock):
+    def _add(self, tunnel_id: int, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # RPC is request/reply: no Nagle delay
         with self._lock:
             self.pipes[tunnel_id] = _Pipe(self, tunnel_id, sock)
 
-    def _open(self, message):
+    def _open(self, message: TunnelOpen) -> None:
         if self.target_port is None or message.tunnel_id in self.pipes or len(self.pipes) >= MAX_TUNNELS:
             self.router.send(TunnelClose(message.tunnel_id, "refused"))
             return
@@ -208,23 +209,23 @@ class Tunnels:
         log.info("tunnel %d open to the RPC server on port %d", message.tunnel_id, self.target_port)
         self._add(message.tunnel_id, sock)
 
-    def _data(self, message):
+    def _data(self, message: TunnelData) -> None:
         pipe = self.pipes.get(message.tunnel_id)
         if pipe is not None:
             self.received_bytes += len(message.data)
             pipe.outbox.put(message.data)
 
-    def _close(self, message):
+    def _close(self, message: TunnelClose) -> None:
         pipe = self.pipes.get(message.tunnel_id)
         if pipe is not None:
             log.info("tunnel %d closed by the peer: %s", message.tunnel_id, message.reason)
             pipe.close(message.reason)
 
-    def forget(self, tunnel_id):
+    def forget(self, tunnel_id: int) -> None:
         with self._lock:
             self.pipes.pop(tunnel_id, None)
 
-    def close_all(self, reason="link closed"):
+    def close_all(self, reason: str = "link closed") -> None:
         for pipe in list(self.pipes.values()):
             pipe.close(reason)
 
@@ -236,7 +237,7 @@ class TunnelListener:
     connections (theirs or their children's) are accepted; others are closed
     and counted in ``refused``."""
 
-    def __init__(self, tunnels, owners):
+    def __init__(self, tunnels: Tunnels, owners: Callable[[], Iterable[int]]) -> None:
         self.tunnels = tunnels
         self.owners = owners
         self.refused = 0
@@ -247,7 +248,7 @@ class TunnelListener:
         threading.Thread(target=self._accept, name="rngrid-tunnel-accept", daemon=True).start()
         threading.Thread(target=self._watch, name="rngrid-tunnel-watch", daemon=True).start()
 
-    def _watch(self):
+    def _watch(self) -> None:
         # rns 0.9.4 keeps a Link whose peer vanished open for minutes; closing
         # the sockets at once makes the RPC client (in its own process) fail fast.
         while not self._stopped.wait(LINK_POLL_S):
@@ -255,7 +256,7 @@ class TunnelListener:
                 self.tunnels.close_all("the link to the worker tower is gone")
                 return
 
-    def _accept(self):
+    def _accept(self) -> None:
         while not self._stopped.is_set():
             try:
                 sock, _ = self.server.accept()
@@ -271,7 +272,7 @@ class TunnelListener:
                 continue
             self.tunnels.attach(sock)
 
-    def close(self):
+    def close(self) -> None:
         self._stopped.set()
         self.server.close()
         self.tunnels.close_all("coordinator closed the tunnel")

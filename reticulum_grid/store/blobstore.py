@@ -17,12 +17,14 @@ registered in place (a tower's configured GGUFs); their chunks are verified
 again when served because the file is outside our control.
 """
 
+import builtins
 import json
 import os
 import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import blake3
 
@@ -37,28 +39,28 @@ class BlobInfo:
     blob_id: bytes
     size: int
     kind: str
-    aliases: list = field(default_factory=list)
-    path: Path = None
+    aliases: list[str] = field(default_factory=list)
+    path: Path | None = None
     external: bool = False
 
     @property
-    def hex(self):
+    def hex(self) -> str:
         return self.blob_id.hex()
 
 
 class BlobStore:
-    def __init__(self, root):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         (self.root / "objects").mkdir(parents=True, exist_ok=True)
         (self.root / "partial").mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._index_path = self.root / "index.json"
         self._index = self._load_index()
-        self._manifests = {}
-        self._receiving = {}
+        self._manifests: dict[bytes, mf.Manifest] = {}
+        self._receiving: dict[bytes, Partial] = {}
 
     # -- index ------------------------------------------------------------
-    def _load_index(self):
+    def _load_index(self) -> dict[str, Any]:
         try:
             data = json.loads(self._index_path.read_text())
         except FileNotFoundError:
@@ -68,24 +70,25 @@ class BlobStore:
         data.setdefault("kinds", {})
         return data
 
-    def _save_index(self):
+    def _save_index(self) -> None:
         tmp = self._index_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._index, indent=1, sort_keys=True))
         os.replace(tmp, self._index_path)
 
-    def reload(self):
+    def reload(self) -> None:
         """Re-read the index (another process, e.g. `rngrid models add`, changed it)."""
         with self._lock:
             self._index = self._load_index()
 
-    def index_mtime(self):
+    def index_mtime(self) -> int | None:
         try:
             return self._index_path.stat().st_mtime_ns
         except FileNotFoundError:
             return None
 
     # -- adding -----------------------------------------------------------
-    def add_file(self, path, alias=None, kind="file", copy=False):
+    def add_file(self, path: str | os.PathLike[str], alias: str | None = None, kind: str = "file",
+                 copy: bool = False) -> BlobInfo:
         """Register a file as a blob. ``copy`` puts a copy in the store; otherwise
         the file is referenced in place (re-hashed only when its size or mtime
         changes). Returns BlobInfo."""
@@ -112,15 +115,17 @@ class BlobStore:
             self._save_index()
         if alias:
             self.set_alias(alias, blob_id, kind)
-        return self.info(blob_id)
+        info = self.info(blob_id)
+        assert info is not None  # registered just now
+        return info
 
-    def _cached_external(self, path, stat):
+    def _cached_external(self, path: Path, stat: os.stat_result) -> str | None:
         for blob_hex, ext in self._index["external"].items():
             if ext["path"] == str(path) and ext["size"] == stat.st_size and ext["mtime_ns"] == stat.st_mtime_ns:
                 return blob_hex
         return None
 
-    def _copy_in(self, path, blob_id):
+    def _copy_in(self, path: Path, blob_id: bytes) -> None:
         target = self._object_dir(blob_id) / "data"
         if target.exists():
             return
@@ -130,19 +135,19 @@ class BlobStore:
         os.replace(tmp, target)
         self._index["external"].pop(blob_id.hex(), None)
 
-    def check_alias_kind(self, alias, kind):
+    def check_alias_kind(self, alias: str, kind: str) -> None:
         """Raise WireError(bad_request) if ``alias`` already names a blob of another kind."""
         check_alias(alias)
         with self._lock:
             self._refuse_kind_change(alias, kind)
 
-    def _refuse_kind_change(self, alias, kind):
+    def _refuse_kind_change(self, alias: str, kind: str) -> None:
         current = self._index["aliases"].get(alias)
         named = self._index["kinds"].get(current, "file")
         if current is not None and named != kind:
             raise WireError(Code.BAD_REQUEST, f"alias {alias!r} names a {named} here; choose another alias")
 
-    def set_alias(self, alias, blob_id, kind=None):
+    def set_alias(self, alias: str, blob_id: bytes, kind: str | None = None) -> None:
         """Point ``alias`` at ``blob_id``. An alias may move to another blob of
         the same kind (a new version) but never to another kind, and a blob
         keeps the kind it was first stored as. Raises WireError(bad_request)."""
@@ -157,7 +162,7 @@ class BlobStore:
             kinds[blob_id.hex()] = kind
             self._save_index()
 
-    def remove(self, name):
+    def remove(self, name: str) -> builtins.list[bytes]:
         """Forget ``name``: an alias loses its name, and a blob left without
         aliases (or named by its id) is deleted (a file referenced in place is
         only forgotten, never deleted). Returns the blob ids deleted. Raises
@@ -180,14 +185,14 @@ class BlobStore:
             self._save_index()
         return [blob_id] if gone else []
 
-    def set_kind_if_new(self, blob_id, kind):
+    def set_kind_if_new(self, blob_id: bytes, kind: str) -> None:
         with self._lock:
             if kind in KINDS and blob_id.hex() not in self._index["kinds"]:
                 self._index["kinds"][blob_id.hex()] = kind
                 self._save_index()
 
     # -- lookup -----------------------------------------------------------
-    def resolve(self, name):
+    def resolve(self, name: str) -> bytes:
         """Blob id for an alias, a full hex id or a unique hex prefix (>= 8).
         Raises WireError(unknown_blob)."""
         with self._lock:
@@ -200,22 +205,22 @@ class BlobStore:
                     return bytes.fromhex(matches[0])
         raise WireError(Code.UNKNOWN_BLOB, f"no blob or alias {name!r} in this store")
 
-    def _known_hex(self):
+    def _known_hex(self) -> set[str]:
         return {p.name for p in (self.root / "objects").iterdir() if (p / "manifest").exists()}
 
-    def has(self, blob_id):
+    def has(self, blob_id: bytes) -> bool:
         """True when the whole blob is here and readable."""
         path = self.data_path(blob_id)
         return path is not None and path.exists()
 
-    def data_path(self, blob_id):
+    def data_path(self, blob_id: bytes) -> Path | None:
         ext = self._index["external"].get(blob_id.hex())
         if ext is not None:
             return Path(ext["path"])
         path = self._object_dir(blob_id) / "data"
         return path if path.exists() else None
 
-    def info(self, blob_id):
+    def info(self, blob_id: bytes) -> BlobInfo | None:
         """BlobInfo for a complete blob, or None."""
         if not self.has(blob_id):
             return None
@@ -226,24 +231,24 @@ class BlobStore:
         return BlobInfo(blob_id, self.manifest(blob_id).total_size, kind, aliases, self.data_path(blob_id),
                         h in self._index["external"])
 
-    def list(self):
+    def list(self) -> builtins.list[BlobInfo]:
         """Every complete blob, as BlobInfo."""
         return [i for i in (self.info(bytes.fromhex(h)) for h in sorted(self._known_hex())) if i]
 
-    def manifest_bytes(self, blob_id):
+    def manifest_bytes(self, blob_id: bytes) -> bytes:
         path = self._object_dir(blob_id) / "manifest"
         try:
             return path.read_bytes()
         except FileNotFoundError:
             raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not in this store") from None
 
-    def manifest(self, blob_id):
+    def manifest(self, blob_id: bytes) -> mf.Manifest:
         cached = self._manifests.get(blob_id)
         if cached is None:
             cached = self._manifests[blob_id] = mf.unpack(self.manifest_bytes(blob_id), expected_id=blob_id)
         return cached
 
-    def read_chunk(self, blob_id, index):
+    def read_chunk(self, blob_id: bytes, index: int) -> bytes:
         """Bytes of chunk ``index``. Raises WireError: unknown_blob, bad_request
         (index out of range) or corrupt (an external file changed under us)."""
         manifest = self.manifest(blob_id)
@@ -261,7 +266,7 @@ class BlobStore:
         return data
 
     # -- receiving --------------------------------------------------------
-    def receive(self, blob_id, manifest_bytes):
+    def receive(self, blob_id: bytes, manifest_bytes: bytes) -> Partial:
         """Start or resume receiving a blob. Checks that the manifest hashes to
         ``blob_id`` and that the disk has room. Returns a Partial."""
         try:
@@ -275,10 +280,10 @@ class BlobStore:
             partial.users += 1  # concurrent transfers of one blob share it; see Partial.release
             return partial
 
-    def _object_dir(self, blob_id):
+    def _object_dir(self, blob_id: bytes) -> Path:
         return self.root / "objects" / blob_id.hex()
 
-    def _write_manifest(self, blob_id, data):
+    def _write_manifest(self, blob_id: bytes, data: bytes) -> None:
         directory = self._object_dir(blob_id)
         directory.mkdir(parents=True, exist_ok=True)
         if not (directory / "manifest").exists():
@@ -286,7 +291,7 @@ class BlobStore:
             tmp.write_bytes(data)
             os.replace(tmp, directory / "manifest")
 
-    def _publish(self, blob_id, manifest_bytes, data_path):
+    def _publish(self, blob_id: bytes, manifest_bytes: bytes, data_path: Path) -> None:
         """Move a verified partial file into objects/ (atomic rename)."""
         with self._lock:
             directory = self._object_dir(blob_id)

@@ -14,6 +14,15 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reticulum_grid.store.blobstore import BlobStore
+
+#: Blob ids (bytes) and data paths (str) in use although no alias names them.
+InUse = Collection[bytes | str]
 
 log = logging.getLogger("rngrid.store")
 
@@ -21,12 +30,13 @@ log = logging.getLogger("rngrid.store")
 UNREFERENCED_S = 24 * 3600
 
 
-def collect(store, max_age_s=UNREFERENCED_S, in_use=frozenset(), now=None):
+def collect(store: "BlobStore", max_age_s: float = UNREFERENCED_S, in_use: InUse = frozenset(),
+            now: float | None = None) -> list[str]:
     """Delete what nothing referred to for ``max_age_s`` seconds. ``in_use``:
     blob ids (bytes) and data paths (str) to keep although they have no alias.
     Returns the hex ids of the blobs and partial transfers removed."""
     now = time.time() if now is None else now
-    removed = []
+    removed: list[str] = []
     with store._lock:
         named = set(store._index["aliases"].values())
     for directory in sorted((store.root / "objects").iterdir()):
@@ -50,14 +60,14 @@ def collect(store, max_age_s=UNREFERENCED_S, in_use=frozenset(), now=None):
     return removed
 
 
-def _used(store, h, in_use):
+def _used(store: "BlobStore", h: str, in_use: InUse) -> bool:
     if _is_hex(h) and bytes.fromhex(h) in in_use:
         return True
     path = store._index["external"].get(h, {}).get("path") or str(store.root / "objects" / h / "data")
     return path in in_use
 
 
-def _is_hex(text):
+def _is_hex(text: str) -> bool:
     try:
         bytes.fromhex(text)
         return True
@@ -65,7 +75,7 @@ def _is_hex(text):
         return False
 
 
-def _age_mark(directory):
+def _age_mark(directory: Path) -> float:
     """Newest mtime of the directory and its files (a transfer's have-map
     changes with every chunk)."""
     try:
@@ -74,10 +84,11 @@ def _age_mark(directory):
         return time.time()  # vanished or unreadable now: look again next time
 
 
-def _forget(store, h, directory):
+def _forget(store: "BlobStore", h: str, directory: Path) -> None:
     store._index["kinds"].pop(h, None)
     store._index["external"].pop(h, None)
-    store._manifests.pop(bytes.fromhex(h) if _is_hex(h) else h, None)
+    if _is_hex(h):
+        store._manifests.pop(bytes.fromhex(h), None)
     store._save_index()
     shutil.rmtree(directory, ignore_errors=True)
     log.info("collected blob %s: no alias for a while", h[:16])
@@ -87,18 +98,19 @@ class Collector:
     """Runs collect() at start and then every ``max_age_s / 4`` (1 s .. 1 h)
     on a daemon thread. ``in_use()`` returns what collect()'s ``in_use`` takes."""
 
-    def __init__(self, store, max_age_s=UNREFERENCED_S, in_use=frozenset):
+    def __init__(self, store: "BlobStore", max_age_s: float = UNREFERENCED_S,
+                 in_use: Callable[[], InUse] = frozenset) -> None:
         self.store, self.max_age_s, self.in_use = store, max_age_s, in_use
         self._stop = threading.Event()
 
-    def start(self):
+    def start(self) -> "Collector":
         threading.Thread(target=self._run, name="rngrid-collect", daemon=True).start()
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
 
-    def _run(self):
+    def _run(self) -> None:
         period = min(3600.0, max(1.0, self.max_age_s / 4))
         while True:
             try:

@@ -9,6 +9,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import gguf
 
@@ -26,7 +27,7 @@ class LoraError(ValueError):
     pass
 
 
-def file_kind(path):
+def file_kind(path: str | os.PathLike[str]) -> str:
     """The blob kind a file most likely is: "adapter" for a GGUF whose
     general.type is "adapter" (llama.cpp's LoRA files), "model" for other GGUF
     files, "dataset" for .jsonl, else "file"."""
@@ -47,15 +48,15 @@ class ModelFacts:
     context_length: int
     pooling: int  # llama.cpp's enum: 1 mean, 2 cls, 3 last, 4 rank; 0 for none
     vocabulary: str  # vocabulary_id
-    modules: frozenset  # LINEAR_TARGETS this model has
+    modules: frozenset[str]  # LINEAR_TARGETS this model has
     experts: bool  # it has mixture-of-experts tensors (blk.N.ffn_*_exps)
 
 
-_facts = {}
+_facts: dict[tuple[str, int, int], ModelFacts] = {}
 _facts_lock = threading.Lock()
 
 
-def facts(path):
+def facts(path: str | os.PathLike[str]) -> ModelFacts:
     """The ModelFacts of the GGUF at ``path``, read once per file and kept (the
     gguf library parses every field, the whole token list too: seconds for a
     model with a large vocabulary). Raises what the gguf library raises."""
@@ -71,10 +72,10 @@ def facts(path):
     return found
 
 
-def _read_facts(reader):
+def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
     arch = _field(reader, "general.architecture")
 
-    def number(key, default):
+    def number(key: str, default: int) -> int:
         field = reader.fields.get(f"{arch}.{key}")
         return int(field.parts[-1][0]) if field is not None else default
 
@@ -85,7 +86,7 @@ def _read_facts(reader):
                       frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors))
 
 
-def _modules(reader, arch, blocks):
+def _modules(reader: gguf.GGUFReader, arch: str, blocks: int) -> set[str]:
     try:
         names = name_map(arch, blocks)
     except LoraError:
@@ -100,7 +101,7 @@ def _modules(reader, arch, blocks):
     return modules
 
 
-def architecture(path):
+def architecture(path: str | os.PathLike[str]) -> tuple[str, int, set[str]]:
     """(architecture name, block count, set of HF module leaf names) of a GGUF
     model. Raises LoraError for an architecture the gguf library does not know."""
     f = facts(path)
@@ -108,15 +109,15 @@ def architecture(path):
     return f.arch, f.blocks, set(f.modules)
 
 
-def _parent(leaf):
+def _parent(leaf: str) -> str:
     return "self_attn" if leaf in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
 
 
-def _field(reader, key):
+def _field(reader: gguf.GGUFReader, key: str) -> str:
     return bytes(reader.fields[key].parts[-1]).decode("utf-8")
 
 
-def name_map(arch, blocks):
+def name_map(arch: str, blocks: int) -> gguf.TensorNameMap:
     arch_id = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
     if arch_id is None:
         raise LoraError(f"the gguf library does not know architecture {arch!r}")
@@ -125,35 +126,36 @@ def name_map(arch, blocks):
 
 
 
-def context_length(path):
+def context_length(path: str | os.PathLike[str]) -> int:
     """The context length (tokens) the GGUF at ``path`` was trained for (4096 when it does not say)."""
     return facts(path).context_length
 
 
-def pooling(path):
+def pooling(path: str | os.PathLike[str]) -> int:
     """The embedding pooling type a GGUF names (llama.cpp's enum: 1 mean, 2 cls, 3 last, 4 rank), 0 for none."""
     return facts(path).pooling
 
 
-def vocabulary_id(path):
+def vocabulary_id(path: str | os.PathLike[str]) -> str:
     """A digest of the GGUF's tokenizer: two models with the same id tokenize
     alike, so one can draft for the other (see _vocabulary_id)."""
     return facts(path).vocabulary
 
 
-def _vocabulary_id(reader):
+def _vocabulary_id(reader: gguf.GGUFReader) -> str:
     """BLAKE2 of the tokenizer's model and pre-tokenizer and its token list."""
     digest = hashlib.blake2b(digest_size=16)
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
         field = reader.fields.get(key)
         digest.update((bytes(field.parts[-1]) if field is not None else b"") + b"\0")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    for i in tokens.data if tokens is not None else ():
-        digest.update(bytes(tokens.parts[i]) + b"\0")
+    if tokens is not None:
+        for i in tokens.data:
+            digest.update(bytes(tokens.parts[i]) + b"\0")
     return digest.hexdigest()
 
 
-def need_mib(path, n_ctx, file_size):
+def need_mib(path: str | os.PathLike[str], n_ctx: int, file_size: int) -> int:
     """Memory (MiB) the model at ``path`` needs loaded with a ``n_ctx``-token
     context (0: the model's own context length): weights (the file) + f16 KV
     cache + runtime overhead."""
@@ -163,7 +165,7 @@ def need_mib(path, n_ctx, file_size):
     return (file_size + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB
 
 
-def summary(path):
+def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a model is, from its GGUF metadata (for Ollama's ``/api/show`` and
     ``/api/tags``): ``{"architecture": str, "parameters": int (weights, summed
     over the tensors), "quantization": str (llama.cpp's file type, e.g.
@@ -174,11 +176,11 @@ def summary(path):
     reader = gguf.GGUFReader(path)
     arch = _field(reader, "general.architecture")
 
-    def number(key):
+    def number(key: str) -> int | None:
         field = reader.fields.get(key)
         return int(field.parts[-1][0]) if field is not None else None
 
-    facts = {"architecture": arch, "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
+    facts: dict[str, Any] = {"architecture": arch, "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
              "context_length": number(f"{arch}.context_length") or 4096,
              "embedding_length": number(f"{arch}.embedding_length"), "block_count": number(f"{arch}.block_count"),
              "pooling": number(f"{arch}.pooling_type") or 0}

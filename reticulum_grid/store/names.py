@@ -3,6 +3,7 @@
 Pure functions and constants, shared by the store, sync, training requests and the CLI.
 """
 
+import os
 import re
 
 from links import manifest as mf
@@ -16,7 +17,7 @@ ALIAS_MAX = 32
 ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,%d}" % (ALIAS_MAX - 1))
 HEX_RE = re.compile(r"[0-9a-fA-F]{8,64}")
 
-def is_blob_id_prefix(name):
+def is_blob_id_prefix(name: object) -> bool:
     """True when ``name`` reads as a blob id or a prefix of one (8-64 hex digits)."""
     return isinstance(name, str) and HEX_RE.fullmatch(name) is not None
 
@@ -26,20 +27,20 @@ def is_blob_id_prefix(name):
 GGUF_KINDS = ("model", "adapter")
 
 
-def is_gguf(path):
+def is_gguf(path: str | os.PathLike[str]) -> bool:
     """True when the file at ``path`` starts with the GGUF magic."""
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
 
 
-def check_content(path, kind):
+def check_content(path: str | os.PathLike[str], kind: str | None) -> None:
     """Raise WireError(bad_request) when ``kind`` needs a GGUF file and ``path`` is not one."""
     if kind in GGUF_KINDS and not is_gguf(path):
         raise WireError(Code.BAD_REQUEST, f"a {kind} blob must be a GGUF file and this one is not; "
                                           "use kind 'file' (or 'dataset') for other files")
 
 
-def check_alias(alias):
+def check_alias(alias: object) -> str:
     """Raise WireError(bad_request) unless ``alias`` is a safe name: no path
     parts, and never something that reads as a blob id (8+ hex digits)."""
     if (not isinstance(alias, str) or not ALIAS_RE.fullmatch(alias) or ".." in alias
@@ -49,7 +50,7 @@ def check_alias(alias):
     return alias
 
 
-def parse_blob_id(value):
+def parse_blob_id(value: object) -> bytes:
     """32-byte blob id from bytes or 64 hex characters; WireError(bad_request) otherwise."""
     if isinstance(value, bytes) and len(value) == mf.HASH_BYTES:
         return value

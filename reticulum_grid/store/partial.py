@@ -8,17 +8,24 @@ import errno
 import os
 import shutil
 import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
+from links.manifest import Manifest
+
 from links.wire import Code, WireError
 from reticulum_grid.store.names import check_content
+
+if TYPE_CHECKING:  # the store imports this module
+    from reticulum_grid.store.blobstore import BlobInfo, BlobStore
 
 #: Room kept free on the store's disk beyond a blob's size (bytes).
 DISK_MARGIN = 256 << 20
 
 
-def storage_error(error, path):
+def storage_error(error: OSError, path: str | Path) -> WireError:
     """WireError for an OSError met writing ``path``: insufficient_storage when
     the disk (or a quota) is full, else internal, naming the file either way."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -26,7 +33,7 @@ def storage_error(error, path):
     return WireError(Code.INTERNAL, f"cannot write {path}: {error.strerror or error}")
 
 
-def _pwrite_all(fd, data, offset):
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """os.pwrite until every byte is written (a nearly full disk writes short,
     then raises ENOSPC)."""
     view = memoryview(data)
@@ -40,13 +47,14 @@ class Partial:
     interrupted transfer resumes without re-fetching verified chunks.
     ``write`` may be called from several threads."""
 
-    def __init__(self, store, blob_id, manifest_bytes, manifest):
+    def __init__(self, store: "BlobStore", blob_id: bytes, manifest_bytes: bytes, manifest: Manifest) -> None:
         self.store = store
         self.blob_id = blob_id
         self.manifest = manifest
         self._manifest_bytes = manifest_bytes
         self._lock = threading.RLock()
-        self._data_fd = self._have_fd = None
+        self._data_fd: int | None = None
+        self._have_fd: int | None = None
         self.users = 0
         self.dir = store.root / "partial" / blob_id.hex()
         self.complete = store.has(blob_id)
@@ -60,7 +68,7 @@ class Partial:
             self._close_files()
             raise storage_error(e, self.dir) from None
 
-    def _open(self, manifest_bytes):
+    def _open(self, manifest_bytes: bytes) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "manifest").write_bytes(manifest_bytes)
         data = self.dir / "data"
@@ -74,7 +82,7 @@ class Partial:
         self._data_fd = os.open(data, os.O_RDWR)
         self._have_fd = os.open(have_path, os.O_RDWR)
 
-    def _need_room(self):
+    def _need_room(self) -> None:
         already = self.dir / "data"
         present = already.stat().st_blocks * 512 if already.exists() else 0
         need = self.manifest.total_size - present + DISK_MARGIN
@@ -83,14 +91,14 @@ class Partial:
             raise WireError(Code.INSUFFICIENT_STORAGE,
                             f"blob needs {need >> 20} MiB (with margin), {free >> 20} MiB free here")
 
-    def missing(self):
+    def missing(self) -> list[int]:
         return [i for i, v in enumerate(self.have) if not v]
 
     @property
-    def bytes_done(self):
+    def bytes_done(self) -> int:
         return sum(n for (_, n), v in zip(self.manifest.chunks, self.have) if v)
 
-    def write(self, index, data):
+    def write(self, index: int, data: bytes) -> None:
         """Verify chunk ``index`` against the manifest and write it.
         Raises WireError(bad_chunk) when it does not match."""
         digest, length = self.manifest.chunks[index]
@@ -99,7 +107,7 @@ class Partial:
         with self._lock:
             if self.complete or self.have[index]:
                 return  # another transfer of this blob got there first
-            if self._data_fd is None:
+            if self._data_fd is None or self._have_fd is None:
                 raise WireError(Code.INCOMPLETE, "this transfer was closed")
             try:
                 _pwrite_all(self._data_fd, data, self.manifest.chunk_offset(index))
@@ -108,7 +116,7 @@ class Partial:
                 raise storage_error(e, self.dir / "data") from None
             self.have[index] = 1
 
-    def finish(self, alias=None, kind=None):
+    def finish(self, alias: str | None = None, kind: str | None = None) -> "BlobInfo | None":
         """Verify the whole file and publish it under objects/ (atomic rename).
 
         Chunks that no longer verify are marked missing again and WireError(bad_chunk)
@@ -118,7 +126,7 @@ class Partial:
             if not self.complete:
                 if self.missing():
                     raise WireError(Code.INCOMPLETE, f"{len(self.missing())} chunks still missing")
-                if self._data_fd is None:
+                if self._data_fd is None or self._have_fd is None:
                     raise WireError(Code.INCOMPLETE, "this transfer was closed")
                 try:
                     os.fsync(self._data_fd)
@@ -146,7 +154,7 @@ class Partial:
             self.store.set_kind_if_new(self.blob_id, kind)
         return self.store.info(self.blob_id)
 
-    def _verify_all(self):
+    def _verify_all(self) -> list[int]:
         bad = []
         with open(self.dir / "data", "rb") as f:
             for index, (digest, length) in enumerate(self.manifest.chunks):
@@ -155,10 +163,10 @@ class Partial:
         return bad
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self.complete or self._data_fd is None
 
-    def release(self):
+    def release(self) -> None:
         """A transfer is done with this Partial; the last one closes its files
         (after the store stops handing it out, so none is given a closed one)."""
         with self.store._lock:
@@ -170,7 +178,7 @@ class Partial:
             with self._lock:
                 self._close_files()
 
-    def _close_files(self):
+    def _close_files(self) -> None:
         for name in ("_data_fd", "_have_fd"):
             fd = getattr(self, name, None)
             if fd is not None:

@@ -14,10 +14,18 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
+from links.manifest import Manifest
 from links.wire import Code, WireError
 from reticulum_grid.store.names import is_blob_id_prefix, parse_blob_id
+
+if TYPE_CHECKING:
+    from reticulum_grid.node.connection import TowerConnection
+    from reticulum_grid.store.blobstore import BlobInfo, BlobStore
+    from reticulum_grid.store.partial import Partial
 
 log = logging.getLogger("rngrid.sync")
 
@@ -47,39 +55,55 @@ class SyncReport:
     size: int
     chunks: int
     reused: int = 0
-    fetched: dict = field(default_factory=dict)
-    failed_sources: dict = field(default_factory=dict)
-    lying_sources: list = field(default_factory=list)
+    fetched: dict[str, int] = field(default_factory=dict)  # source name -> chunks it gave
+    failed_sources: dict[str, str] = field(default_factory=dict)  # source name -> "code: message"
+    lying_sources: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         return {"blob_id": self.blob_id.hex(), "size": self.size, "chunks": self.chunks, "reused": self.reused,
                 "fetched": dict(self.fetched), "failed_sources": dict(self.failed_sources),
                 "lying_sources": list(self.lying_sources), "seconds": round(self.seconds, 3)}
+
+
+#: ``progress(done_bytes, total_bytes)``.
+Progress = Callable[[int, int], None]
+
+
+class ChunkSource(Protocol):
+    """What fetch_blob takes chunks from."""
+    name: str
+
+    def connect(self) -> None:
+        """Raise WireError when the source cannot be reached."""
+
+    def fetch(self, blob_id: bytes, manifest: Manifest, indices: list[int]) -> Iterable[tuple[int, bytes]]:
+        """(index, data) for each chunk of ``indices`` it sends; raises WireError."""
+        ...
 
 
 class LinkSource:
     """A source reached over a TowerConnection. A source is anything with a
     ``name``, ``connect()`` (raises WireError when unreachable) and ``fetch``."""
 
-    def __init__(self, connection):
+    def __init__(self, connection: "TowerConnection") -> None:
         self.connection = connection
         self.name = connection.name
 
-    def connect(self):
+    def connect(self) -> None:
         self.connection.ensure_link()
 
-    def fetch(self, blob_id, manifest, indices):
+    def fetch(self, blob_id: bytes, manifest: Manifest, indices: list[int]) -> Iterable[tuple[int, bytes]]:
         return self.connection.fetch(blob_id, manifest, indices)
 
 
-def first_manifest(connections, name, timeout=20.0):
+def first_manifest(connections: "Sequence[TowerConnection]", name: str, timeout: float = 20.0) -> dict[str, Any]:
     """The first ``blobs/manifest`` reply for ``name`` from any of ``connections``,
     asked all at once (an unreachable source must not hold up the others).
     Raises WireError naming every source's refusal."""
-    answers = queue.Queue()
+    answers: queue.Queue[tuple[TowerConnection, dict[str, Any] | None, WireError | None]] = queue.Queue()
 
-    def ask(conn):
+    def ask(conn: "TowerConnection") -> None:
         try:
             answers.put((conn, conn.request("blobs/manifest", {"name": name}), None))
         except WireError as e:
@@ -87,7 +111,8 @@ def first_manifest(connections, name, timeout=20.0):
 
     for conn in connections:
         threading.Thread(target=ask, args=(conn,), name="rngrid-manifest", daemon=True).start()
-    errors, deadline = [], time.monotonic() + timeout
+    errors: list[tuple[TowerConnection, WireError | None]] = []
+    deadline = time.monotonic() + timeout
     for _ in connections:
         try:
             conn, reply, error = answers.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -96,13 +121,13 @@ def first_manifest(connections, name, timeout=20.0):
         if reply is not None:
             return reply
         errors.append((conn, error))
-    if len(connections) == 1 and errors:
+    if len(connections) == 1 and errors and errors[0][1] is not None:
         raise errors[0][1]
     named = "; ".join(f"{conn.name}: {error}" for conn, error in errors) or "no answer"
     raise WireError(Code.UNKNOWN_BLOB, f"no source gave the manifest of {name!r}: {named}")
 
 
-def matching_blob_id(name, reply):
+def matching_blob_id(name: str, reply: dict[str, Any]) -> bytes:
     """The blob id of a ``blobs/manifest`` reply for ``name``; when ``name`` is a
     blob id (prefix), the reply must be for that blob. Raises WireError."""
     blob_id = parse_blob_id(reply.get("blob_id"))
@@ -111,7 +136,9 @@ def matching_blob_id(name, reply):
     return blob_id
 
 
-def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, progress=None):
+def fetch_blob(store: "BlobStore", blob_id: bytes, manifest_bytes: bytes, sources: Iterable[ChunkSource],
+               alias: str | None = None, kind: str | None = None,
+               progress: Progress | None = None) -> "tuple[BlobInfo | None, SyncReport]":
     """Complete ``blob_id`` in ``store`` from ``sources``.
 
     ``progress(done_bytes, total_bytes)`` is called after every chunk. Returns
@@ -127,7 +154,8 @@ def fetch_blob(store, blob_id, manifest_bytes, sources, alias=None, kind=None, p
         partial.release()
 
 
-def _fetch(partial, sources, alias, kind, progress, started):
+def _fetch(partial: "Partial", sources: Iterable[ChunkSource], alias: str | None, kind: str | None,
+           progress: Progress | None, started: float) -> "tuple[BlobInfo | None, SyncReport]":
     blob_id = partial.blob_id
     chunks = len(partial.manifest.chunks)
     report = SyncReport(blob_id, partial.manifest.total_size, chunks, reused=chunks - len(partial.missing()))
@@ -152,16 +180,17 @@ def _fetch(partial, sources, alias, kind, progress, started):
     raise WireError(Code.INCOMPLETE, f"{len(partial.missing())} of {chunks} chunks still missing ({reasons})")
 
 
-def _round(partial, missing, sources, report, progress):
+def _round(partial: "Partial", missing: list[int], sources: list[ChunkSource], report: SyncReport,
+           progress: Progress | None) -> list[ChunkSource]:
     todo = deque(missing)
     lock = threading.Lock()
     fetched = Counter(report.fetched)
     done = [partial.bytes_done]
     total = partial.manifest.total_size
-    healthy = []
-    stop = []  # a failure of our own store (disk full): no source can help, every worker stops
+    healthy: list[ChunkSource] = []
+    stop: list[WireError] = []  # a failure of our own store (disk full): no source can help, every worker stops
 
-    def work(source):
+    def work(source: ChunkSource) -> None:
         try:
             source.connect()  # before taking chunks, so an unreachable source holds none
         except WireError as e:
@@ -221,7 +250,7 @@ def _round(partial, missing, sources, report, progress):
     return healthy
 
 
-def measured_bps(connections):
+def measured_bps(connections: "Iterable[TowerConnection]") -> float | None:
     """The rate of the Links of ``connections`` (TowerConnection) as RNS
     measured it while setting them up, in bits/s summed over sources; None if
     unknown."""
@@ -229,7 +258,7 @@ def measured_bps(connections):
     return sum(r for r in rates if r) or None
 
 
-def estimate_s(nbytes, rate_bps):
+def estimate_s(nbytes: int, rate_bps: float | None) -> float | None:
     """Seconds to move ``nbytes`` over a radio-class link measured at
     ``rate_bps`` (bits/s); None when the rate is unknown or not radio-class.
     Errs long: the set-up rate counts the round trip's latency too."""
@@ -238,17 +267,18 @@ def estimate_s(nbytes, rate_bps):
     return nbytes * 8 / rate_bps
 
 
-def check_duration(nbytes, rate_bps, what, limit_s=MAX_TRANSFER_S):
+def check_duration(nbytes: int, rate_bps: float | None, what: str,
+                   limit_s: float | None = MAX_TRANSFER_S) -> float | None:
     """Raise WireError(too_slow), with the estimate, when moving ``nbytes``
     at ``rate_bps`` (bits/s) would take longer than ``limit_s`` seconds
     (None: no limit). Returns the estimate in seconds (None: rate unknown)."""
     seconds = estimate_s(nbytes, rate_bps)
-    if seconds is not None and limit_s is not None and seconds > limit_s:
+    if seconds is not None and rate_bps and limit_s is not None and seconds > limit_s:
         raise WireError(Code.TOO_SLOW, f"{what}: {nbytes / 1e6:.2f} MB at the measured {rate_bps / 1000:.1f} kbit/s "
                                        f"would take about {_duration(seconds)} (limit {_duration(limit_s)}); "
                                        "use --force to send it anyway")
     return seconds
 
 
-def _duration(seconds):
+def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -21,6 +21,7 @@ hostile state can do is hold wrong numbers.
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 #: Nesting a state may have (optimizer state dicts are 4 deep).
 MAX_DEPTH = 16
@@ -32,14 +33,14 @@ class CheckpointError(ValueError):
     pass
 
 
-def pack(state):
+def pack(state: object) -> bytes:
     """``state`` (nested dicts/lists/tuples of tensors, numbers, strings, bools,
     None) as safetensors bytes. Raises CheckpointError for anything else."""
     from safetensors.torch import save
 
-    tensors = {}
+    tensors: dict[str, Any] = {}
 
-    def encode(obj, depth):
+    def encode(obj: Any, depth: int) -> dict[str, Any]:
         if depth > MAX_DEPTH:
             raise CheckpointError(f"state nested deeper than {MAX_DEPTH}")
         if hasattr(obj, "detach") and hasattr(obj, "dtype"):  # a torch tensor
@@ -58,7 +59,7 @@ def pack(state):
     return save(tensors, metadata={"tree": json.dumps(tree)})
 
 
-def unpack(data):
+def unpack(data: bytes) -> Any:
     """The state ``pack`` made ``data`` (bytes) from. Raises CheckpointError."""
     from safetensors import SafetensorError
     from safetensors.torch import load
@@ -75,7 +76,7 @@ def unpack(data):
     except (ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
         raise CheckpointError(f"not a checkpoint: {type(e).__name__}: {e}") from None
 
-    def decode(node, depth):
+    def decode(node: object, depth: int) -> Any:
         if depth > MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
             raise CheckpointError("bad checkpoint tree")
         (tag, value), = node.items()
@@ -87,7 +88,7 @@ def unpack(data):
             items = [decode(x, depth + 1) for x in value]
             return items if tag == "l" else tuple(items)
         if tag == "d" and isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
-            out = {}
+            out: dict[Any, Any] = {}
             for k, v in value:
                 key = decode(k, depth + 1)
                 if not isinstance(key, (bool, int, float, str)) and key is not None:
@@ -99,7 +100,7 @@ def unpack(data):
     return decode(tree, 0)
 
 
-def save(path, state):
+def save(path: str | os.PathLike[str], state: object) -> None:
     """Write ``state`` to ``path`` atomically (mode 0600)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -109,6 +110,6 @@ def save(path, state):
     os.replace(tmp, path)
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Any:
     """The state in the checkpoint file at ``path``. Raises CheckpointError or OSError."""
     return unpack(Path(path).read_bytes())

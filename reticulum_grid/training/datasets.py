@@ -8,6 +8,11 @@ again by the training worker; its errors name the line.
 """
 
 import json
+import os
+from typing import Any
+
+#: One example: {"messages": [{"role", "content"}, ...]} or {"text": str}.
+Example = dict[str, Any]
 
 ROLES = ("system", "user", "assistant")
 
@@ -16,7 +21,7 @@ class DatasetError(ValueError):
     pass
 
 
-def read_examples(path, max_bytes=None):
+def read_examples(path: str | os.PathLike[str], max_bytes: int | None = None) -> list[Example]:
     """List of examples (dicts with "messages" or "text"). Raises DatasetError.
 
     With ``max_bytes`` only that much is checked (enough to reject a wrong file
@@ -42,7 +47,7 @@ def read_examples(path, max_bytes=None):
     return examples
 
 
-def _check(example, number):
+def _check(example: object, number: int) -> Example:
     if not isinstance(example, dict):
         raise DatasetError(f"line {number}: an example must be a JSON object")
     if "messages" in example:

@@ -42,8 +42,15 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from reticulum_grid.training import checkpoint, rendezvous, trainer
+from reticulum_grid.training.trainer import Spec
+
+if TYPE_CHECKING:  # imported where used: the tower never loads it
+    import torch
+    import torch.distributed as dist
+    from transformers import PreTrainedTokenizerBase
 
 #: Seconds a collective may take before the job counts a rank as lost.
 COLLECTIVE_TIMEOUT_S = 30
@@ -58,7 +65,7 @@ class PeerLost(RuntimeError):
     pass
 
 
-def main():
+def main() -> None:
     job_dir = Path(sys.argv[1])
     trainer.die_with_parent()
     events = trainer.Events()
@@ -73,7 +80,7 @@ def main():
     os._exit(0)
 
 
-def run(job_dir, spec, events):
+def run(job_dir: Path, spec: Spec, events: trainer.Events) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -120,17 +127,20 @@ def run(job_dir, spec, events):
     if rank == 0:
         trainer.write_outputs(job_dir, model, spec)
         events.emit("done", final_loss=final_loss, total_steps=total, device=device,
-                    store_front=front and {"admitted": front.admitted, "refused": front.refused})
+                    store_front={"admitted": front.admitted, "refused": front.refused}
+                    if isinstance(front, rendezvous.Front) else None)
 
 
-def _is_comm_error(e):
+def _is_comm_error(e: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(e, (dist.DistError, RuntimeError, ConnectionError, TimeoutError))
 
 
-def loop(job_dir, spec, events, net, model, optimizer, scheduler, examples, tokenizer, step, total,
-         steps_per_epoch, dp):
+def loop(job_dir: Path, spec: Spec, events: trainer.Events, net: "torch.nn.Module", model: "torch.nn.Module",
+         optimizer: "torch.optim.Optimizer", scheduler: "torch.optim.lr_scheduler.LRScheduler",
+         examples: list[list[int]], tokenizer: "PreTrainedTokenizerBase", step: int, total: int,
+         steps_per_epoch: int, dp: dict[str, Any]) -> float | None:
     """Train from ``step`` to ``total``. Returns the last step's loss."""
     import torch
 
@@ -180,7 +190,7 @@ def loop(job_dir, spec, events, net, model, optimizer, scheduler, examples, toke
     return loss
 
 
-def gather(row, world):
+def gather(row: "torch.Tensor", world: int) -> list[list[float]]:
     """Every rank's ``row`` (a small float64 tensor on the group's device), as lists, in rank order."""
     import torch
     import torch.distributed as dist
@@ -194,7 +204,7 @@ def gather(row, world):
     return [r.tolist() for r in rows]
 
 
-def join(dp, device):
+def join(dp: dict[str, Any], device: str) -> "tuple[dist.ProcessGroup, rendezvous.Front | rendezvous.Forwarder]":
     """Meet the other ranks through the store (behind its front on rank 0) and
     start the process group on the data-plane interface. Returns (the group,
     rank 0's Front or another rank's Forwarder)."""
@@ -207,7 +217,8 @@ def join(dp, device):
     if dp["rank"] == 0:
         store = dist.TCPStore("127.0.0.1", 0, dp["world_size"], is_master=True, timeout=join_timeout,
                               wait_for_workers=False, master_listen_fd=_loopback_listener())
-        link = rendezvous.Front(dp["host"], dp["port"], secret, store.port, peers=dp.get("peers", ()))
+        link: rendezvous.Front | rendezvous.Forwarder = rendezvous.Front(dp["host"], dp["port"], secret, store.port,
+                                                                        peers=dp.get("peers", ()))
     else:
         link = rendezvous.Forwarder(dp["host"], dp["port"], secret, JOIN_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", link.port, dp["world_size"], is_master=False, timeout=join_timeout)
@@ -223,7 +234,7 @@ def join(dp, device):
     return dist.group.WORLD, link
 
 
-def _loopback_listener():
+def _loopback_listener() -> int:
     """A listening socket on 127.0.0.1 for the store (torch's own would listen on
     every interface). Its fd is handed to the TCPStore, which owns it from then on."""
     import socket
@@ -233,7 +244,8 @@ def _loopback_listener():
     return fd
 
 
-def restore(job_dir, spec, model, optimizer, scheduler, rank, group):
+def restore(job_dir: Path, spec: Spec, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+            scheduler: "torch.optim.lr_scheduler.LRScheduler", rank: int, group: "dist.ProcessGroup | None") -> int:
     """Rank 0 reads the last checkpoint, if any, and every rank loads it.
     Returns the step to continue from. The state goes to the other ranks as
     checkpoint.py bytes in a uint8 tensor, never as a pickled object."""
@@ -250,7 +262,7 @@ def restore(job_dir, spec, model, optimizer, scheduler, rank, group):
     return trainer.apply_state(checkpoint.unpack(data), model, optimizer, scheduler)
 
 
-def broadcast_bytes(data, rank, limit=MAX_STATE_BYTES):
+def broadcast_bytes(data: bytes, rank: int, limit: int = MAX_STATE_BYTES) -> bytes:
     """Rank 0's ``data`` (bytes) on every rank: its length, then the bytes, as tensors."""
     import torch
     import torch.distributed as dist
@@ -269,7 +281,7 @@ def broadcast_bytes(data, rank, limit=MAX_STATE_BYTES):
     return data if rank == 0 else bytes(buffer.cpu().numpy())
 
 
-def allreduce_time(grad_bytes, group, repeats=3):
+def allreduce_time(grad_bytes: int, group: "dist.ProcessGroup | None", repeats: int = 3) -> float:
     """Median seconds of one all-reduce of ``grad_bytes`` of float32 (what DDP
     moves per step), measured before training; 0 with one rank."""
     import torch

@@ -8,15 +8,18 @@ tensor-name map. llama.cpp scales an adapter by alpha / rank.
 """
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import gguf
 import numpy as np
+import numpy.typing as npt
 
 from reticulum_grid.store.gguf_info import LoraError, architecture, name_map
 
 
-def base_architecture(base_path):
+def base_architecture(base_path: str | os.PathLike[str]) -> tuple[str, int]:
     """(architecture, block count) of a base model: a GGUF file, or a safetensors
     checkpoint folder whose config.json names a model type the gguf library knows."""
     path = Path(base_path)
@@ -32,7 +35,8 @@ def base_architecture(base_path):
     return arch, blocks
 
 
-def peft_to_gguf(tensors, alpha, base_path, out_path):
+def peft_to_gguf(tensors: Mapping[str, npt.ArrayLike], alpha: float, base_path: str | os.PathLike[str],
+                 out_path: str | os.PathLike[str]) -> int:
     """Write ``tensors`` (PEFT state dict: name -> numpy array) as a GGUF LoRA for
     the base model at ``base_path`` (a GGUF or a checkpoint folder). Raises
     LoraError for a tensor it cannot map or an adapter without LoRA pairs."""
@@ -59,7 +63,7 @@ def peft_to_gguf(tensors, alpha, base_path, out_path):
     return pairs
 
 
-def _split_peft_name(name):
+def _split_peft_name(name: str) -> tuple[str, str]:
     # base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight -> (model.layers.0..., "a")
     stem = name.removeprefix("base_model.model.")
     if ".lora_A." in stem:

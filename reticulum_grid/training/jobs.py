@@ -17,6 +17,7 @@ the job goes back to the queue and resumes from its last checkpoint on the
 towers still there (at most ``len(towers) + 1`` times).
 """
 
+import builtins
 import json
 import logging
 import os
@@ -28,7 +29,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any, TypedDict, cast
 
 from links.wire import Code, WireError
 from reticulum_grid.training import trainer
@@ -52,12 +55,45 @@ COLUMNS = ("id", "owner", "notify", "state", "error", "created", "started", "end
            "lr", "tokens_per_s", "eta_s", "final_loss", "adapter_alias", "adapter_blob", "peft_blob", "history")
 
 
+class Job(TypedDict):
+    """A job as ``get``/``list`` give it (and ``jobs/status`` sends it): its row's COLUMNS.
+    Times are Unix seconds; blobs are hex ids."""
+    id: str
+    owner: str
+    notify: str | None
+    state: str  # queued, running, or one of TERMINAL
+    error: str | None
+    created: float
+    started: float | None
+    ended: float | None
+    step: int
+    total_steps: int | None
+    loss: float | None
+    lr: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    final_loss: float | None
+    adapter_alias: str | None
+    adapter_blob: str | None
+    peft_blob: str | None
+    history: list[str]
+
+
+#: A job's spec (training/request.py's parse, plus what the tower adds: base_path, dataset_path, owner, ...).
+Spec = dict[str, Any]
+#: A progress event for watchers (links/jobevents.py): {"type": "state" | "progress" | "note" | "end", ...}.
+Event = dict[str, Any]
+
+
 class JobManager:
     """``publish(job_id, job_dir, spec) -> (adapter blob hex, peft blob hex)`` stores the
     outputs; ``on_end(job)`` is told of every terminal state (for notifications);
     ``on_change()`` of jobs starting and ending (for announces)."""
 
-    def __init__(self, directory, publish, on_end=None, on_change=None, max_running=1, rendezvous=None):
+    def __init__(self, directory: str | os.PathLike[str], publish: Callable[[str, Path, Spec], tuple[str, str]],
+                 on_end: Callable[[Job], None] | None = None, on_change: Callable[[], None] | None = None,
+                 max_running: int = 1,
+                 rendezvous: Callable[[str, Spec], tuple[dict[str, Any], list[str]]] | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.publish = publish
@@ -70,43 +106,43 @@ class JobManager:
             self._db.execute("ALTER TABLE jobs ADD COLUMN history TEXT")  # a database from before it
         self._db.commit()
         self.rendezvous = rendezvous
-        self._lost = {}
+        self._lost: dict[str, int] = {}
         self._lock = threading.RLock()
-        self._procs = {}
-        self._cancelling = set()
-        self._history = {}
-        self._watchers = {}
+        self._procs: dict[str, subprocess.Popen[bytes] | None] = {}  # None: still enlisting its towers
+        self._cancelling: set[str] = set()
+        self._history: dict[str, deque[Event]] = {}
+        self._watchers: dict[str, list[Callable[[Event], None]]] = {}
 
     # -- queries ----------------------------------------------------------
-    def get(self, job_id):
+    def get(self, job_id: str) -> Job:
         with self._lock:
             row = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise WireError(Code.UNKNOWN_JOB, f"no job {job_id!r} on this tower")
         return _job(row)
 
-    def list(self, owner=None):
+    def list(self, owner: str | None = None) -> list[Job]:
         query = f"SELECT {', '.join(COLUMNS)} FROM jobs" + (" WHERE owner = ?" if owner else "") + " ORDER BY created"
         with self._lock:
             rows = self._db.execute(query, (owner,) if owner else ()).fetchall()
         return [_job(r) for r in rows]
 
-    def datasets_in_use(self):
+    def datasets_in_use(self) -> frozenset[str]:
         """Dataset paths (str) of the jobs that have not ended: the store keeps them."""
         with self._lock:
             rows = self._db.execute("SELECT spec FROM jobs WHERE state IN ('queued', 'running')").fetchall()
         return frozenset(json.loads(r[0]).get("dataset_path") for r in rows)
 
-    def running_count(self):
+    def running_count(self) -> int:
         return len(self._procs)
 
-    def owner_key(self, job_id):
+    def owner_key(self, job_id: str) -> bytes | None:
         with self._lock:
             row = self._db.execute("SELECT owner_key FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return row[0] if row else None
 
     # -- life cycle -------------------------------------------------------
-    def submit(self, spec, owner_hash, owner_key=None, notify=None):
+    def submit(self, spec: Spec, owner_hash: str, owner_key: bytes | None = None, notify: str | None = None) -> str:
         """Queue a job (spec as trainer.py reads it). Returns its id."""
         job_id = secrets.token_hex(6)
         with self._lock:
@@ -119,7 +155,7 @@ class JobManager:
         self.schedule()
         return job_id
 
-    def recover(self):
+    def recover(self) -> None:
         """After a restart: jobs that were running go back to the queue and
         continue from their last checkpoint."""
         with self._lock:
@@ -132,7 +168,7 @@ class JobManager:
                 log.info("job %s: %s", job_id, note)
         self.schedule()
 
-    def schedule(self):
+    def schedule(self) -> None:
         with self._lock:
             while len(self._procs) < self.max_running:
                 row = self._db.execute("SELECT id, spec FROM jobs WHERE state = 'queued' ORDER BY created LIMIT 1"
@@ -141,7 +177,7 @@ class JobManager:
                     return
                 self._start(row[0], json.loads(row[1]))
 
-    def cancel(self, job_id):
+    def cancel(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job["state"] in TERMINAL:
             return job
@@ -152,10 +188,15 @@ class JobManager:
                 return self.get(job_id)
             self._cancelling.add(job_id)
         _signal_group(proc, signal.SIGTERM)
-        threading.Timer(CANCEL_GRACE_S, lambda: proc.poll() is None and _signal_group(proc, signal.SIGKILL)).start()
+
+        def kill_if_left() -> None:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGKILL)
+
+        threading.Timer(CANCEL_GRACE_S, kill_if_left).start()
         return self.get(job_id)
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop the workers without changing the jobs' states (they resume on restart)."""
         with self._lock:
             procs = [p for p in self._procs.values() if p is not None]  # None: still enlisting towers
@@ -165,7 +206,7 @@ class JobManager:
             proc.wait(5)
 
     # -- watching ---------------------------------------------------------
-    def watch(self, job_id, sink):
+    def watch(self, job_id: str, sink: Callable[[Event], None]) -> Callable[[], None]:
         """Send ``sink(event)`` the job's recent events, then every new one.
         Returns a function that stops the watch."""
         job = self.get(job_id)
@@ -178,13 +219,13 @@ class JobManager:
             sink(_end_event(job))
         return lambda: self._unwatch(job_id, sink)
 
-    def _unwatch(self, job_id, sink):
+    def _unwatch(self, job_id: str, sink: Callable[[Event], None]) -> None:
         with self._lock:
             sinks = self._watchers.get(job_id, [])
             if sink in sinks:
                 sinks.remove(sink)
 
-    def _event(self, job_id, event):
+    def _event(self, job_id: str, event: Event) -> None:
         with self._lock:
             self._history.setdefault(job_id, deque(maxlen=HISTORY)).append(event)
             sinks = list(self._watchers.get(job_id, ()))
@@ -195,10 +236,10 @@ class JobManager:
                 log.exception("job watcher failed")
 
     # -- the worker -------------------------------------------------------
-    def _job_dir(self, job_id):
+    def _job_dir(self, job_id: str) -> Path:
         return self.directory / trainer.check_job_id(job_id)
 
-    def _start(self, job_id, spec):
+    def _start(self, job_id: str, spec: Spec) -> None:
         distributed = bool(spec.get("towers")) and self.rendezvous is not None
         proc = None if distributed else self._spawn(job_id, spec, "reticulum_grid.training.trainer")
         self._procs[job_id] = proc
@@ -209,7 +250,7 @@ class JobManager:
         if self.on_change:
             self.on_change()
 
-    def _spawn(self, job_id, spec, module):
+    def _spawn(self, job_id: str, spec: Spec, module: str) -> subprocess.Popen[bytes]:
         job_dir = self._job_dir(job_id)
         job_dir.mkdir(exist_ok=True)
         trainer.write_spec(job_dir, spec)
@@ -220,9 +261,11 @@ class JobManager:
                                     stdout=subprocess.PIPE, stderr=worker_log, start_new_session=True,
                                     env=dict(os.environ, HF_HUB_OFFLINE="1"))
 
-    def _start_distributed(self, job_id, _proc, spec):
+    def _start_distributed(self, job_id: str, _proc: None, spec: Spec) -> None:
         """Enlist the other towers (seconds: they are asked over RNS), then run rank 0."""
+        dp: dict[str, Any] | None
         try:
+            assert self.rendezvous is not None  # _start asks for it
             dp, notes = self.rendezvous(job_id, spec)
         except Exception as e:
             dp, notes, failure = None, [], f"could not start on several towers: {e}"
@@ -245,9 +288,11 @@ class JobManager:
             return
         self._follow(job_id, proc, spec)
 
-    def _follow(self, job_id, proc, spec):
-        done, error, lost, last_write = None, None, False, 0.0
-        for line in proc.stdout:
+    def _follow(self, job_id: str, proc: subprocess.Popen[bytes], spec: Spec) -> None:
+        done: dict[str, Any] | None = None
+        error: str | None = None
+        lost, last_write = False, 0.0
+        for line in cast(IO[bytes], proc.stdout):  # _spawn gives it a pipe
             try:
                 event = json.loads(line)
             except ValueError:
@@ -286,7 +331,7 @@ class JobManager:
             self._finish(job_id, "failed", error=error or f"worker exited with code {code}: {self._log_tail(job_id)}")
         self.schedule()
 
-    def _publish(self, job_id, spec, done):
+    def _publish(self, job_id: str, spec: Spec, done: dict[str, Any]) -> None:
         try:
             adapter, peft = self.publish(job_id, self._job_dir(job_id), spec)
         except Exception as e:
@@ -295,7 +340,7 @@ class JobManager:
             return
         self._finish(job_id, "succeeded", final_loss=done.get("final_loss"), adapter_blob=adapter, peft_blob=peft)
 
-    def _finish(self, job_id, state, **fields):
+    def _finish(self, job_id: str, state: str, **fields: Any) -> None:
         if state == "succeeded":  # whatever went wrong on the way is history now, not the job's error
             old = self.get(job_id)["error"]
             if old:
@@ -309,20 +354,20 @@ class JobManager:
         if self.on_end:
             self.on_end(job)
 
-    def _log_tail(self, job_id):
+    def _log_tail(self, job_id: str) -> str:
         try:
             lines = (self._job_dir(job_id) / "worker.log").read_text(errors="replace").strip().splitlines()
         except OSError:
             return "no log"
         return lines[-1][-300:] if lines else "no log"
 
-    def _update(self, job_id, **fields):
+    def _update(self, job_id: str, **fields: Any) -> None:
         with self._lock:
             self._db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
                              (*fields.values(), job_id))
             self._db.commit()
 
-    def _note(self, job_id, text):
+    def _note(self, job_id: str, text: str) -> None:
         """Add a line to the job's history (restarts, lost ranks, ...)."""
         with self._lock:
             row = self._db.execute("SELECT history FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -331,23 +376,23 @@ class JobManager:
             self._update(job_id, history=json.dumps(history[-HISTORY:]))
         self._event(job_id, {"type": "note", "text": text})
 
-    def mark_notified(self, job_id):
+    def mark_notified(self, job_id: str) -> None:
         self._update(job_id, notified=1)
 
-    def unnotified(self):
+    def unnotified(self) -> builtins.list[Job]:
         with self._lock:
             rows = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE notified = 0 AND state IN "
                                     "('succeeded', 'failed', 'cancelled')").fetchall()
         return [_job(r) for r in rows]
 
 
-def _job(row):
+def _job(row: tuple[Any, ...]) -> Job:
     job = dict(zip(COLUMNS, row))
     job["history"] = json.loads(job["history"]) if job["history"] else []
-    return job
+    return cast(Job, job)
 
 
-def _signal_group(proc, sig):
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Send ``sig`` to a worker's process group (it leads its own session)."""
     try:
         os.killpg(proc.pid, sig)
@@ -355,12 +400,12 @@ def _signal_group(proc, sig):
         pass  # already gone
 
 
-def _summary(job):
+def _summary(job: Job) -> Event:
     return {"type": "state", "state": job["state"], "step": job["step"], "total_steps": job["total_steps"],
             "loss": job["loss"]}
 
 
-def _end_event(job):
+def _end_event(job: Job) -> Event:
     duration = (job["ended"] or time.time()) - (job["started"] or job["created"])
     return {"type": "end", "state": job["state"], "error": job["error"], "final_loss": job["final_loss"],
             "duration_s": round(duration, 1), "adapter_alias": job["adapter_alias"],

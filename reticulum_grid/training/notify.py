@@ -15,10 +15,14 @@ tower restarts) and is sent when the recipient announces itself, as
 
 import logging
 import math
+import os
+import queue
 import signal
 import threading
 import time
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import RNS
@@ -31,7 +35,13 @@ PATH_WAIT_S = 8.0
 MAX_WAITING = 64  # notifications kept in memory per offline recipient; the oldest go first
 
 
-def _router(identity, storage):
+#: What ``rngrid inbox`` shows of a message (see inbox_entry).
+InboxEntry = dict[str, Any]
+#: A notification waiting for its recipient: (key, title, content, fields, public key).
+Waiting = tuple[Hashable, str, str, dict[Any, Any], bytes | None]
+
+
+def _router(identity: RNS.Identity, storage: str | os.PathLike[str]) -> Any:
     import LXMF
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     router = LXMF.LXMRouter(identity=identity, storagepath=str(storage))
@@ -40,12 +50,12 @@ def _router(identity, storage):
     return router
 
 
-def delivery_hash(identity):
+def delivery_hash(identity: RNS.Identity) -> bytes:
     """The LXMF delivery address (16 bytes) of an identity."""
     return RNS.Destination.hash(identity, "lxmf", "delivery")
 
 
-def propagation_hash(identity):
+def propagation_hash(identity: RNS.Identity) -> bytes:
     return RNS.Destination.hash(identity, "lxmf", "propagation")
 
 
@@ -53,7 +63,8 @@ class Notifier:
     """A tower's LXMF sender. ``send`` returns at once; ``on_delivered(key)`` runs
     when a message was delivered or stored on the propagation node."""
 
-    def __init__(self, identity, storage, display_name, propagation_node=False, on_delivered=None):
+    def __init__(self, identity: RNS.Identity, storage: str | os.PathLike[str], display_name: str,
+                 propagation_node: bool = False, on_delivered: Callable[[Hashable], None] | None = None) -> None:
         import LXMF
         self.LXMF = LXMF
         Path(storage).mkdir(parents=True, exist_ok=True)
@@ -63,20 +74,22 @@ class Notifier:
         if propagation_node:
             self.router.enable_propagation()
         self.on_delivered = on_delivered
-        self._pending = {}
+        self._pending: dict[bytes, list[Waiting]] = {}
         self._lock = threading.Lock()
         # RNS registers a handler only if it already has its aspect_filter.
         self.aspect_filter = "lxmf.delivery"
         RNS.Transport.register_announce_handler(self)
         self.router.announce(self.source.hash)
 
-    def send(self, key, destination_hash, title, content, fields=None, public_key=None):
+    def send(self, key: Hashable, destination_hash: bytes, title: str, content: str,
+             fields: dict[Any, Any] | None = None, public_key: bytes | None = None) -> None:
         """Send (in the background) a message to ``destination_hash``; ``public_key``
         lets us address an identity whose announce we have not heard."""
         threading.Thread(target=self._send, args=(key, destination_hash, title, content, fields or {}, public_key),
                          name="rngrid-notify", daemon=True).start()
 
-    def _send(self, key, destination_hash, title, content, fields, public_key):
+    def _send(self, key: Hashable, destination_hash: bytes, title: str, content: str, fields: dict[Any, Any],
+              public_key: bytes | None) -> None:
         identity = self._identity(destination_hash, public_key)
         if identity is None or not self._path(destination_hash):
             if self.propagation and identity is not None:
@@ -95,7 +108,7 @@ class Notifier:
         self.router.process_outbound()
         log.info("notification to %s handed to LXMF for direct delivery", destination_hash.hex())
 
-    def _identity(self, destination_hash, public_key):
+    def _identity(self, destination_hash: bytes, public_key: bytes | None) -> RNS.Identity | None:
         if public_key:
             identity = RNS.Identity(create_keys=False)
             identity.load_public_key(public_key)
@@ -106,7 +119,7 @@ class Notifier:
         return RNS.Identity.recall(destination_hash)
 
     @staticmethod
-    def _path(destination_hash):
+    def _path(destination_hash: bytes) -> bool:
         if not RNS.Transport.has_path(destination_hash):
             RNS.Transport.request_path(destination_hash)
             deadline = time.monotonic() + PATH_WAIT_S
@@ -114,7 +127,8 @@ class Notifier:
                 time.sleep(0.1)
         return RNS.Transport.has_path(destination_hash)
 
-    def _store_for_pickup(self, key, identity, title, content, fields):
+    def _store_for_pickup(self, key: Hashable, identity: RNS.Identity, title: str, content: str,
+                          fields: dict[Any, Any]) -> None:
         destination = RNS.Destination(identity, RNS.Destination.OUT, RNS.Destination.SINGLE, "lxmf", "delivery")
         message = self.LXMF.LXMessage(destination, self.source, content, title, fields,
                                       desired_method=self.LXMF.LXMessage.PROPAGATED)
@@ -124,24 +138,26 @@ class Notifier:
         log.info("notification for %s stored on this tower's propagation node", destination.hash.hex())
         self._delivered(key)
 
-    def _delivered(self, key):
+    def _delivered(self, key: Hashable) -> None:
         if self.on_delivered:
             self.on_delivered(key)
 
-    def _failed(self, key, identity, title, content, fields):
+    def _failed(self, key: Hashable, identity: RNS.Identity, title: str, content: str,
+                fields: dict[Any, Any]) -> None:
         if self.propagation:
             self._store_for_pickup(key, identity, title, content, fields)
         else:
             self._wait(delivery_hash(identity), (key, title, content, fields, identity.get_public_key()))
 
-    def _wait(self, destination_hash, message):
+    def _wait(self, destination_hash: bytes, message: Waiting) -> None:
         with self._lock:
-            queue = self._pending.setdefault(destination_hash, [])
-            queue.append(message)
-            del queue[:-MAX_WAITING]
+            waiting = self._pending.setdefault(destination_hash, [])
+            waiting.append(message)
+            del waiting[:-MAX_WAITING]
 
     # RNS announce handler: a recipient came back; send what waits for it.
-    def received_announce(self, destination_hash, announced_identity, app_data):
+    def received_announce(self, destination_hash: bytes, announced_identity: RNS.Identity,
+                          app_data: bytes | None) -> None:
         with self._lock:
             waiting = self._pending.pop(destination_hash, [])
         if waiting:
@@ -154,21 +170,20 @@ class Inbox:
     """A client's LXMF delivery destination; ``messages`` is a queue of received
     messages as dicts (title, content, fields, source, timestamp)."""
 
-    def __init__(self, identity, storage, display_name="rngrid"):
-        import queue
+    def __init__(self, identity: RNS.Identity, storage: str | os.PathLike[str], display_name: str = "rngrid") -> None:
         Path(storage).mkdir(parents=True, exist_ok=True)
         self.router = _router(identity, storage)
         self.identity = identity
         self.destination = self.router.register_delivery_identity(identity, display_name=display_name)
-        self.messages = queue.Queue()
+        self.messages: queue.Queue[InboxEntry] = queue.Queue()
         self.router.register_delivery_callback(self._received)
         self.router.announce(self.destination.hash)
 
-    def _received(self, message):
+    def _received(self, message: Any) -> None:
         self.messages.put(inbox_entry(message.title, message.content, message.fields, message.source_hash,
                                       message.timestamp))
 
-    def sync_from(self, tower_identity, timeout=30.0):
+    def sync_from(self, tower_identity: RNS.Identity, timeout: float = 30.0) -> bool:
         """Collect messages waiting on a tower's propagation node. Returns when done or after ``timeout``."""
         node = propagation_hash(tower_identity)
         self.router.set_outbound_propagation_node(node)
@@ -181,7 +196,8 @@ class Inbox:
         return False
 
 
-def inbox_entry(title, content, fields, source_hash, timestamp):
+def inbox_entry(title: object, content: object, fields: object, source_hash: object,
+                timestamp: object) -> InboxEntry:
     """A received message as a map JSON can carry whatever the sender put in
     it: title and content as text (bytes that are not UTF-8 replaced), fields
     with bytes as hex and values JSON lacks as text, the source hash as hex,
@@ -191,13 +207,13 @@ def inbox_entry(title, content, fields, source_hash, timestamp):
             "timestamp": _seconds(timestamp)}
 
 
-def _text(value):
+def _text(value: object) -> str:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", errors="replace")
     return value if isinstance(value, str) else ""
 
 
-def _seconds(value):
+def _seconds(value: object) -> int | float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -34,6 +34,7 @@ config enforces (no public address).
 """
 
 import os
+from collections.abc import Iterable
 
 from reticulum_grid.node import dataplane
 from reticulum_grid.node.dataplane import AUTH_TIMEOUT_S, MAC_BYTES, NONCE_BYTES, interface_of  # noqa: F401
@@ -44,7 +45,7 @@ check_bind_address = dataplane.check_bind_address
 free_port = dataplane.free_port
 
 
-def answer(secret, nonce):
+def answer(secret: bytes, nonce: bytes) -> bytes:
     """The 32-byte answer to a challenge ``nonce`` for job secret ``secret`` (bytes)."""
     return dataplane.answer(secret, GREETING, nonce)
 
@@ -55,7 +56,7 @@ class Front(dataplane.Front):
     store at 127.0.0.1:``store_port``. ``admitted`` and ``refused`` count
     connections."""
 
-    def __init__(self, host, port, secret, store_port, peers=()):
+    def __init__(self, host: str, port: int, secret: bytes, store_port: int, peers: Iterable[str] = ()) -> None:
         super().__init__(host, port, secret, store_port, GREETING, peers=peers)
 
 
@@ -66,5 +67,5 @@ class Forwarder(dataplane.Forwarder):
     The front may not be up yet (rank 0 still loading): connecting is retried
     for ``timeout_s``."""
 
-    def __init__(self, host, port, secret, timeout_s=120.0):
+    def __init__(self, host: str, port: int, secret: bytes, timeout_s: float = 120.0) -> None:
         super().__init__(host, port, secret, GREETING, lambda: [os.getpid()], timeout_s)

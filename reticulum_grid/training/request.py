@@ -22,6 +22,10 @@ target must name a linear layer the base model has. The dataset must parse.
 Reply: ``{"job_id": str}`` at once.
 """
 
+import os
+from collections.abc import Collection
+from typing import Any
+
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.store.names import check_alias
 from reticulum_grid.training.datasets import DatasetError, read_examples
@@ -56,7 +60,8 @@ SCHEMA = {
 }
 
 
-def parse(request, base_modules, dataset_path):
+def parse(request: dict[str, Any], base_modules: Collection[str],
+          dataset_path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validated spec (a dict) from an unpacked request. ``base_modules``: the
     linear modules the base model has; ``dataset_path``: the dataset file.
     Raises WireError(bad_request)."""
@@ -83,7 +88,7 @@ def parse(request, base_modules, dataset_path):
     return r
 
 
-def _check_targets(targets, base_modules):
+def _check_targets(targets: list[Any], base_modules: Collection[str]) -> None:
     if not targets:
         raise WireError(Code.BAD_REQUEST, "target_modules is empty")
     for t in targets:
@@ -97,7 +102,7 @@ def _check_targets(targets, base_modules):
                                               f"{', '.join(sorted(base_modules))}")
 
 
-def _notify(value):
+def _notify(value: bytes | str | None) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, bytes) and len(value) == 16:
@@ -110,8 +115,8 @@ def _notify(value):
     raise WireError(Code.BAD_REQUEST, "notify must be an LXMF address (16 bytes or 32 hex characters)")
 
 
-def _towers(value, batch_size):
-    towers = []
+def _towers(value: list[Any], batch_size: int) -> list[str]:
+    towers: list[str] = []
     for t in value:
         if not isinstance(t, str) or len(t) != 32:
             raise WireError(Code.BAD_REQUEST, "towers must be tower destination hashes (32 hex characters)")

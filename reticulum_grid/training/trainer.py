@@ -30,8 +30,19 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from reticulum_grid.training import checkpoint
+
+if TYPE_CHECKING:  # imported where used: the tower never loads them
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from reticulum_grid.training.datasets import Example
+
+#: A job's spec (jobs.py's Spec; training/request.py names its keys).
+Spec = dict[str, Any]
 
 SPEC = "spec.json"
 CHECKPOINT = "checkpoint.safetensors"
@@ -41,14 +52,14 @@ ADAPTER_GGUF = "adapter.gguf"
 JOB_ID_PATTERN = re.compile(r"[0-9a-f]{12}")
 
 
-def check_job_id(job_id):
+def check_job_id(job_id: object) -> str:
     """``job_id`` if it is one of ours (JOB_ID_PATTERN); else ValueError. Never a path piece."""
     if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
         raise ValueError(f"{str(job_id)[:64]!r} is not a job id (12 hex digits)")
     return job_id
 
 
-def write_spec(job_dir, spec):
+def write_spec(job_dir: str | os.PathLike[str], spec: Spec) -> None:
     """Write ``job_dir/spec.json``, readable by this user only: a multi-tower
     spec holds the job's secret."""
     path = Path(job_dir) / SPEC
@@ -62,21 +73,21 @@ def write_spec(job_dir, spec):
 class Events:
     """JSON-lines events on the real stdout; library prints go to stderr."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._out = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)
 
-    def emit(self, kind, **fields):
+    def emit(self, kind: str, **fields: Any) -> None:
         self._out.write(json.dumps({"event": kind, **fields}) + "\n")
 
 
-def die_with_parent(interval_s=0.5):
+def die_with_parent(interval_s: float = 0.5) -> None:
     """End this worker's process group when the tower that started it is gone
     (killed with SIGKILL, it cannot stop us): the orphan would train on, holding
     memory, while the restarted tower resumes the job in a new worker."""
     parent = os.getppid()
 
-    def watch():
+    def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval_s)
         # Our own group when we lead it (jobs.py starts us so), else only us.
@@ -87,7 +98,7 @@ def die_with_parent(interval_s=0.5):
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def main():
+def main() -> None:
     job_dir = Path(sys.argv[1])
     die_with_parent()
     events = Events()
@@ -98,7 +109,7 @@ def main():
         raise SystemExit(1) from None
 
 
-def run(job_dir, spec, events):
+def run(job_dir: Path, spec: Spec, events: Events) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -151,7 +162,7 @@ def run(job_dir, spec, events):
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def pick_device(torch, precision=None):
+def pick_device(torch: ModuleType, precision: str | None = None) -> tuple[str, str, str]:
     """(device, its name, precision) for this job: the CUDA GPU with the most
     free memory, in bf16 where it supports it (Ampere and later) else fp16
     with loss scaling; MPS or the CPU in fp32. ``precision`` ("bf16" or
@@ -171,7 +182,8 @@ def pick_device(torch, precision=None):
     return "cpu", cpu_name(), precision or "fp32"
 
 
-def load_base(path, device, dtype=None):
+def load_base(path: str | os.PathLike[str], device: str, dtype: "str | torch.dtype | None" = None
+              ) -> "tuple[PreTrainedTokenizerBase, torch.nn.Module]":
     """(tokenizer, model on ``device``); ``dtype``: torch dtype or its name
     (default bfloat16 on CUDA, else float32)."""
     import torch
@@ -191,9 +203,11 @@ def load_base(path, device, dtype=None):
     return tokenizer, model.to(device)
 
 
-def tokenize(examples, tokenizer, seq_len):
+def tokenize(examples: "list[Example]", tokenizer: "PreTrainedTokenizerBase",
+             seq_len: int) -> tuple[list[list[int]], int]:
     """(token id lists, one per example, cut to ``seq_len``; how many were cut)."""
-    out, cut = [], 0
+    out: list[list[int]] = []
+    cut = 0
     for example in examples:
         if "messages" in example:
             ids = tokenizer.apply_chat_template(example["messages"], tokenize=True, return_dict=False)
@@ -204,7 +218,7 @@ def tokenize(examples, tokenizer, seq_len):
     return out, cut
 
 
-def add_lora(model, spec):
+def add_lora(model: "torch.nn.Module", spec: Spec) -> "torch.nn.Module":
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
@@ -212,7 +226,8 @@ def add_lora(model, spec):
     return get_peft_model(model, config)
 
 
-def make_batch(examples, spec, step, steps_per_epoch, pad_id, device):
+def make_batch(examples: list[list[int]], spec: Spec, step: int, steps_per_epoch: int, pad_id: int,
+               device: str) -> "dict[str, torch.Tensor]":
     """The batch for ``step``: examples in a seeded order per epoch, so a resumed
     job sees the same batches as an uninterrupted one."""
     import torch
@@ -232,7 +247,8 @@ def make_batch(examples, spec, step, steps_per_epoch, pad_id, device):
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
-def resume(job_dir, model, optimizer, scheduler):
+def resume(job_dir: Path, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+           scheduler: "torch.optim.lr_scheduler.LRScheduler") -> int:
     """Load the last checkpoint, if any. Returns the step to continue from."""
     import torch
 
@@ -243,7 +259,8 @@ def resume(job_dir, model, optimizer, scheduler):
     return apply_state(checkpoint.load(path), model, optimizer, scheduler)
 
 
-def apply_state(state, model, optimizer, scheduler):
+def apply_state(state: dict[str, Any], model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+                scheduler: "torch.optim.lr_scheduler.LRScheduler") -> int:
     """Load a checkpoint's ``state`` (training_state's map) into the job. Returns its step."""
     import torch
     from peft import set_peft_model_state_dict
@@ -255,7 +272,8 @@ def apply_state(state, model, optimizer, scheduler):
     return int(state["step"])
 
 
-def training_state(model, optimizer, scheduler, step):
+def training_state(model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+                   scheduler: "torch.optim.lr_scheduler.LRScheduler", step: int) -> dict[str, Any]:
     """What a checkpoint holds: adapter weights, optimizer, scheduler, RNG state, step."""
     import torch
     from peft import get_peft_model_state_dict
@@ -264,11 +282,12 @@ def training_state(model, optimizer, scheduler, step):
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(), "step": step}
 
 
-def save_checkpoint(job_dir, model, optimizer, scheduler, step):
+def save_checkpoint(job_dir: Path, model: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
+                    scheduler: "torch.optim.lr_scheduler.LRScheduler", step: int) -> None:
     checkpoint.save(job_dir / CHECKPOINT, training_state(model, optimizer, scheduler, step))
 
 
-def write_outputs(job_dir, model, spec):
+def write_outputs(job_dir: Path, model: "torch.nn.Module", spec: Spec) -> None:
     """adapter.safetensors and adapter.gguf; an adapter with no trained weights is an error."""
     from peft import get_peft_model_state_dict
     from safetensors.numpy import save_file

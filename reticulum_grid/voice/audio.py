@@ -18,8 +18,15 @@ it is all in memory (a small file may hold hours of silence).
 
 import io
 import struct
+from types import ModuleType
 
 import numpy as np
+import numpy.typing as npt
+
+#: Float32 samples in [-1, 1], mono.
+Samples = npt.NDArray[np.float32]
+#: Bytes as they come from a request, a file or a stream.
+Bytes = bytes | bytearray | memoryview
 
 #: Sample rate speech to text runs at (Hz).
 STT_RATE = 16000
@@ -43,7 +50,7 @@ class AudioError(ValueError):
     """Audio that cannot be decoded or encoded; the message says why."""
 
 
-def _av():
+def _av() -> ModuleType:
     try:
         import av
     except ImportError:
@@ -51,13 +58,14 @@ def _av():
     return av
 
 
-def decode(data, rate=STT_RATE, max_s=MAX_AUDIO_S):
+def decode(data: Bytes, rate: int = STT_RATE, max_s: float = MAX_AUDIO_S) -> Samples:
     """Samples (float32 numpy array in [-1, 1], mono, ``rate`` Hz) of an audio
     file's bytes in any format FFmpeg reads (WAV, Ogg Opus/Vorbis, FLAC, MP3,
     M4A, WebM...). Raises AudioError."""
     av = _av()
     limit = int(max_s * rate)
-    chunks, count = [], 0
+    chunks: list[npt.NDArray[np.int16]] = []
+    count = 0
     try:
         with av.open(io.BytesIO(bytes(data)), mode="r", metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -81,7 +89,7 @@ def decode(data, rate=STT_RATE, max_s=MAX_AUDIO_S):
     return np.concatenate(chunks).astype(np.float32) / 32768.0
 
 
-def probe(data, max_s=MAX_AUDIO_S):
+def probe(data: Bytes, max_s: float = MAX_AUDIO_S) -> float:
     """Seconds of audio in a file's bytes, from its container (decoded whole only when the
     container does not say), after checking that its first frame decodes. Raises AudioError."""
     av = _av()
@@ -109,17 +117,17 @@ def probe(data, max_s=MAX_AUDIO_S):
     return seconds
 
 
-def pcm16(samples):
+def pcm16(samples: npt.ArrayLike) -> bytes:
     """16-bit little-endian PCM bytes of float samples in [-1, 1]."""
     return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
-def from_pcm16(data):
+def from_pcm16(data: Bytes) -> Samples:
     """Float32 samples of 16-bit little-endian PCM bytes (an odd last byte is dropped)."""
     return np.frombuffer(bytes(data[:len(data) - len(data) % 2]), dtype="<i2").astype(np.float32) / 32768.0
 
 
-def wav_header(rate, nbytes=None):
+def wav_header(rate: int, nbytes: int | None = None) -> bytes:
     """A 44-byte RIFF/WAVE header for mono 16-bit PCM; ``nbytes`` None writes
     0xFFFFFFFF sizes, as a stream whose length is not known yet does."""
     data = 0xFFFFFFFF if nbytes is None else nbytes
@@ -128,7 +136,7 @@ def wav_header(rate, nbytes=None):
             + b"data" + struct.pack("<I", data))
 
 
-def wav(pcm, rate):
+def wav(pcm: Bytes, rate: int) -> bytes:
     """A whole WAV file of 16-bit mono PCM bytes at ``rate`` Hz."""
     return wav_header(rate, len(pcm)) + bytes(pcm)
 
@@ -138,7 +146,7 @@ class OpusWriter:
     at ``rate`` Hz and returns the Ogg bytes ready so far (FFmpeg's muxer
     closes a page about every second of audio), ``close()`` the rest."""
 
-    def __init__(self, rate, bitrate=OPUS_BPS):
+    def __init__(self, rate: int, bitrate: int = OPUS_BPS) -> None:
         av = _av()
         self.rate = rate
         self._buffer = io.BytesIO()
@@ -149,18 +157,18 @@ class OpusWriter:
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=STT_RATE)
         self._av = av
 
-    def _take(self):
+    def _take(self) -> bytes:
         data = self._buffer.getvalue()
         self._buffer.seek(0)
         self._buffer.truncate()
         return data
 
-    def _mux(self, frame):
+    def _mux(self, frame: object) -> None:
         for out in self._resampler.resample(frame):
             for packet in self._stream.encode(out):
                 self._container.mux(packet)
 
-    def write(self, pcm):
+    def write(self, pcm: Bytes) -> bytes:
         samples = np.frombuffer(bytes(pcm[:len(pcm) - len(pcm) % 2]), dtype="<i2")
         if len(samples):
             frame = self._av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
@@ -168,7 +176,7 @@ class OpusWriter:
             self._mux(frame)
         return self._take()
 
-    def close(self):
+    def close(self) -> bytes:
         self._mux(None)
         for packet in self._stream.encode(None):
             self._container.mux(packet)
@@ -176,17 +184,18 @@ class OpusWriter:
         return self._take()
 
 
-def opus(samples, rate=STT_RATE, bitrate=OPUS_BPS):
+def opus(samples: npt.ArrayLike, rate: int = STT_RATE, bitrate: int = OPUS_BPS) -> bytes:
     """A whole Ogg Opus file of float samples at ``rate`` Hz."""
     writer = OpusWriter(rate, bitrate)
     return writer.write(pcm16(samples)) + writer.close()
 
 
 #: Formats PyAV encodes whole: (container, codec, bits/s or None).
-ENCODED = {"flac": ("flac", "flac", None), "mp3": ("mp3", "libmp3lame", 64000), "aac": ("adts", "aac", 64000)}
+ENCODED: dict[str, tuple[str, str, int | None]] = {
+    "flac": ("flac", "flac", None), "mp3": ("mp3", "libmp3lame", 64000), "aac": ("adts", "aac", 64000)}
 
 
-def _encode(pcm, rate, fmt):
+def _encode(pcm: Bytes, rate: int, fmt: str) -> bytes:
     """A whole file of 16-bit mono PCM bytes in ``fmt`` (a key of ENCODED), through PyAV."""
     av = _av()
     container_format, codec, bitrate = ENCODED[fmt]
@@ -208,7 +217,7 @@ def _encode(pcm, rate, fmt):
     return buffer.getvalue()
 
 
-def convert(pcm, rate, fmt, bitrate=OPUS_BPS):
+def convert(pcm: Bytes, rate: int, fmt: str, bitrate: int = OPUS_BPS) -> bytes:
     """16-bit mono PCM bytes at ``rate`` Hz as a file of ``fmt`` (FORMATS). Raises AudioError."""
     if fmt == "pcm":
         return bytes(pcm)
@@ -225,12 +234,12 @@ def convert(pcm, rate, fmt, bitrate=OPUS_BPS):
     raise AudioError(f"unknown audio format {fmt!r}; formats: {', '.join(FORMATS)}")
 
 
-def opus_bitrate(link_bps):
+def opus_bitrate(link_bps: float | None) -> int:
     """The Opus bitrate (bits/s) for a link of ``link_bps`` bits/s (None or 0: unknown, taken as fast)."""
     return OPUS_RADIO_BPS if link_bps and link_bps <= RADIO_LINK_BPS else OPUS_BPS
 
 
-def for_link(data, link_bps, seconds=None):
+def for_link(data: Bytes, link_bps: float | None, seconds: float | None = None) -> tuple[bytes, str]:
     """(bytes to send, what they are) for an audio file's bytes on a link of
     ``link_bps`` bits/s: the file itself when it is no more than KEEP_RATIO
     times Opus at the link's bitrate (already compressed), else Ogg Opus at

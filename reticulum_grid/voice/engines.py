@@ -13,12 +13,15 @@ model decodes one batch; espeak-ng is one child each) and lets
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
+from typing import Self
 
 from announce.caps import VoiceCap
 from links.wire import Code, WireError
 from reticulum_grid.inference.admission import ModelQueue
+from reticulum_grid.node.voice_config import VoiceConfig
 from reticulum_grid.voice import models, tts
-from reticulum_grid.voice.audio import STT_RATE, decode, wav
+from reticulum_grid.voice.audio import STT_RATE, Samples, decode, wav
 from reticulum_grid.voice.stt import SpeechToText
 from reticulum_grid.voice.tts import TextToSpeech
 
@@ -35,7 +38,7 @@ class Engine:
     ``queue`` (its admission), ``realtime`` (x real time; 0 until measured),
     ``error`` (why it did not start, or "")."""
 
-    def __init__(self, config, worker, queue_depth):
+    def __init__(self, config: VoiceConfig, worker: "SpeechToText | TextToSpeech", queue_depth: int) -> None:
         self.config, self.worker = config, worker
         self.alias, self.kind, self.language = config.alias, config.kind, config.language
         self.queue = ModelQueue(queue_depth, slots=1, initial_request_s=INITIAL_REQUEST_S)
@@ -43,14 +46,14 @@ class Engine:
         self.error = ""
 
     @property
-    def ready(self):
+    def ready(self) -> bool:
         return self.realtime > 0
 
-    def cap(self):
+    def cap(self) -> VoiceCap:
         return VoiceCap(self.alias, self.kind, self.language, round(self.realtime, 1), self.queue.free)
 
 
-def make_worker(config):
+def make_worker(config: VoiceConfig) -> SpeechToText | TextToSpeech:
     """The engine object for a VoiceConfig (nothing loaded yet)."""
     if config.kind == "stt":
         return SpeechToText(config.alias, config.path or "", device=config.device, threads=config.threads,
@@ -62,39 +65,41 @@ class VoiceEngines:
     """``configs``: [VoiceConfig]; ``on_change()`` runs when an engine became
     ready (the tower re-announces)."""
 
-    def __init__(self, configs, queue_depth=4, on_change=None):
+    def __init__(self, configs: Iterable[VoiceConfig], queue_depth: int = 4,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.engines = [Engine(c, make_worker(c), queue_depth) for c in configs]
         self.on_change = on_change
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
-    def start(self):
+    def start(self) -> Self:
         """Load and measure the engines on a thread of their own."""
         if self.engines:
             self._thread = threading.Thread(target=self._start_all, name="rngrid-voice-start", daemon=True)
             self._thread.start()
         return self
 
-    def wait(self, timeout):
+    def wait(self, timeout: float) -> bool:
         """Wait (bounded) for the start-up thread; True when it ended."""
         if self._thread is not None:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
 
-    def _start_all(self):
-        sample = None
+    def _start_all(self) -> None:
+        sample: Samples | None = None
         for engine in sorted(self.engines, key=lambda e: e.kind != "tts"):  # speech first: it is the STT sample
             try:
-                if engine.kind == "stt":
-                    if not engine.worker.path:
-                        engine.worker.path = str(models.install())
-                    engine.worker.load()
+                worker = engine.worker
+                if isinstance(worker, SpeechToText):  # kind "stt"
+                    if not worker.path:
+                        worker.path = str(models.install())
+                    worker.load()
                     sample = sample if sample is not None else _sample(self.engines)
-                    engine.worker.measure(sample[:STT_RATE])  # warm-up: the first call sets up the decoder
-                    engine.realtime = engine.worker.measure(sample)
+                    worker.measure(sample[:STT_RATE])  # warm-up: the first call sets up the decoder
+                    engine.realtime = worker.measure(sample)
                 else:
-                    engine.worker.load()
-                    engine.realtime = engine.worker.measure(MEASURE_TEXT)
+                    worker.load()
+                    engine.realtime = worker.measure(MEASURE_TEXT)
                 log.info("voice engine %s (%s) ready: %.1fx real time%s", engine.alias, engine.kind,
                          engine.realtime, " on the GPU" if getattr(engine.worker, "on_gpu", False) else "")
             except Exception as e:  # one broken engine must not keep the others (or the tower) down
@@ -103,11 +108,11 @@ class VoiceEngines:
             if self.on_change is not None:
                 self.on_change()
 
-    def caps(self):
+    def caps(self) -> tuple[VoiceCap, ...]:
         """VoiceCaps of the engines that are ready."""
         return tuple(e.cap() for e in self.engines if e.ready)
 
-    def find(self, kind, alias=None):
+    def find(self, kind: str, alias: str | None = None) -> Engine:
         """The ready engine of ``kind`` named ``alias`` (None or "": the first
         of that kind). Raises WireError(unknown_model)."""
         for engine in self.engines:
@@ -122,16 +127,16 @@ class VoiceEngines:
         what = f"{kind} engine {alias!r}" if alias else f"{kind} engine"
         raise WireError(Code.UNKNOWN_MODEL, f"no {what} on this tower; it has: {have}")
 
-    def running(self):
+    def running(self) -> tuple[int, int]:
         """(requests running, requests waiting) over every engine."""
         return sum(e.queue.running for e in self.engines), sum(e.queue.waiting for e in self.engines)
 
 
-def _sample(engines):
+def _sample(engines: list[Engine]) -> Samples:
     """MEASURE_TEXT spoken (float32, 16 kHz) by this tower's espeak-ng; without it, 8 s of
     a swept tone (the encoder's cost is what a sweep measures well; the decoder's is small)."""
     import numpy as np
-    speaker = next((e.worker for e in engines if e.kind == "tts" and e.ready), None)
+    speaker = next((e.worker for e in engines if isinstance(e.worker, TextToSpeech) and e.ready), None)
     if speaker is None and tts.available():
         speaker = TextToSpeech("measure")
     if speaker is not None:

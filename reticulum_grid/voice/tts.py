@@ -9,11 +9,14 @@ child. Voices are the language names ``espeak-ng --voices`` lists ("en-us",
 "de", "fr", ...).
 """
 
+import io
 import shutil
 import struct
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from typing import cast
 
 ESPEAK = "espeak-ng"
 #: espeak-ng's output rate (Hz), checked against each stream's header.
@@ -36,12 +39,12 @@ class SpeechError(RuntimeError):
     """espeak-ng failed or is missing; the message says why."""
 
 
-def available():
+def available() -> bool:
     """True when the espeak-ng command is installed."""
     return shutil.which(ESPEAK) is not None
 
 
-def voices():
+def voices() -> set[str]:
     """The voice (language) names espeak-ng lists. Raises SpeechError."""
     if not available():
         raise SpeechError(f"{ESPEAK} is not installed (as root: apt-get install espeak-ng; make setup does it)")
@@ -56,12 +59,12 @@ class TextToSpeech:
     kind = "tts"
     rate = RATE
 
-    def __init__(self, alias, voice=DEFAULT_VOICE, language=""):
+    def __init__(self, alias: str, voice: str = DEFAULT_VOICE, language: str = "") -> None:
         self.alias, self.voice, self.language = alias, voice, language
-        self._voices = None
+        self._voices: set[str] | None = None
         self._lock = threading.Lock()
 
-    def load(self):
+    def load(self) -> set[str]:
         """Read espeak-ng's voice list (once). Raises SpeechError."""
         with self._lock:
             if self._voices is None:
@@ -70,33 +73,37 @@ class TextToSpeech:
                     raise SpeechError(f"espeak-ng has no voice {self.voice!r}")
             return self._voices
 
-    def check_voice(self, voice):
+    def check_voice(self, voice: str | None) -> str:
         """``voice`` (or the default for None/"") if espeak-ng has it; raises ValueError."""
         voice = voice or self.voice
-        if voice not in self.load():
-            raise ValueError(f"no voice {voice!r}; espeak-ng speaks {len(self._voices)} languages, "
+        known = self.load()
+        if voice not in known:
+            raise ValueError(f"no voice {voice!r}; espeak-ng speaks {len(known)} languages, "
                              "e.g. en-us, en-gb, de, fr, es (espeak-ng --voices)")
         return voice
 
-    def speak(self, text, voice=None, wpm=DEFAULT_WPM, cancel=None):
+    def speak(self, text: str, voice: str | None = None, wpm: float = DEFAULT_WPM,
+              cancel: threading.Event | None = None) -> Iterator[bytes]:
         """16-bit mono PCM at RATE Hz, in pieces as espeak-ng speaks ``text``.
         Raises ValueError (bad voice or text), SpeechError."""
         voice = self.check_voice(voice)
         proc = subprocess.Popen([ESPEAK, "-v", voice, "-s", str(int(wpm)), "--stdout"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stderr is not None  # pipes, as asked
+        stdout, stderr = cast(io.BufferedReader, proc.stdout), proc.stderr  # a buffered pipe (Popen's default)
         deadline = time.monotonic() + max(SPEAK_MIN_S, SPEAK_S_PER_CHAR * len(text))
         watchdog = threading.Thread(target=_watch, args=(proc, cancel, deadline), daemon=True)
         watchdog.start()
         try:
             proc.stdin.write(text.encode("utf-8"))
             proc.stdin.close()
-            header = _read_exactly(proc.stdout, 44)
+            header = _read_exactly(stdout, 44)
             if len(header) < 44 or header[:4] != b"RIFF" or header[36:40] != b"data":
-                raise SpeechError(f"espeak-ng wrote no WAV stream: {proc.stderr.read(500).decode(errors='replace')}")
+                raise SpeechError(f"espeak-ng wrote no WAV stream: {stderr.read(500).decode(errors='replace')}")
             rate = struct.unpack("<I", header[24:28])[0]
             if rate != RATE:
                 raise SpeechError(f"espeak-ng spoke at {rate} Hz, not {RATE}")
-            while piece := proc.stdout.read1(READ_BYTES):
+            while piece := stdout.read1(READ_BYTES):
                 yield piece
             if proc.wait(5) != 0 and not (cancel is not None and cancel.is_set()):
                 raise SpeechError(f"espeak-ng ended with status {proc.returncode}")
@@ -104,24 +111,24 @@ class TextToSpeech:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(5)
-            for stream in (proc.stdout, proc.stderr):
+            for stream in (stdout, stderr):
                 stream.close()
 
-    def measure(self, text="The quick brown fox jumps over the lazy dog."):
+    def measure(self, text: str = "The quick brown fox jumps over the lazy dog.") -> float:
         """Speed: seconds of speech per second of work (x real time)."""
         started = time.perf_counter()
         nbytes = sum(len(p) for p in self.speak(text))
         return nbytes / 2 / RATE / max(time.perf_counter() - started, 1e-6)
 
 
-def _read_exactly(stream, n):
+def _read_exactly(stream: io.BufferedReader, n: int) -> bytes:
     data = b""
     while len(data) < n and (more := stream.read1(n - len(data))):
         data += more
     return data
 
 
-def _watch(proc, cancel, deadline):
+def _watch(proc: subprocess.Popen[bytes], cancel: threading.Event | None, deadline: float) -> None:
     """Kill ``proc`` once ``cancel`` is set or ``deadline`` (monotonic seconds) passes."""
     while proc.poll() is None:
         if (cancel is not None and cancel.is_set()) or time.monotonic() > deadline:
