@@ -73,17 +73,17 @@ def nvidia_smi():
 
 def check_caps(grid, entry, smi, failures):
     """caps/full of the GPU tower against nvidia-smi; prints what it saw."""
-    from announce.caps import decode_full
-    reply = grid.caps_full([entry], timeout=30)[0][1]
-    hw = decode_full(reply["caps"]).hardware
+    full = grid.caps_full([entry], timeout=30)[0][1]
+    hw = full.caps.hardware
     smi_total = sum(total for _, total in smi)
     off = abs(hw.vram_total_mib - smi_total) / max(smi_total, 1)
     print(f"caps: backend={hw.backend} device={hw.device!r} gpus={hw.gpus} vram_total_mib={hw.vram_total_mib} "
           f"vram_free_mib={hw.vram_free_mib}; nvidia-smi: {len(smi)} GPU(s) {smi[0][0]!r} total {smi_total} MiB "
           f"({off * 100:.1f} % off)")
-    print(f"caps/full gpus: {reply.get('gpus')}")
-    model = next((b for b in reply["blobs"] if b.get("kind") == "model" and b.get("loaded")), {})
-    print(f"placement: {json.dumps({k: model.get(k) for k in ('on_gpu', 'gpu_model_mib', 'host_model_mib', 'gpu_mib', 'host_mib', 'vram_mib', 'need_mib')})}")
+    print(f"caps/full gpus: {full.gpus}")
+    model = next((b for b in full.blobs if b.kind == "model" and b.loaded), None)
+    keys = ("on_gpu", "gpu_model_mib", "host_model_mib", "gpu_mib", "host_mib", "vram_mib", "need_mib")
+    print(f"placement: {json.dumps({k: getattr(model, k, None) for k in keys})}")
     if hw.backend != "cuda":
         failures.append(f"caps say backend {hw.backend}, not cuda")
     if not smi[0][0].startswith(hw.device) and hw.device not in smi[0][0]:
@@ -92,7 +92,7 @@ def check_caps(grid, entry, smi, failures):
         failures.append(f"caps count {hw.gpus} GPUs, nvidia-smi {len(smi)}")
     if off > VRAM_TOLERANCE:
         failures.append(f"caps VRAM {hw.vram_total_mib} MiB is {off * 100:.1f} % off nvidia-smi's {smi_total} MiB")
-    if not model.get("on_gpu"):
+    if model is None or not model.on_gpu:
         failures.append("the model is not offloaded to the GPU")
 
 

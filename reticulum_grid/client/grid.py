@@ -32,11 +32,11 @@ from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
 from reticulum_grid.client import embeddings, split as splitroute, voice
 from reticulum_grid.client.busy import BusyWait
-from reticulum_grid.client.models import decode_blobs
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
 from reticulum_grid.node.connection import TowerConnection, wait_until
-from reticulum_grid.client.stream import LINK_LOST, InferenceStream
+from reticulum_grid.client.stream import InferenceStream
+from reticulum_grid.client.towerfacts import TowerFacts
 from reticulum_grid.client.training import JobCommands
 from reticulum_grid.client.transfers import BlobTransfers
 
@@ -88,7 +88,7 @@ def _start_rns(home, connect, rns_config, network_name="", passphrase=""):
     rnsnet.start(configdir)
 
 
-class Grid(BlobTransfers, JobCommands):
+class Grid(BlobTransfers, JobCommands, TowerFacts):
     """A grid client.
 
     ``home``: directory for identity, blobs and RNS state (default RNGRID_HOME or ~/.rngrid).
@@ -379,36 +379,6 @@ class Grid(BlobTransfers, JobCommands):
             return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
         return InferenceStream(self, payload, choices, progress=progress, started=started,
                                busy_wait=BusyWait(self, busy_wait, on_busy), tower=tower)
-
-    def tower_models(self, entries=None, timeout=10.0):
-        """[models.TowerModel] of every model and adapter the live towers (or
-        ``entries``) hold, from their caps/full, asked all at once."""
-        entries = self.table.live() if entries is None else entries
-        return [row for entry, reply in self.caps_full(entries, timeout) for row in decode_blobs(entry.name, reply)]
-
-    # -- blobs ------------------------------------------------------------
-    def caps_full(self, entries, timeout=10.0, timed=False):
-        """[(entry, caps/full reply)] of the towers that answer within ``timeout``
-        seconds, asked all at once; ``timed`` adds each round trip (seconds)."""
-        results = []
-
-        def ask(entry):
-            try:
-                started = time.monotonic()
-                reply = self.connection(entry).request("caps/full", {}, timeout,
-                                                       link_timeout=self.liveness.attempt_timeout(entry))
-                results.append((entry, reply, time.monotonic() - started) if timed else (entry, reply))
-            except WireError as e:
-                log.info("no caps/full from %s: %s", entry.name, e)
-                if e.code in LINK_LOST:
-                    self.liveness.failed(entry, e)
-
-        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in entries]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout + 16)
-        return list(results)
 
 
 def stranger_identity(entry):
