@@ -40,6 +40,7 @@ from links.channel import ProtocolError  # noqa: E402
 from links.chunks import ChunkCancel, ChunkData, ChunkError, ChunkRequest, TransferEnd, TransferProgress  # noqa: E402
 from links.jobevents import JobEvent  # noqa: E402
 from links.stream import StreamCancel, StreamEnd, StreamError, TokenChunk  # noqa: E402
+from links.usage import StreamUsage  # noqa: E402
 from links.wire import WireError  # noqa: E402
 from reticulum_grid.client import stream as client_stream  # noqa: E402
 from reticulum_grid.client.models import TowerModel  # noqa: E402
@@ -217,6 +218,11 @@ CAPS_FULL = st.one_of(_map_of({
                                "realtime": st.floats() | _small, "ready": VALUES, "error": _text}), max_size=3),
     "dataplane": VALUES, "you": _map_of({"identity": _text, "roles": st.lists(_text | VALUES, max_size=4)})}),
     VALUES)
+#: A stream end's usage map as a tower sends it (links/usage.py decodes it).
+USAGE = _map_of({"prompt_tokens": _ints, "completion_tokens": _small, "tower_ttft_s": st.floats(),
+                 "tokens_per_s": st.floats() | _ints, "queued_s": st.floats(), "tower": _alias,
+                 "cached_tokens": _ints, "draft_tokens": _small, "draft_accepted": _small,
+                 "split": st.lists(st.text(max_size=32) | st.just("ab" * 16) | VALUES, max_size=4)}) | VALUES
 #: Per-token probabilities as a tower's token chunk carries them (client/stream.py checks them).
 LOGPROBS = st.lists(_map_of({"token": _text, "logprob": st.floats() | VALUES, "bytes": st.lists(_ints) | VALUES,
                              "top": st.lists(_map_of({"token": _text, "logprob": st.floats()}) | VALUES,
@@ -348,6 +354,7 @@ def targets(scratch):
         "dataset": (DATASET, lambda d: _dataset(d, scratch), (datasets.DatasetError,)),
         "tower_models": (TOWER_MODELS, _tower_models, (capscodec.CapsError,)),
         "logprobs": (LOGPROBS, client_stream._logprobs, ()),
+        "stream_usage": (USAGE, StreamUsage.from_map, ()),
         "gateway_bodies": (HTTP_BODIES, _http_body, ()),
         "checkpoint": (_checkpoints(), checkpoint.unpack, (checkpoint.CheckpointError,)),
     }

@@ -10,8 +10,9 @@ Message types (msgpack arrays inside Channel envelopes):
   ``lp`` per-token log probabilities ``[{token, logprob, bytes, top: [...]}]``,
   ``tc`` OpenAI tool-call deltas ``[{index, id?, type?, function: {name?, arguments?}}]``,
   ``x`` true when the ids do not give these bytes exactly (no tower can continue from them).
-- ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map:
-  prompt_tokens, completion_tokens, ttft_s (seconds), tokens_per_s, tower.
+- ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map: an
+  inference stream's is links/usage.py's StreamUsage; embeddings add ``dims``
+  and ``count`` to it, voice streams send their own (voice/request.py).
 - ``StreamError`` 0x0103 ``[stream_id, code, message]``
 - ``StreamCancel`` 0x0104 ``[stream_id]`` - client to tower.
 

@@ -254,3 +254,11 @@ def test_a_chunk_request_id_runs_once_per_link():
     refusals = [m for m in router.sent if isinstance(m, ChunkError)]
     release.set()
     assert len(refusals) == 2 and all(m.code == "bad_request" and m.xfer_id == 7 for m in refusals)
+
+
+def test_stream_usage_round_trips_and_distrusts_the_wire():
+    from links.usage import StreamUsage
+    usage = StreamUsage(12, 8, 0.05, 40.0, 0.001, "tower-a", cached_tokens=4, split=("ab" * 16,))
+    assert StreamUsage.from_map(usage.to_map()) == usage
+    assert StreamUsage.from_map({"prompt_tokens": True, "tokens_per_s": float("nan"), "tower": "x\n",
+                                 "split": ["zz" * 16], "future": 1}) == StreamUsage()

@@ -1,5 +1,6 @@
 """``rngrid towers``, ``infer``, ``route``, ``demo``: discovery and inference."""
 
+import dataclasses
 import sys
 
 import click
@@ -141,11 +142,10 @@ def _stream(stream, as_json):
     for piece in stream:
         if isinstance(piece, Usage):
             if as_json:
-                json_line({"usage": piece.__dict__})
+                json_line({"usage": dataclasses.asdict(piece)})
             else:
                 print(flush=True)
-                err.print(f"{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
-                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}", style="dim")
+                err.print(piece.summary(), style="dim")
         elif as_json:
             json_line({"text": piece})
         else:

@@ -11,6 +11,7 @@ import struct
 from dataclasses import dataclass
 
 from links.stream import MAX_STREAM_ID
+from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
 
@@ -79,8 +80,7 @@ def _ask(grid, entry, model, texts):
                                                f"not {count} x {dims} float32")
             flat = struct.unpack(f"<{dims * count}f", bytes(data))
             vectors = [list(flat[i * dims:(i + 1) * dims]) for i in range(count)]
-            tokens = usage.get("prompt_tokens")
-            return Embeddings(vectors, tokens if isinstance(tokens, int) else 0, entry.name)
+            return Embeddings(vectors, StreamUsage.from_map(usage).prompt_tokens, entry.name)
     finally:
         conn.close_stream(stream_id)
     raise WireError(Code.INTERNAL, f"tower {entry.name} ended the embeddings stream without its end")

@@ -25,9 +25,10 @@ names every tower tried; no_tower means no tower was there.
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from links.stream import MAX_STREAM_ID, TextDecoder
+from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
 
@@ -111,27 +112,30 @@ class _Meter:
         return self.after_first / (self.last_at - self.first_at)
 
 
-@dataclass
-class Usage:
-    """Ends an inference stream. Tokens are counts; times in seconds; rate in tokens/s.
+@dataclass(frozen=True)
+class Usage(StreamUsage):
+    """Ends an inference stream: the tower's StreamUsage (links/usage.py:
+    tokens, ``tower_ttft_s``, tokens/s, ``queued_s``, cached and drafted
+    tokens) with what only this client knows. Times in seconds.
 
     ``ttft_s`` is measured by the client, from execute() to the first text;
-    ``tower_ttft_s`` is the (last) tower's prompt processing time to the first token;
-    ``failovers`` counts towers that failed mid-stream and were replaced;
-    ``cached_tokens``: prompt tokens the runner took from its cache;
-    ``draft_tokens`` / ``draft_accepted``: speculative decoding's proposals and how many held."""
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    tokens_per_s: float
-    tower: str
-    finish_reason: str
-    tower_ttft_s: float = 0.0
-    queued_s: float = 0.0
+    ``tower`` is the (last) tower's name as this client knows it (never its
+    own word); ``finish_reason`` is the tower's; ``failovers`` counts towers
+    that failed mid-stream and were replaced. Counts cover the whole stream,
+    over every tower that served it."""
+    ttft_s: float = 0.0
+    finish_reason: str = ""
     failovers: int = 0
-    cached_tokens: int = 0
-    draft_tokens: int = 0
-    draft_accepted: int = 0
+
+    @classmethod
+    def of(cls, reported: StreamUsage, **measured: object) -> "Usage":
+        """``reported`` with the client's own figures (any Usage field) over it."""
+        return cls(**{**{f.name: getattr(reported, f.name) for f in fields(StreamUsage)}, **measured})
+
+    def summary(self) -> str:
+        """The line ``rngrid infer`` shows after the answer."""
+        return (f"{self.completion_tokens} tokens from {self.tower}, TTFT {self.ttft_s * 1000:.0f} ms, "
+                f"{self.tokens_per_s:.1f} tokens/s, finish: {self.finish_reason}")
 
 
 class InferenceStream:
@@ -359,16 +363,13 @@ class InferenceStream:
             conn.cancel(stream_id)
 
     def _usage(self, entry, finish_reason, usage, before):
-        def num(key, kind=float):
-            value = usage.get(key, 0)
-            return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
-        ids_before, generated_before = before
-        return Usage(prompt_tokens=num("prompt_tokens", int) - ids_before,
-                     completion_tokens=num("completion_tokens", int) + generated_before,
-                     ttft_s=(self._first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
-                     tower=entry.name, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
-                     queued_s=num("queued_s"), failovers=self._failovers, cached_tokens=num("cached_tokens", int),
-                     draft_tokens=num("draft_tokens", int), draft_accepted=num("draft_accepted", int))
+        """The stream's Usage from the end's ``usage`` map, counting the tokens
+        of the towers ``before`` this one ((ids, generated) so far)."""
+        reported, (ids_before, generated_before) = StreamUsage.from_map(usage), before
+        return Usage.of(reported, prompt_tokens=reported.prompt_tokens - ids_before,
+                        completion_tokens=reported.completion_tokens + generated_before,
+                        ttft_s=(self._first_at or time.perf_counter()) - self.started, tower=entry.name,
+                        finish_reason=finish_reason, failovers=self._failovers)
 
 
 def _uses_tools(payload):

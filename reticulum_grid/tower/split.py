@@ -22,6 +22,7 @@ cancel and continue_tokens work as for a whole model.
 import logging
 import threading
 import time
+from dataclasses import replace
 
 import RNS
 
@@ -126,7 +127,8 @@ class TowerSplit:
             yield from model.generate(request, cancel, result)
 
         def usage(result, queued_s):
-            return {**self.tower.inference.usage(result, queued_s), "split": [key.hex() for key, _, _ in parts]}
+            return replace(self.tower.inference.usage(result, queued_s),
+                           split=tuple(key.hex() for key, _, _ in parts)).to_map()
 
         return start_stream(session, request, self.queue, generate, usage, prepare=lambda: self._ensure_model(
             slot, want), on_error=self._stream_failed, name="rngrid-split")
