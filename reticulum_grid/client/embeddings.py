@@ -10,7 +10,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 
-from links.stream import MAX_STREAM_ID
+from links.stream import MAX_STREAM_ID, TokenEvent
 from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
@@ -70,10 +70,10 @@ def _ask(grid, entry, model, texts):
         data = bytearray()
         silence = max(STREAM_SILENCE_S, 10 * (conn.link.rtt or 0.0))
         for event in receiver.events(silence, conn.router):
-            if event[0] == "data":
-                data += event[1]
+            if isinstance(event, TokenEvent):
+                data += event.data
                 continue
-            usage = event[2]
+            usage = event.usage
             dims, count = usage.get("dims"), usage.get("count")
             if not isinstance(dims, int) or not isinstance(count, int) or dims * count * 4 != len(data):
                 raise WireError(Code.INTERNAL, f"tower {entry.name} sent {len(data)} bytes of vectors, "

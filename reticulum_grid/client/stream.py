@@ -27,7 +27,7 @@ import secrets
 import time
 from dataclasses import dataclass, fields
 
-from links.stream import MAX_STREAM_ID, TextDecoder
+from links.stream import MAX_STREAM_ID, EndEvent, TextDecoder, TokenEvent, decoded
 from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
@@ -205,30 +205,18 @@ class InferenceStream:
         try:
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
             silence = max(STREAM_SILENCE_S, 10 * rtt)
-            for event in receiver.events(silence, self._current[0].router):
-                if event[0] == "data":
-                    _, data, ids, extra = event
-                    meter.tokens(extra.get("n", len(ids)))
-                    self.ids += ids
-                    self.generated += extra.get("n", len(ids))
-                    self._exact = self._exact and not extra.get("x")
-                    text = decoder.feed(data)
-                    if text or extra.get("lp"):
-                        yield self._emit(text, extra.get("lp", ()))
-                    for call in extra.get("tc", ()):
-                        yield _tool_call(call)
-                else:
-                    tail = decoder.finish()
-                    if tail:
-                        yield self._emit(tail)
-                    self._release()
-                    self.grid.health.ended(entry.destination_hash)
-                    self.grid.health.succeeded(entry.destination_hash)
-                    if meter.rate() is not None:
-                        self.grid.health.measured(entry.destination_hash, meter.rate())
-                    self.usage = self._usage(entry, event[1], event[2], before)
-                    yield self.usage
-                    return True
+            for event in decoded(receiver.events(silence, self._current[0].router), decoder):
+                if isinstance(event, TokenEvent):
+                    yield from self._token(event, meter)
+                    continue
+                self._release()
+                self.grid.health.ended(entry.destination_hash)
+                self.grid.health.succeeded(entry.destination_hash)
+                if meter.rate() is not None:
+                    self.grid.health.measured(entry.destination_hash, meter.rate())
+                self.usage = self._usage(entry, event, before)
+                yield self.usage
+                return True
         except WireError as e:
             self._release()
             self.grid.health.ended(entry.destination_hash)
@@ -239,6 +227,18 @@ class InferenceStream:
                 self._check_continuable(entry, e)
                 self._failovers += 1
         return False
+
+    def _token(self, event: TokenEvent, meter: _Meter):
+        """Count one token chunk and yield its pieces: Text, then any ToolCallDelta."""
+        if event.data or event.ids or event.extra:  # not decoded()'s tail
+            meter.tokens(event.generated)
+            self.ids += event.ids
+            self.generated += event.generated
+            self._exact = self._exact and not event.extra.get("x")
+        if event.text or event.extra.get("lp"):
+            yield self._emit(event.text, event.extra.get("lp", ()))
+        for call in event.extra.get("tc", ()):
+            yield _tool_call(call)
 
     def _waited_for_slot(self):
         """When nothing came yet and the towers said busy: wait (client/busy.py);
@@ -362,14 +362,14 @@ class InferenceStream:
             conn, stream_id = current
             conn.cancel(stream_id)
 
-    def _usage(self, entry, finish_reason, usage, before):
-        """The stream's Usage from the end's ``usage`` map, counting the tokens
-        of the towers ``before`` this one ((ids, generated) so far)."""
-        reported, (ids_before, generated_before) = StreamUsage.from_map(usage), before
+    def _usage(self, entry, end: EndEvent, before):
+        """The stream's Usage from its EndEvent, counting the tokens of the
+        towers ``before`` this one ((ids, generated) so far)."""
+        reported, (ids_before, generated_before) = StreamUsage.from_map(end.usage), before
         return Usage.of(reported, prompt_tokens=reported.prompt_tokens - ids_before,
                         completion_tokens=reported.completion_tokens + generated_before,
                         ttft_s=(self._first_at or time.perf_counter()) - self.started, tower=entry.name,
-                        finish_reason=finish_reason, failovers=self._failovers)
+                        finish_reason=end.finish_reason, failovers=self._failovers)
 
 
 def _uses_tools(payload):
