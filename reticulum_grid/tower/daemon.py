@@ -100,8 +100,12 @@ class Tower:
         self.tokens_per_s = 0.0
         self.store = BlobStore(config.directory / "blobs")
         self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
+        self.identity = None  # the rest is set by start()
         self.registry = None
+        self.facts = None
+        self.inference = None
         self.voice = None
+        self.split = None
         self.jobs = None
         self.collector = None
         self.destination = None
@@ -163,7 +167,7 @@ class Tower:
             self.announcer.stop()
         if self.jobs:
             self.jobs.manager.stop()
-        if getattr(self, "split", None):
+        if self.split:
             self.split.stop()
         if self.registry:
             self.registry.close()
