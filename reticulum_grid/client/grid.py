@@ -35,7 +35,7 @@ from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
 from reticulum_grid.node.connection import TowerConnection, wait_until
-from reticulum_grid.client.stream import InferenceStream
+from reticulum_grid.client.stream import Ask, InferenceStream
 from reticulum_grid.client.towerfacts import TowerFacts
 from reticulum_grid.client.training import JobCommands
 from reticulum_grid.client.transfers import BlobTransfers
@@ -368,13 +368,10 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
 
     def infer(self, payload, tower=None, progress=None, busy_wait=0.0, on_busy=None):
         """The InferenceStream of an ai/inference ``payload`` (see execute)."""
-        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
-        started = time.perf_counter()
-        adapter = payload.get("adapter") if isinstance(payload.get("adapter"), str) else None
-        choices = self.rank(payload["model"], adapter=adapter, tower=tower)
-        split = None if tower or adapter else splitroute.single_or_split(self, payload["model"], choices,
-                                                                          payload.get("split_policy", "auto"))
+        ask, started = Ask.of(payload), time.perf_counter()
+        choices = self.rank(ask.model, adapter=ask.adapter, tower=tower)
+        split = None if tower or ask.adapter else splitroute.single_or_split(self, ask.model, choices,
+                                                                              payload.get("split_policy", "auto"))
         if split is not None:
             return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
         return InferenceStream(self, payload, choices, progress=progress, started=started,

@@ -89,6 +89,23 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True)
+class Ask:
+    """An ai/inference payload as this client reads it, in one place:
+    ``model`` (an alias or a blob id prefix) and ``adapter`` (None when the
+    payload names none)."""
+    model: str
+    adapter: str | None
+
+    @classmethod
+    def of(cls, payload: object) -> "Ask":
+        """Raises WireError(bad_request) for a payload that is no map or has no 'model' string."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
+        adapter = payload.get("adapter")
+        return cls(payload["model"], adapter if isinstance(adapter, str) else None)
+
+
 class _Meter:
     """A stream's rate on this client's clock: tokens after the first message
     over the time since it (the first message carries the prompt's latency)."""
@@ -150,6 +167,7 @@ class InferenceStream:
     def __init__(self, grid, payload, choices, progress=None, started=None, busy_wait=None, tower=None):
         self.grid = grid
         self.payload = payload
+        self.ask = Ask.of(payload)
         self.choices = list(choices)[:MAX_TOWERS]
         self.progress = progress
         self.started = started or time.perf_counter()
@@ -178,12 +196,12 @@ class InferenceStream:
                     if (yield from self._attempt(choice.entry, decoder)):
                         return
                 if self._waited_for_slot():
-                    choices = self.grid.rank(self.payload["model"], adapter=self._adapter(), tower=self._tower)
+                    choices = self.grid.rank(self.ask.model, adapter=self.ask.adapter, tower=self._tower)
                     continue
                 if looked_again or not self._worth_looking_again():
                     break
                 looked_again = True
-                choices = self.grid.liveness.look_again(self.payload["model"], self._tried, adapter=self._adapter())
+                choices = self.grid.liveness.look_again(self.ask.model, self._tried, adapter=self.ask.adapter)
             raise self._exhausted()
         finally:
             if self._current is not None:
@@ -199,7 +217,7 @@ class InferenceStream:
         except WireError as e:
             self._note_refusal(entry, e)
             return False
-        self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
+        self._model_blob = self._model_blob or entry.caps.model(self.ask.model).short_id
         before = (len(self.ids), self.generated)
         meter = _Meter()
         try:
@@ -250,16 +268,12 @@ class InferenceStream:
         if error.code != Code.BUSY:
             return False
         # Towers that failed otherwise (gone, not allowed, ...) do not count when they announce a free slot.
-        if not self.busy_wait.wait(self.payload["model"], error, exclude=set(self._tried)):
+        if not self.busy_wait.wait(self.ask.model, error, exclude=set(self._tried)):
             if self.busy_wait.stopped.is_set():
                 raise WireError(Code.CANCELLED, "cancelled while waiting for a free slot")
             return False
         self._errors = [(name, e) for name, e in self._errors if e.code != Code.BUSY]
         return True
-
-    def _adapter(self):
-        adapter = self.payload.get("adapter")
-        return adapter if isinstance(adapter, str) else None
 
     def _failed(self, entry, error):
         self._errors.append((entry.name, error))
@@ -281,10 +295,10 @@ class InferenceStream:
 
     def _start(self, entry):
         """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
-        model, adapter = self.payload["model"], self.payload.get("adapter")
+        model, adapter = self.ask.model, self.ask.adapter
         if entry.caps.model(model) is None:
             entry = self.grid.sync_to(entry, model, "model", self.progress)
-        if isinstance(adapter, str) and entry.caps.adapter(adapter) is None:
+        if adapter is not None and entry.caps.adapter(adapter) is None:
             entry = self.grid.sync_to(entry, adapter, "adapter", self.progress)
         payload = continued(self.payload, self.ids, self.generated)
         conn = self.grid.connection(entry)
@@ -310,7 +324,7 @@ class InferenceStream:
             self._failed(entry, error)
 
     def _can_continue(self, entry, model_blob):
-        cap = entry.caps.model(self.payload["model"])
+        cap = entry.caps.model(self.ask.model)
         return cap is not None and cap.short_id == model_blob
 
     def _check_continuable(self, entry, error):
@@ -324,7 +338,7 @@ class InferenceStream:
     def _exhausted(self):
         """The error once no tower is left: the most telling code a tower gave
         (busy with the shortest retry hint, not_allowed, ...), naming every try."""
-        model = self.payload["model"]
+        model = self.ask.model
         tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in self._errors) or "none"
         if self.generated:
             return WireError(Code.UNREACHABLE, f"the stream stopped after {self.generated} tokens "
