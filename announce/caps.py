@@ -1,8 +1,8 @@
 """Capability blob ("caps"): the msgpack map a tower carries as announce app_data.
 
-Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
+Wire format, schema version 2 (msgpack map, short keys to fit one announce)::
 
-    {"v": 1,                      # schema version (int)
+    {"v": 2,                      # schema version (int)
      "n": "tower-a",              # tower name, UTF-8, <= 32 bytes
      "hb": 900,                   # heartbeat interval, seconds (entries expire after ~2.5x)
      "hw": [backend, device,      # "cuda" | "metal" | "cpu" | ...; device name <= 40 bytes
@@ -35,7 +35,11 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-SCHEMA_VERSION = 1
+from announce.fields import CapsError, bool_field, int_field, list_field, text_field
+
+#: 2: caps/full became one typed reply (capsfull.py) and a stream's usage one
+#: map (links/usage.py); a peer speaking 1 is refused by name.
+SCHEMA_VERSION = 2
 NAME_MAX_BYTES = 32
 DEVICE_MAX_BYTES = 40
 ALIAS_MAX_BYTES = 32
@@ -54,10 +58,6 @@ VOICE_KINDS = ("stt", "tts")
 LANGUAGE_MAX_BYTES = 16
 #: Most a voice engine's announced speed is believed (x real time; espeak-ng reaches a few hundred).
 MAX_REALTIME = 100_000
-
-
-class CapsError(ValueError):
-    """A capability blob that cannot be trusted; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +125,13 @@ class Load:
 class Caps:
     name: str
     hardware: Hardware = field(default_factory=Hardware)
-    models: tuple = ()
-    adapters: tuple = ()
+    models: tuple[ModelCap, ...] = ()
+    adapters: tuple[AdapterCap, ...] = ()
     load: Load = field(default_factory=Load)
     tokens_per_s: float = 0.0
     heartbeat_s: int = 900
     lend_mib: int | None = None  # memory lent to split models (MiB); None: not announced
-    voice: tuple = ()  # VoiceCap per voice engine
+    voice: tuple[VoiceCap, ...] = ()
     more: bool = False
     version: int = SCHEMA_VERSION
 
@@ -213,7 +213,7 @@ def _pack_map(caps, models, adapters, more, voice=None):
     return msgpack.packb(blob, use_bin_type=True)
 
 
-def encode(caps, budget=CAPS_BUDGET):
+def encode(caps: Caps, budget: int = CAPS_BUDGET) -> bytes:
     """Pack ``caps`` into at most ``budget`` bytes of msgpack.
 
     Models, adapters and voice engines that do not fit are left out
@@ -237,7 +237,7 @@ def encode(caps, budget=CAPS_BUDGET):
     return data
 
 
-def decode(data, max_bytes=DECODE_MAX_BYTES):
+def decode(data: object, max_bytes: int = DECODE_MAX_BYTES) -> Caps:
     """Parse and validate announce app_data. Returns Caps; raises CapsError."""
     if not isinstance(data, (bytes, bytearray)):
         raise CapsError(f"app_data is {type(data).__name__}, not bytes")
@@ -251,12 +251,12 @@ def decode(data, max_bytes=DECODE_MAX_BYTES):
     return from_map(raw)
 
 
-def decode_full(data, max_bytes=1 << 20):
+def decode_full(data: object, max_bytes: int = 1 << 20) -> Caps:
     """Parse caps served by ``caps/full`` (no announce size limit; 1 MiB cap)."""
     return decode(data, max_bytes=max_bytes)
 
 
-def from_map(raw):
+def from_map(raw: object) -> Caps:
     """Validate an already-unpacked caps map. Raises CapsError."""
     if not isinstance(raw, dict):
         raise CapsError(f"caps is {type(raw).__name__}, not a map")
@@ -266,63 +266,64 @@ def from_map(raw):
     if version != SCHEMA_VERSION:
         raise CapsError(f"unsupported caps schema version {version}")
     return Caps(
-        name=_text(raw.get("n"), "name", NAME_MAX_BYTES, allow_empty=False),
-        heartbeat_s=_int(raw.get("hb"), "heartbeat", 1, 7 * 86400),
+        name=text_field(raw.get("n"), "name", NAME_MAX_BYTES, allow_empty=False),
+        heartbeat_s=int_field(raw.get("hb"), "heartbeat", 1, 7 * 86400),
         hardware=_hardware(raw.get("hw")),
-        models=tuple(_model(m) for m in _list(raw.get("m"), "models")),
-        adapters=tuple(_adapter(a) for a in _list(raw.get("a", []), "adapters")),
+        models=tuple(_model(m) for m in list_field(raw.get("m"), "models")),
+        adapters=tuple(_adapter(a) for a in list_field(raw.get("a", []), "adapters")),
         load=_load(raw.get("l")),
-        tokens_per_s=_int(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
-        lend_mib=None if raw.get("sh") is None else _int(raw.get("sh"), "lent memory", 0, MAX_MIB),
-        voice=tuple(_voice(v) for v in _list(raw.get("vo", []), "voice engines")),
-        more=_bool(raw.get("more", False), "more"),
+        tokens_per_s=int_field(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
+        lend_mib=None if raw.get("sh") is None else int_field(raw.get("sh"), "lent memory", 0, MAX_MIB),
+        voice=tuple(_voice(v) for v in list_field(raw.get("vo", []), "voice engines")),
+        more=bool_field(raw.get("more", False), "more"),
     )
 
 
 def _hardware(value):
-    items = _list(value, "hardware", exact=7)
-    backend = _text(items[0], "backend", 16, allow_empty=False)
+    items = list_field(value, "hardware", exact=7)
+    backend = text_field(items[0], "backend", 16, allow_empty=False)
     if backend not in BACKENDS:
         raise CapsError(f"unknown backend {backend!r}")
     vram_total, vram_free, ram_total, ram_free = (
-        _int(v, n, 0, MAX_MIB) for v, n in zip(items[2:6], ("vram total", "vram free", "ram total", "ram free"))
+        int_field(v, n, 0, MAX_MIB) for v, n in zip(items[2:6], ("vram total", "vram free", "ram total", "ram free"))
     )
     if vram_free > vram_total or ram_free > ram_total:
         raise CapsError("free memory exceeds total")
-    return Hardware(backend, _text(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total, ram_free,
-                    _int(items[6], "gpu count", 0, MAX_GPUS))
+    return Hardware(backend, text_field(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total,
+                    ram_free, int_field(items[6], "gpu count", 0, MAX_GPUS))
 
 
 def _model(value):
-    alias, short_id, loaded, free = _list(value, "model entry", exact=4)
-    return ModelCap(_alias(alias), _short_id(short_id), bool(_int(loaded, "loaded flag", 0, 1)),
-                    _int(free, "free slots", 0, MAX_COUNT))
+    alias, short_id, loaded, free = list_field(value, "model entry", exact=4)
+    return ModelCap(alias_field(alias), _short_id(short_id), bool(int_field(loaded, "loaded flag", 0, 1)),
+                    int_field(free, "free slots", 0, MAX_COUNT))
 
 
 def _adapter(value):
-    alias, short_id = _list(value, "adapter entry", exact=2)
-    return AdapterCap(_alias(alias), _short_id(short_id))
+    alias, short_id = list_field(value, "adapter entry", exact=2)
+    return AdapterCap(alias_field(alias), _short_id(short_id))
 
 
 def _voice(value):
-    alias, kind, language, realtime, free = _list(value, "voice entry", exact=5)
-    kind = _text(kind, "voice kind", 8)
+    alias, kind, language, realtime, free = list_field(value, "voice entry", exact=5)
+    kind = text_field(kind, "voice kind", 8)
     if kind not in VOICE_KINDS:
         raise CapsError(f"unknown voice kind {kind!r}")
-    language = _text(language, "language", LANGUAGE_MAX_BYTES)
+    language = text_field(language, "language", LANGUAGE_MAX_BYTES)
     if not all(c.isalnum() or c in "-_+" for c in language):
         raise CapsError(f"language {language!r} is not a language or voice name")
-    return VoiceCap(_alias(alias), kind, language, _int(realtime, "realtime", 0, MAX_REALTIME * 10) / 10.0,
-                    _int(free, "voice free", 0, MAX_COUNT))
+    return VoiceCap(alias_field(alias), kind, language, int_field(realtime, "realtime", 0, MAX_REALTIME * 10) / 10.0,
+                    int_field(free, "voice free", 0, MAX_COUNT))
 
 
 def _load(value):
-    items = _list(value, "load", exact=3)
-    return Load(*(_int(v, n, 0, MAX_COUNT) for v, n in zip(items, ("streams", "jobs", "queue"))))
+    items = list_field(value, "load", exact=3)
+    return Load(*(int_field(v, n, 0, MAX_COUNT) for v, n in zip(items, ("streams", "jobs", "queue"))))
 
 
-def _alias(value):
-    alias = _text(value, "alias", ALIAS_MAX_BYTES, allow_empty=False)
+def alias_field(value: object, what: str = "alias") -> str:
+    """``value`` as an alias: 1-32 bytes of text, no path separators. Raises CapsError."""
+    alias = text_field(value, what, ALIAS_MAX_BYTES, allow_empty=False)
     if "/" in alias or "\\" in alias or alias in (".", ".."):
         raise CapsError(f"alias {alias!r} has a path separator")
     return alias
@@ -331,38 +332,4 @@ def _alias(value):
 def _short_id(value):
     if not isinstance(value, bytes) or len(value) != SHORT_ID_BYTES:
         raise CapsError(f"short blob id must be {SHORT_ID_BYTES} bytes")
-    return value
-
-
-def _list(value, what, exact=None):
-    if not isinstance(value, list):
-        raise CapsError(f"{what} is {type(value).__name__}, not a list")
-    if exact is not None and len(value) != exact:
-        raise CapsError(f"{what} has {len(value)} items, expected {exact}")
-    return value
-
-
-def _int(value, what, lo, hi):
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise CapsError(f"{what} is {type(value).__name__}, not an integer")
-    if not lo <= value <= hi:
-        raise CapsError(f"{what} {value} outside [{lo}, {hi}]")
-    return value
-
-
-def _bool(value, what):
-    if not isinstance(value, bool):
-        raise CapsError(f"{what} is {type(value).__name__}, not a boolean")
-    return value
-
-
-def _text(value, what, max_bytes, allow_empty=True):
-    if not isinstance(value, str):
-        raise CapsError(f"{what} is {type(value).__name__}, not a string")
-    if len(value.encode("utf-8")) > max_bytes:
-        raise CapsError(f"{what} longer than {max_bytes} bytes")
-    if not allow_empty and not value:
-        raise CapsError(f"{what} is empty")
-    if any(ord(c) < 32 for c in value):
-        raise CapsError(f"{what} has control characters")
     return value

@@ -34,13 +34,16 @@ from rich.markup import escape  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
 
 from announce import caps as capscodec  # noqa: E402
+from announce.capsfull import CapsFull  # noqa: E402
 from links import manifest as mf, wire  # noqa: E402
 from links.channel import ProtocolError  # noqa: E402
 from links.chunks import ChunkCancel, ChunkData, ChunkError, ChunkRequest, TransferEnd, TransferProgress  # noqa: E402
 from links.jobevents import JobEvent  # noqa: E402
 from links.stream import StreamCancel, StreamEnd, StreamError, TokenChunk  # noqa: E402
+from links.usage import StreamUsage  # noqa: E402
 from links.wire import WireError  # noqa: E402
-from reticulum_grid.client import models as tower_models, stream as client_stream  # noqa: E402
+from reticulum_grid.client import stream as client_stream  # noqa: E402
+from reticulum_grid.client.models import TowerModel  # noqa: E402
 from reticulum_grid.gateway import ollama_api, openai_api  # noqa: E402
 from reticulum_grid.gateway.errors import ApiError  # noqa: E402
 from reticulum_grid.inference import request as inference_request  # noqa: E402
@@ -103,7 +106,8 @@ _blob = st.binary(min_size=32, max_size=32) | st.binary(max_size=40)
 _token_ids = st.lists(st.integers(-1, 1 << 32), max_size=8)
 
 CAPS = st.fixed_dictionaries({
-    "v": st.sampled_from([1, 1, 0, 2, True]), "n": _alias, "hb": _small,
+    "v": st.sampled_from([capscodec.SCHEMA_VERSION] * 2 + [0, 1, capscodec.SCHEMA_VERSION + 1, True]),
+    "n": _alias, "hb": _small,
     "hw": st.tuples(st.sampled_from(["cpu", "cuda", "x"]), _text, _small, _small, _small, _small, _small).map(list),
     "m": st.lists(st.tuples(_alias, st.binary(min_size=3, max_size=5), st.integers(-1, 2)).map(list), max_size=4),
     "l": st.tuples(_small, _small, _small).map(list),
@@ -198,12 +202,27 @@ _line = st.one_of(VALUES.map(_json),
 DATASET = st.one_of(st.lists(_line, max_size=5).map(lambda lines: "\n".join(lines).encode()),
                     st.binary(max_size=200))
 
-#: caps/full's blob rows as a tower sends them (client/models.py decodes them).
+#: caps/full's blob rows as a tower sends them (announce/capsfull.py decodes them).
 TOWER_MODELS = st.one_of(st.fixed_dictionaries({"blobs": st.lists(_map_of({
     "alias": _alias, "blob_id": _blob, "size": _ints, "kind": st.sampled_from(["model", "adapter", "x"]),
-    "loaded": VALUES, "on_gpu": VALUES, "gpu_mib": _ints, "host_mib": _small, "slots": _small, "slots_free": _ints,
-    "n_ctx": _ints, "gguf": _map_of({"architecture": _text, "parameters": _ints, "pooling": VALUES,
-                                     "context_length": _small, "name": VALUES})}) | VALUES, max_size=4)}), VALUES)
+    "loaded": VALUES | st.booleans(), "on_gpu": VALUES, "gpu_mib": _ints, "host_mib": _small, "slots": _small,
+    "slots_free": _ints, "n_ctx": _ints, "need_mib": _small, "n_layers": _small, "reading": st.booleans(),
+    "gguf": _map_of({"architecture": _text, "parameters": _ints, "pooling": VALUES, "context_length": _small,
+                     "name": VALUES})}) | VALUES, max_size=4)}), VALUES)
+#: Whole caps/full replies: their caps, blob rows, GPUs, voice engines and the caller.
+CAPS_FULL = st.one_of(_map_of({
+    "caps": st.one_of(CAPS.map(_pack), _mutated(CAPS.map(_pack))), "blobs": TOWER_MODELS.map(
+        lambda v: v.get("blobs") if isinstance(v, dict) else v),
+    "gpus": st.lists(_map_of({"index": _small, "name": _text, "total_mib": _ints, "free_mib": _small}), max_size=3),
+    "voice": st.lists(_map_of({"alias": _alias, "kind": st.sampled_from(["stt", "tts", "x"]), "language": _text,
+                               "realtime": st.floats() | _small, "ready": VALUES, "error": _text}), max_size=3),
+    "dataplane": VALUES, "you": _map_of({"identity": _text, "roles": st.lists(_text | VALUES, max_size=4)})}),
+    VALUES)
+#: A stream end's usage map as a tower sends it (links/usage.py decodes it).
+USAGE = _map_of({"prompt_tokens": _ints, "completion_tokens": _small, "tower_ttft_s": st.floats(),
+                 "tokens_per_s": st.floats() | _ints, "queued_s": st.floats(), "tower": _alias,
+                 "cached_tokens": _ints, "draft_tokens": _small, "draft_accepted": _small,
+                 "split": st.lists(st.text(max_size=32) | st.just("ab" * 16) | VALUES, max_size=4)}) | VALUES
 #: Per-token probabilities as a tower's token chunk carries them (client/stream.py checks them).
 LOGPROBS = st.lists(_map_of({"token": _text, "logprob": st.floats() | VALUES, "bytes": st.lists(_ints) | VALUES,
                              "top": st.lists(_map_of({"token": _text, "logprob": st.floats()}) | VALUES,
@@ -271,6 +290,16 @@ def _event(data):
     json.dumps(event.event)  # `rngrid jobs watch --json` prints events as they came
 
 
+#: A caps blob every caps/full of the tower_models target carries (its rows are what is fuzzed).
+_CAPS_BYTES = capscodec.encode(capscodec.Caps("t"))
+
+
+def _tower_models(reply):
+    """A tower's caps/full rows as Grid.tower_models reads them."""
+    full = CapsFull.from_map({"caps": _CAPS_BYTES, **reply} if isinstance(reply, dict) else reply)
+    return [TowerModel.of("t", blob) for blob in full.blobs]
+
+
 def _http_body(body):
     """Every route parser of the gateway on one body: each may only refuse with ApiError(400)."""
     parsers = (lambda b: openai_api.parse(b, True, {"m"}), lambda b: openai_api.parse(b, False, {"m"}),
@@ -310,7 +339,7 @@ def targets(scratch):
     scratch = Path(scratch)
     return {
         "caps": (_bytes_from(CAPS), capscodec.decode, (capscodec.CapsError,)),
-        "caps_full": (_bytes_from(CAPS), capscodec.decode_full, (capscodec.CapsError,)),
+        "caps_full": (CAPS_FULL, CapsFull.from_map, (capscodec.CapsError,)),
         "inference_request": (_bytes_from(INFERENCE), _inference, (WireError,)),
         "train_request": (TRAIN, lambda r: _train(r, scratch), (WireError,)),
         "blob_requests": (BLOBS, _blobs, ()),
@@ -323,8 +352,9 @@ def targets(scratch):
         "lxmf_fields": (LXMF, _lxmf, ()),
         "config": (_toml(), lambda t: _config(t, scratch), (config.ConfigError,)),
         "dataset": (DATASET, lambda d: _dataset(d, scratch), (datasets.DatasetError,)),
-        "tower_models": (TOWER_MODELS, lambda v: tower_models.decode_blobs("t", v), ()),
+        "tower_models": (TOWER_MODELS, _tower_models, (capscodec.CapsError,)),
         "logprobs": (LOGPROBS, client_stream._logprobs, ()),
+        "stream_usage": (USAGE, StreamUsage.from_map, ()),
         "gateway_bodies": (HTTP_BODIES, _http_body, ()),
         "checkpoint": (_checkpoints(), checkpoint.unpack, (checkpoint.CheckpointError,)),
     }

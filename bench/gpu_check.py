@@ -35,6 +35,7 @@ a GPU (the GPU checks then fail, as they must) to try the script cheaply.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import secrets
@@ -171,7 +172,6 @@ def _embedding_mib(path):
 
 def part_caps(check, opts, tmp):
     """caps, offload and one stream of the 8B model on one tower."""
-    from announce.caps import decode_full
     from bench.common import time_stream
     from reticulum_grid.client import Grid, Usage
     from reticulum_grid.node import rnsnet
@@ -186,16 +186,17 @@ def part_caps(check, opts, tmp):
         started, model = time.monotonic(), {}
         while time.monotonic() - started < 240:  # the model loads in the background
             reply = grid.caps_full([entry], timeout=30)[0][1]
-            model = next((b for b in reply["blobs"] if b.get("alias") == BIG_ALIAS and b.get("loaded")), {})
+            model = next((b for b in reply.blobs if b.alias == BIG_ALIAS and b.loaded), None)
             if model:
                 break
             time.sleep(1)
-        hw = decode_full(reply["caps"]).hardware
+        hw = reply.caps.hardware
         check.put("caps_backend", hw.backend, "caps")
         check.put("caps_device", hw.device, "caps")
         check.put("caps_gpus", hw.gpus, "caps")
         check.put("caps_vram_total_mib", hw.vram_total_mib, "caps")
-        check.detail("caps", caps_full_gpus=reply.get("gpus"), blob=model)
+        check.detail("caps", caps_full_gpus=[dataclasses.asdict(g) for g in reply.gpus],
+                     blob=model and {k: v for k, v in model.to_map().items() if k != "blob_id"})
         if hw.backend != "cuda":
             check.fail("caps", f"the caps say backend {hw.backend}, not cuda")
         smi = check.parts.get("machine", {}).get("gpus") or []
@@ -211,15 +212,15 @@ def part_caps(check, opts, tmp):
             check.fail("caps", "the 8B model never showed as loaded in caps/full")
             return
         embeddings = _embedding_mib(opts.big)
-        check.put("offload_gpu_model_mib", model.get("gpu_model_mib"), "caps")
-        check.put("offload_host_model_mib", model.get("host_model_mib"), "caps")
-        check.put("offload_vram_mib", model.get("vram_mib"), "caps")
-        full = bool(model.get("on_gpu")) and (model.get("host_model_mib") or 0) <= embeddings + 1
+        check.put("offload_gpu_model_mib", model.gpu_model_mib, "caps")
+        check.put("offload_host_model_mib", model.host_model_mib, "caps")
+        check.put("offload_vram_mib", model.vram_mib, "caps")
+        full = bool(model.on_gpu) and (model.host_model_mib or 0) <= embeddings + 1
         check.put("offload_full", "yes" if full else "no", "caps")
         check.detail("caps", input_embeddings_mib=round(embeddings, 1))
         if not full:
-            check.fail("caps", f"the model is not fully offloaded: {model.get('gpu_model_mib')} MiB on GPUs, "
-                               f"{model.get('host_model_mib')} MiB in host memory (embeddings {embeddings:.0f} MiB)")
+            check.fail("caps", f"the model is not fully offloaded: {model.gpu_model_mib} MiB on GPUs, "
+                               f"{model.host_model_mib} MiB in host memory (embeddings {embeddings:.0f} MiB)")
 
         def one(k, tokens):
             pieces = grid.execute("ai/inference", {"model": BIG_ALIAS, "prompt": PROMPT.format(k=k),

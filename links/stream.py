@@ -10,8 +10,9 @@ Message types (msgpack arrays inside Channel envelopes):
   ``lp`` per-token log probabilities ``[{token, logprob, bytes, top: [...]}]``,
   ``tc`` OpenAI tool-call deltas ``[{index, id?, type?, function: {name?, arguments?}}]``,
   ``x`` true when the ids do not give these bytes exactly (no tower can continue from them).
-- ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map:
-  prompt_tokens, completion_tokens, ttft_s (seconds), tokens_per_s, tower.
+- ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map: an
+  inference stream's is links/usage.py's StreamUsage; embeddings add ``dims``
+  and ``count`` to it, voice streams send their own (voice/request.py).
 - ``StreamError`` 0x0103 ``[stream_id, code, message]``
 - ``StreamCancel`` 0x0104 ``[stream_id]`` - client to tower.
 
@@ -28,6 +29,8 @@ import codecs
 import queue
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 
 import msgpack
 import RNS
@@ -281,11 +284,51 @@ class TextDecoder:
         return self._decoder.decode(b"", final=True)
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token chunk as the client reads it: ``data`` UTF-8 bytes (they may
+    start or end inside a character), ``ids`` the token ids they came from,
+    ``extra`` the chunk's extra map (see TokenChunk); ``text`` is the bytes
+    decoded, set by decoded() ("" before)."""
+    data: bytes
+    ids: list
+    extra: dict
+    text: str = ""
+
+    @property
+    def generated(self) -> int:
+        """Tokens this chunk stands for (``n`` when it differs from the ids)."""
+        return self.extra.get("n", len(self.ids))
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    """A stream's end: the tower's ``finish_reason`` and its ``usage`` map
+    (links/usage.py StreamUsage for an inference stream)."""
+    finish_reason: str
+    usage: dict
+
+
+def decoded(events: Iterable[TokenEvent | EndEvent], decoder: TextDecoder) -> Iterator[TokenEvent | EndEvent]:
+    """``events`` with each TokenEvent's ``text`` decoded by ``decoder`` (one
+    decoder for a whole stream, kept across towers after a failover); what the
+    decoder still holds at the end comes as a TokenEvent with no bytes before
+    the EndEvent."""
+    for event in events:
+        if isinstance(event, TokenEvent):
+            yield replace(event, text=decoder.feed(event.data))
+            continue
+        tail = decoder.finish()
+        if tail:
+            yield TokenEvent(b"", [], {}, tail)
+        yield event
+
+
 class StreamReceiver:
     """Client side: one stream's messages as events.
 
-    ``events(timeout, router)`` yields ``("data", bytes, token ids, extra)`` and finally
-    ``("end", reason, usage)``; raises WireError on an error message, a gap, an
+    ``events(timeout, router)`` yields a TokenEvent per chunk with content and
+    finally one EndEvent; raises WireError on an error message, a gap, an
     idle ``timeout`` (seconds) or, with the Link's ``router``, a Link that died
     without a teardown."""
 
@@ -301,7 +344,8 @@ class StreamReceiver:
         """Called when the Link drops: ends the stream with an error."""
         self._queue.put(StreamError(self.stream_id, code, message))
 
-    def events(self, idle_timeout, router=None):
+    def events(self, idle_timeout: float, router=None) -> Iterator[TokenEvent | EndEvent]:
+        """The stream's events (see the class doc); ``idle_timeout`` in seconds."""
         while True:
             message = get_alive(self._queue, router, idle_timeout, "tokens")
             if isinstance(message, TokenChunk):
@@ -309,9 +353,13 @@ class StreamReceiver:
                     raise WireError("bad_stream", f"chunk {message.seq} arrived, expected {self._next_seq}")
                 self._next_seq += 1
                 if message.data or message.ids or message.extra:  # an empty chunk is a heartbeat
-                    yield ("data", message.data, message.ids, message.extra)
+                    yield TokenEvent(message.data, message.ids, message.extra)
             elif isinstance(message, StreamEnd):
-                yield ("end", message.finish_reason, message.usage)
+                yield EndEvent(message.finish_reason, message.usage)
                 return
             elif isinstance(message, StreamError):
                 raise WireError(message.code, message.message)
+
+    def decoded_events(self, idle_timeout: float, router=None) -> Iterator[TokenEvent | EndEvent]:
+        """events() decoded (see decoded()) with a decoder of this stream's own."""
+        return decoded(self.events(idle_timeout, router), TextDecoder())

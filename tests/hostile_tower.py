@@ -63,7 +63,8 @@ def _patch(args):
         return dataclasses.replace(real_caps(self), **claims)
 
     def usage(self, result, queued_s):
-        return {**real_usage(self, result, queued_s), **({"tower": args.claim_name} if args.claim_name else {})}
+        usage = real_usage(self, result, queued_s)
+        return dataclasses.replace(usage, tower=args.claim_name) if args.claim_name else usage
 
     def handler(self, path, role, command):
         handle = real_handler(self, path, role, command)

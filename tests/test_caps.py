@@ -52,7 +52,7 @@ def test_loaded_models_kept_before_disk_only():
 
 
 @pytest.mark.parametrize("mutate, reason", [
-    (lambda m: m.update(v=2), "unsupported caps schema version 2"),
+    (lambda m: m.update(v=c.SCHEMA_VERSION + 1), f"unsupported caps schema version {c.SCHEMA_VERSION + 1}"),
     (lambda m: m.pop("v"), "no integer schema version"),
     (lambda m: m.update(n=5), "name is int"),
     (lambda m: m.update(n=""), "name is empty"),
@@ -121,3 +121,65 @@ def test_material_change():
     small = c.Caps(**{**a.__dict__, "hardware": c.Hardware(hw.backend, hw.device, hw.vram_total_mib,
                                                                   hw.vram_free_mib - 1000, hw.ram_total_mib, hw.ram_free_mib)})
     assert not small.materially_differs(a)
+
+
+# -- caps/full (announce/capsfull.py) ------------------------------------------
+def full_reply():
+    from announce.capsfull import BlobFacts, Caller, CapsFull, GpuInfo, ModelSummary, VoiceInfo
+    model = BlobFacts("model-0", b"\x01" * 32, 1 << 30, "model", True, on_gpu=True, gpu_mib=900, slots=4,
+                      slots_free=3, n_ctx=4096, need_mib=1200, n_layers=30, embedding=576,
+                      gguf=ModelSummary("llama", 134_515_008, "Q4_1", 8192, 576, 30, 0, "SmolLM2"))
+    return CapsFull(full_caps(), (model, BlobFacts("", b"\x02" * 32, 12, "dataset"),
+                                  BlobFacts("reader", b"\x03" * 32, 5, "model", reading=True)),
+                    (GpuInfo(0, "NVIDIA GeForce RTX 5090", 32607, 30000),),
+                    (VoiceInfo("espeak-ng", "tts", "en", 310.5, True), VoiceInfo("whisper", "stt", error="Boom:\nno")),
+                    True, Caller("ab" * 16, ("infer", "sync")))
+
+
+def wire(full):
+    """What the other end unpacks (msgpack both ways, as over a Link)."""
+    return msgpack.unpackb(msgpack.packb(full.to_map(), use_bin_type=True), raw=False)
+
+
+def test_caps_full_round_trip():
+    from announce.capsfull import CapsFull
+    full = full_reply()
+    decoded = CapsFull.from_map(wire(full))
+    assert decoded == full and decoded.roles == {"infer", "sync"}
+    assert decoded.blob("model-0").n_layers == 30 and decoded.blob("missing") is None
+    assert decoded.holds("reader") and decoded.holds("0202") and not decoded.holds("0404")
+
+
+def test_caps_full_ignores_fields_it_does_not_know():
+    from announce.capsfull import CapsFull
+    raw = wire(full_reply())
+    raw["future"] = {"x": 1}
+    raw["blobs"][0]["future"] = [1, 2]
+    raw["gpus"][0]["future"] = "y"
+    assert CapsFull.from_map(raw) == full_reply()
+    bare = CapsFull.from_map({"caps": raw["caps"]})
+    assert bare.blobs == () and bare.you is None and bare.roles == frozenset() and not bare.dataplane
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda m: m.pop("caps"), "not bytes"),
+    (lambda m: m.update(blobs="x"), "blobs is str"),
+    (lambda m: m["blobs"][0].update(size=-1), "size -1 outside"),
+    (lambda m: m["blobs"][0].update(blob_id=b"short"), "blob id is 5 bytes"),
+    (lambda m: m["blobs"][0].pop("kind"), "has no kind"),
+    (lambda m: m["blobs"][0].update(loaded=1), "loaded is int"),
+    (lambda m: m["blobs"][0].update(alias="../x"), "path separator"),
+    (lambda m: m["blobs"][0]["gguf"].update(name=5), "name is int"),
+    (lambda m: m["blobs"][1].update(gguf=[]), "gguf summary is list"),
+    (lambda m: m["gpus"][0].pop("name"), "gpu has no name"),
+    (lambda m: m["voice"][0].update(kind="sing"), "unknown voice kind"),
+    (lambda m: m["voice"][0].update(realtime=float("nan")), "realtime is float, not a number"),
+    (lambda m: m["you"].update(roles="infer"), "roles is str"),
+    (lambda m: m.update(dataplane="yes"), "dataplane is str"),
+])
+def test_caps_full_rejects_bad_fields(mutate, reason):
+    from announce.capsfull import CapsFull
+    raw = wire(full_reply())
+    mutate(raw)
+    with pytest.raises(c.CapsError, match=reason):
+        CapsFull.from_map(raw)

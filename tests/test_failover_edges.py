@@ -16,7 +16,7 @@ of its own text, inference/generation.py).
 import pytest
 import tomlkit
 
-from links.stream import StreamReceiver
+from links.stream import EndEvent, StreamReceiver, TokenEvent
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
@@ -117,11 +117,11 @@ def dies_after(monkeypatch, data_events):
         first, sent, ids = not seen, 0, []
         seen.append(self)
         for event in real(self, idle_timeout, router):
-            if first and (event[0] == "end" or sent == data_events):
+            if first and (isinstance(event, EndEvent) or sent == data_events):
                 cut["ids"] = ids
                 raise WireError(Code.UNREACHABLE, "test double: the tower died here")
-            if event[0] == "data":
-                sent, ids = sent + 1, ids + list(event[2])
+            if isinstance(event, TokenEvent):
+                sent, ids = sent + 1, ids + list(event.ids)
             yield event
 
     monkeypatch.setattr(StreamReceiver, "events", events)

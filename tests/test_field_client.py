@@ -16,9 +16,9 @@ import time
 import pytest
 
 from links.wire import Code, WireError
-from reticulum_grid.cli.infer import _tower_row
 from reticulum_grid.client import Usage
 from reticulum_grid.client.grid import LIVE_MAX_AGE_S
+from reticulum_grid.client.rows import tower_row
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.connection import wait_until
 from reticulum_grid.node.identity import load_or_create
@@ -120,8 +120,8 @@ def test_a_frozen_tower_costs_seconds_and_is_marked_silent(hub, pair):
                                           "(it cost 6-17 s before)"
         health = hub.grid.health.get(_hash(hub, a))
         assert health.state == "silent" and health.backed_off(), (health, seconds)
-        assert _tower_row(hub.wait_tower(a.name), health)["state"] == "silent"
-        assert _tower_row(hub.wait_tower(b.name), hub.grid.health.get(_hash(hub, b)))["state"] == "ok"
+        assert tower_row(hub.wait_tower(a.name), health)["state"] == "silent"
+        assert tower_row(hub.wait_tower(b.name), hub.grid.health.get(_hash(hub, b)))["state"] == "ok"
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
 

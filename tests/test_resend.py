@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import RNS
 
+from links.stream import EndEvent, TokenEvent
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
@@ -53,8 +54,8 @@ def tower(hub):
 def text_of(receiver, conn):
     pieces, end = [], None
     for event in receiver.events(30.0, conn.router):
-        if event[0] == "data":
-            pieces.append(event[1])
+        if isinstance(event, TokenEvent):
+            pieces.append(event.data)
         else:
             end = event
     return b"".join(pieces).decode("utf-8"), end
@@ -75,7 +76,7 @@ def test_a_resent_inference_request_runs_once(hub, tower, lose_first_reply):
         conn.close_stream(stream_id)
     assert lost == ["ai/inference"], "the first reply must have been dropped"
     assert reply["stream_id"] == stream_id
-    assert end[0] == "end" and end[2]["completion_tokens"] == PROMPT["max_tokens"]
+    assert isinstance(end, EndEvent) and end.usage["completion_tokens"] == PROMPT["max_tokens"]
     assert text == "".join(direct[:-1]), "one run: the text of a direct run, nothing doubled"
     assert "sent again" in tower.log()
 

@@ -11,13 +11,14 @@ import RNS
 
 from links.channel import ProtocolError
 from links.stream import (
+    EndEvent,
     StreamCancel,
     StreamEnd,
     StreamError,
     StreamReceiver,
     StreamSender,
-    TextDecoder,
     TokenChunk,
+    TokenEvent,
 )
 from links.wire import WireError
 
@@ -25,19 +26,8 @@ TEXT = "Emoji 😀🚀 and CJK 日本語のテキスト, accents é à ü — do
 
 
 def events(receiver):
-    """The receiver's events with the data decoded as the client does."""
-    decoder, out = TextDecoder(), []
-    for event in receiver.events(idle_timeout=2):
-        if event[0] == "data":
-            text = decoder.feed(event[1])
-            if text:
-                out.append(("text", text))
-        else:
-            tail = decoder.finish()
-            if tail:
-                out.append(("text", tail))
-            out.append(event)
-    return out
+    """The receiver's events with the data decoded as the client does (those with text, and the end)."""
+    return [e for e in receiver.decoded_events(idle_timeout=2) if isinstance(e, EndEvent) or e.text]
 
 
 def test_every_split_point_decodes_intact():
@@ -47,7 +37,7 @@ def test_every_split_point_decodes_intact():
         r.deliver(TokenChunk(1, 0, data[:cut]))
         r.deliver(TokenChunk(1, 1, data[cut:]))
         r.deliver(StreamEnd(1, "stop", {}))
-        pieces = [e[1] for e in events(r) if e[0] == "text"]
+        pieces = [e.text for e in events(r) if isinstance(e, TokenEvent)]
         assert "".join(pieces) == TEXT
         assert all("\ufffd" not in p for p in pieces)
 
@@ -58,8 +48,8 @@ def test_byte_by_byte():
         r.deliver(TokenChunk(5, i, bytes([b])))
     r.deliver(StreamEnd(5, "length", {"completion_tokens": 3}))
     out = events(r)
-    assert "".join(e[1] for e in out if e[0] == "text") == TEXT
-    assert out[-1] == ("end", "length", {"completion_tokens": 3})
+    assert "".join(e.text for e in out if isinstance(e, TokenEvent)) == TEXT
+    assert out[-1] == EndEvent("length", {"completion_tokens": 3})
 
 
 def test_gap_and_error_raise():
@@ -254,3 +244,11 @@ def test_a_chunk_request_id_runs_once_per_link():
     refusals = [m for m in router.sent if isinstance(m, ChunkError)]
     release.set()
     assert len(refusals) == 2 and all(m.code == "bad_request" and m.xfer_id == 7 for m in refusals)
+
+
+def test_stream_usage_round_trips_and_distrusts_the_wire():
+    from links.usage import StreamUsage
+    usage = StreamUsage(12, 8, 0.05, 40.0, 0.001, "tower-a", cached_tokens=4, split=("ab" * 16,))
+    assert StreamUsage.from_map(usage.to_map()) == usage
+    assert StreamUsage.from_map({"prompt_tokens": True, "tokens_per_s": float("nan"), "tower": "x\n",
+                                 "split": ["zz" * 16], "future": 1}) == StreamUsage()

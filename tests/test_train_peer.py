@@ -64,7 +64,7 @@ def tower(hub):
     t = hub.start_tower("tp-b", allow=allow, dataplane=DATAPLANE, blobs=[(DATA, "tp-data", "dataset", True)])
     entry = hub.wait_tower(t.name)
     (_, full), = hub.grid.caps_full([entry], timeout=60)
-    blobs = {b["kind"]: b["blob_id"].hex() for b in full["blobs"]}
+    blobs = {b.kind: b.hex for b in full.blobs}
     yield t, entry, {**SPEC, "base_blob": blobs["model"], "dataset_blob": blobs["dataset"]}
     t.stop()
 

@@ -73,6 +73,12 @@ export interface Usage {
   queued_s: number;
   /** Towers that died mid-stream and were replaced. */
   failovers: number;
+  /** Prompt tokens the runner took from its cache; speculative decoding's proposed and held tokens. */
+  cached_tokens: number;
+  draft_tokens: number;
+  draft_accepted: number;
+  /** A split model's towers (destination hashes, the coordinator last); empty on one tower. */
+  split: string[];
 }
 
 /** A token's log probability (<= 0), its UTF-8 bytes and the likeliest alternatives. */

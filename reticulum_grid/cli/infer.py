@@ -1,5 +1,6 @@
 """``rngrid towers``, ``infer``, ``route``, ``demo``: discovery and inference."""
 
+import dataclasses
 import sys
 
 import click
@@ -20,11 +21,12 @@ def towers(ctx, connect, rns_config, wait, as_json):
     "ok" with its RTT, or "silent" (no answer in its bound) / "failed" (and why).
     Towers this client does not trust are listed apart: heard, never used."""
     from reticulum_grid.client.grid import stranger_identity
+    from reticulum_grid.client.rows import tower_row
     grid = open_grid(ctx, connect, rns_config)
     entries = grid.towers(wait=wait)
     grid.refresh(entries)
-    rows = [_tower_row(grid.table.get(e.destination_hash) or e, grid.health.get(e.destination_hash)) for e in entries]
-    strangers = [{**_tower_row(e, None), "identity": stranger_identity(e)} for e in grid.table.strangers()]
+    rows = [tower_row(grid.table.get(e.destination_hash) or e, grid.health.get(e.destination_hash)) for e in entries]
+    strangers = [{**tower_row(e, None), "identity": stranger_identity(e)} for e in grid.table.strangers()]
     if as_json:
         json_line(rows + strangers)
         return
@@ -44,13 +46,11 @@ def _print_towers(rows):
     table = Table("name", "destination", "state", "hops", "age", "backend", "memory free/total", "models", "tok/s")
     table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
     for r in rows:
-        kind = "VRAM" if r["vram_total_mib"] else "RAM"
-        free, total = (r["vram_free_mib"], r["vram_total_mib"]) if r["vram_total_mib"] else (
-            r["ram_free_mib"], r["ram_total_mib"])
+        memory = r["memory"]
         state = f"ok {r['rtt_ms']:.0f} ms" if r["state"] == "ok" else f"{r['state']}: {r['error']}"
         table.add_row(r["name"], r["destination"], state, str(r["hops"]), f"{r['age_s']:.0f}s",
                       f"{r['backend']} ({r['gpus']} x {r['device']})" if r["gpus"] > 1 else f"{r['backend']} ({r['device']})",
-                      f"{free}/{total} MiB {kind}",
+                      f"{memory['free_mib']}/{memory['total_mib']} MiB {memory['kind']}",
                       ", ".join([m["alias"] + ("" if m["loaded"] else " (disk)") for m in r["models"]]
                                 + [f"{v['alias']} ({v['kind']} {v['realtime']:g}x)" for v in r["voice"]]),
                       f"{r['tokens_per_s']:.0f}")
@@ -63,25 +63,6 @@ def _print_strangers(rows):
         table.add_row(r["name"], r["destination"], r["identity"] or "?", ", ".join(m["alias"] for m in r["models"]))
     out.print(table)
     out.print("to use one of them (if it is yours): rngrid trust IDENTITY --name NAME")
-
-
-def _tower_row(entry, health):
-    """A tower's row; ``health`` None for a tower this client does not trust (never asked)."""
-    hw = entry.caps.hardware
-    if health is None:
-        state, error, rtt_ms = "untrusted", "", 0.0
-    else:
-        state, error, rtt_ms = health.state or "not asked", health.error, round(health.rtt_s * 1000, 1)
-    return {"name": entry.name, "destination": entry.hash_hex, "trusted": health is not None, "state": state,
-            "error": error, "rtt_ms": rtt_ms,
-            "hops": entry.hops, "age_s": round(entry.age(), 1),
-            "backend": hw.backend, "device": hw.device, "gpus": hw.gpus, "vram_free_mib": hw.vram_free_mib,
-            "vram_total_mib": hw.vram_total_mib, "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
-            "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in entry.caps.models],
-            "voice": [{"alias": v.alias, "kind": v.kind, "language": v.language, "realtime": v.realtime}
-                      for v in entry.caps.voice],
-            "tokens_per_s": entry.caps.tokens_per_s,
-            "load": {"streams": entry.caps.load.streams, "jobs": entry.caps.load.jobs, "queue": entry.caps.load.queue}}
 
 
 @main.command()
@@ -141,11 +122,10 @@ def _stream(stream, as_json):
     for piece in stream:
         if isinstance(piece, Usage):
             if as_json:
-                json_line({"usage": piece.__dict__})
+                json_line({"usage": dataclasses.asdict(piece)})
             else:
                 print(flush=True)
-                err.print(f"{piece.completion_tokens} tokens from {piece.tower}, TTFT {piece.ttft_s * 1000:.0f} ms, "
-                          f"{piece.tokens_per_s:.1f} tokens/s, finish: {piece.finish_reason}", style="dim")
+                err.print(piece.summary(), style="dim")
         elif as_json:
             json_line({"text": piece})
         else:

@@ -10,7 +10,8 @@ import secrets
 import struct
 from dataclasses import dataclass
 
-from links.stream import MAX_STREAM_ID
+from links.stream import MAX_STREAM_ID, TokenEvent
+from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
 
@@ -69,18 +70,17 @@ def _ask(grid, entry, model, texts):
         data = bytearray()
         silence = max(STREAM_SILENCE_S, 10 * (conn.link.rtt or 0.0))
         for event in receiver.events(silence, conn.router):
-            if event[0] == "data":
-                data += event[1]
+            if isinstance(event, TokenEvent):
+                data += event.data
                 continue
-            usage = event[2]
+            usage = event.usage
             dims, count = usage.get("dims"), usage.get("count")
             if not isinstance(dims, int) or not isinstance(count, int) or dims * count * 4 != len(data):
                 raise WireError(Code.INTERNAL, f"tower {entry.name} sent {len(data)} bytes of vectors, "
                                                f"not {count} x {dims} float32")
             flat = struct.unpack(f"<{dims * count}f", bytes(data))
             vectors = [list(flat[i * dims:(i + 1) * dims]) for i in range(count)]
-            tokens = usage.get("prompt_tokens")
-            return Embeddings(vectors, tokens if isinstance(tokens, int) else 0, entry.name)
+            return Embeddings(vectors, StreamUsage.from_map(usage).prompt_tokens, entry.name)
     finally:
         conn.close_stream(stream_id)
     raise WireError(Code.INTERNAL, f"tower {entry.name} ended the embeddings stream without its end")

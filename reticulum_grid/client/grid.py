@@ -32,11 +32,11 @@ from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
 from reticulum_grid.client import embeddings, split as splitroute, voice
 from reticulum_grid.client.busy import BusyWait
-from reticulum_grid.client.models import decode_blobs
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
 from reticulum_grid.node.connection import TowerConnection, wait_until
-from reticulum_grid.client.stream import LINK_LOST, InferenceStream
+from reticulum_grid.client.stream import Ask, InferenceStream
+from reticulum_grid.client.towerfacts import TowerFacts
 from reticulum_grid.client.training import JobCommands
 from reticulum_grid.client.transfers import BlobTransfers
 
@@ -88,7 +88,7 @@ def _start_rns(home, connect, rns_config, network_name="", passphrase=""):
     rnsnet.start(configdir)
 
 
-class Grid(BlobTransfers, JobCommands):
+class Grid(BlobTransfers, JobCommands, TowerFacts):
     """A grid client.
 
     ``home``: directory for identity, blobs and RNS state (default RNGRID_HOME or ~/.rngrid).
@@ -368,47 +368,14 @@ class Grid(BlobTransfers, JobCommands):
 
     def infer(self, payload, tower=None, progress=None, busy_wait=0.0, on_busy=None):
         """The InferenceStream of an ai/inference ``payload`` (see execute)."""
-        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
-        started = time.perf_counter()
-        adapter = payload.get("adapter") if isinstance(payload.get("adapter"), str) else None
-        choices = self.rank(payload["model"], adapter=adapter, tower=tower)
-        split = None if tower or adapter else splitroute.single_or_split(self, payload["model"], choices,
-                                                                          payload.get("split_policy", "auto"))
+        ask, started = Ask.of(payload), time.perf_counter()
+        choices = self.rank(ask.model, adapter=ask.adapter, tower=tower)
+        split = None if tower or ask.adapter else splitroute.single_or_split(self, ask.model, choices,
+                                                                              payload.get("split_policy", "auto"))
         if split is not None:
             return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
         return InferenceStream(self, payload, choices, progress=progress, started=started,
                                busy_wait=BusyWait(self, busy_wait, on_busy), tower=tower)
-
-    def tower_models(self, entries=None, timeout=10.0):
-        """[models.TowerModel] of every model and adapter the live towers (or
-        ``entries``) hold, from their caps/full, asked all at once."""
-        entries = self.table.live() if entries is None else entries
-        return [row for entry, reply in self.caps_full(entries, timeout) for row in decode_blobs(entry.name, reply)]
-
-    # -- blobs ------------------------------------------------------------
-    def caps_full(self, entries, timeout=10.0, timed=False):
-        """[(entry, caps/full reply)] of the towers that answer within ``timeout``
-        seconds, asked all at once; ``timed`` adds each round trip (seconds)."""
-        results = []
-
-        def ask(entry):
-            try:
-                started = time.monotonic()
-                reply = self.connection(entry).request("caps/full", {}, timeout,
-                                                       link_timeout=self.liveness.attempt_timeout(entry))
-                results.append((entry, reply, time.monotonic() - started) if timed else (entry, reply))
-            except WireError as e:
-                log.info("no caps/full from %s: %s", entry.name, e)
-                if e.code in LINK_LOST:
-                    self.liveness.failed(entry, e)
-
-        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in entries]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout + 16)
-        return list(results)
 
 
 def stranger_identity(entry):

@@ -20,7 +20,7 @@ import time
 import RNS
 
 from announce.announcer import remembered_towers
-from announce.caps import CapsError, decode_full
+from announce.capsfull import CapsError
 from links.wire import WireError
 from reticulum_grid.client import router
 from reticulum_grid.client.stream import LINK_LOST
@@ -97,11 +97,12 @@ class Liveness:
             sent = time.monotonic()
             conn.request("ping", {}, bound, link_timeout=bound)
             rtt = time.monotonic() - sent
-            # caps/full is several packets: on a radio link (RTT of seconds) it takes many RTTs
-            full = conn.request("caps/full", {}, max(FULL_TIMEOUT_S, FULL_RTTS * rtt), link_timeout=bound)
+            try:  # caps/full is several packets: on a radio link (RTT of seconds) it takes many RTTs
+                grid.ask_full(entry, max(FULL_TIMEOUT_S, FULL_RTTS * rtt), link_timeout=bound)
+            except CapsError as e:  # it answered: alive, whatever it said
+                log.warning("bad caps/full from %s: %s", entry.name, e)
             self._live_at[destination_hash] = time.monotonic()
             grid.health.rtt(destination_hash, rtt)
-            self._record_full(entry, full)
             answered = True
         except WireError as e:
             self.failed(entry, e)
@@ -110,15 +111,6 @@ class Liveness:
             grid.health.failed(destination_hash, f"{type(e).__name__}: {e}")
         finally:
             done.put((destination_hash, answered))
-
-    def _record_full(self, entry, full):
-        try:
-            self.grid.table.refresh_caps(entry.destination_hash, decode_full(full["caps"]))
-        except (CapsError, KeyError, TypeError) as e:
-            log.warning("bad caps/full from %s: %s", entry.name, e)
-        for blob in full.get("blobs") if isinstance(full.get("blobs"), list) else ():
-            if isinstance(blob, dict) and isinstance(blob.get("need_mib"), int) and blob.get("alias"):
-                self.grid.needs[blob["alias"]] = blob["need_mib"]
 
     def failed(self, entry, error):
         """Record that tower ``entry`` failed with WireError ``error``; a silence

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 
-from announce.caps import CapsError, decode_full
 from links.wire import Code, WireError
 from reticulum_grid.client import estimates, router
 from reticulum_grid.client.stream import InferenceStream, Usage, continued
@@ -84,45 +83,18 @@ def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
     answer are healthy again, the others are backed off."""
     answered, facts, reading = [], {}, []
     for entry, full, rtt in grid.caps_full(entries, timeout=timeout, timed=True):
-        _note_sizes(grid, entry, full, model)
-        key = entry.destination_hash
-        grid.health.succeeded(key)
-        grid.health.rtt(key, rtt)
-        try:
-            entry = grid.table.refresh_caps(key, decode_full(full["caps"])) or entry
-        except (CapsError, KeyError) as e:
-            log.warning("bad caps/full from %s: %s", entry.name, e)
-            continue
+        grid.health.succeeded(entry.destination_hash)
+        grid.health.rtt(entry.destination_hash, rtt)
         answered.append(entry)
-        for blob in full.get("blobs", ()):
-            if blob.get("alias") != model:
-                continue
-            if blob.get("reading") is True:
-                reading.append(entry)
-            if isinstance(blob.get("need_mib"), int):
-                grid.needs[model] = blob["need_mib"]
-                if isinstance(blob.get("n_layers"), int):
-                    facts[model] = (blob["need_mib"], blob["n_layers"])
+        blob = full.blob(model)
+        if blob is not None and blob.reading:
+            reading.append(entry)
+        if blob is not None and blob.need_mib is not None and blob.n_layers is not None:
+            facts[model] = (blob.need_mib, blob.n_layers)
     for entry in entries:
         if entry.destination_hash not in {e.destination_hash for e in answered}:
             grid.health.failed(entry.destination_hash)
     return answered, facts, reading
-
-
-def _note_sizes(grid, entry, full, model):
-    """What a caps/full reply says of sizes: the bytes of the largest model
-    the tower serves (for its bandwidth, client/estimates.py), the model's own
-    bytes and embedding width."""
-    blobs = [b for b in full.get("blobs", ()) if isinstance(b, dict) and isinstance(b.get("size"), int)]
-    grid.dataplanes[entry.destination_hash] = full.get("dataplane") is True
-    grid.served[entry.destination_hash] = max((b["size"] for b in blobs if b.get("kind") == "model"
-                                               and b.get("loaded") is True), default=0)
-    for blob in blobs:
-        if blob.get("alias") == model:
-            known = grid.model_facts.setdefault(model, {})
-            known["bytes"] = blob["size"]
-            if isinstance(blob.get("embedding"), int):
-                known["embedding"] = blob["embedding"]
 
 
 def _await_facts(grid, entries, model):

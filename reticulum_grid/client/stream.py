@@ -25,9 +25,10 @@ names every tower tried; no_tower means no tower was there.
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from links.stream import MAX_STREAM_ID, TextDecoder
+from links.stream import MAX_STREAM_ID, EndEvent, TextDecoder, TokenEvent, decoded
+from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
 
@@ -88,6 +89,23 @@ class ToolCallDelta:
     arguments: str = ""
 
 
+@dataclass(frozen=True)
+class Ask:
+    """An ai/inference payload as this client reads it, in one place:
+    ``model`` (an alias or a blob id prefix) and ``adapter`` (None when the
+    payload names none)."""
+    model: str
+    adapter: str | None
+
+    @classmethod
+    def of(cls, payload: object) -> "Ask":
+        """Raises WireError(bad_request) for a payload that is no map or has no 'model' string."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            raise WireError(Code.BAD_REQUEST, "ai/inference needs a payload map with a 'model' string")
+        adapter = payload.get("adapter")
+        return cls(payload["model"], adapter if isinstance(adapter, str) else None)
+
+
 class _Meter:
     """A stream's rate on this client's clock: tokens after the first message
     over the time since it (the first message carries the prompt's latency)."""
@@ -111,27 +129,30 @@ class _Meter:
         return self.after_first / (self.last_at - self.first_at)
 
 
-@dataclass
-class Usage:
-    """Ends an inference stream. Tokens are counts; times in seconds; rate in tokens/s.
+@dataclass(frozen=True)
+class Usage(StreamUsage):
+    """Ends an inference stream: the tower's StreamUsage (links/usage.py:
+    tokens, ``tower_ttft_s``, tokens/s, ``queued_s``, cached and drafted
+    tokens) with what only this client knows. Times in seconds.
 
     ``ttft_s`` is measured by the client, from execute() to the first text;
-    ``tower_ttft_s`` is the (last) tower's prompt processing time to the first token;
-    ``failovers`` counts towers that failed mid-stream and were replaced;
-    ``cached_tokens``: prompt tokens the runner took from its cache;
-    ``draft_tokens`` / ``draft_accepted``: speculative decoding's proposals and how many held."""
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    tokens_per_s: float
-    tower: str
-    finish_reason: str
-    tower_ttft_s: float = 0.0
-    queued_s: float = 0.0
+    ``tower`` is the (last) tower's name as this client knows it (never its
+    own word); ``finish_reason`` is the tower's; ``failovers`` counts towers
+    that failed mid-stream and were replaced. Counts cover the whole stream,
+    over every tower that served it."""
+    ttft_s: float = 0.0
+    finish_reason: str = ""
     failovers: int = 0
-    cached_tokens: int = 0
-    draft_tokens: int = 0
-    draft_accepted: int = 0
+
+    @classmethod
+    def of(cls, reported: StreamUsage, **measured: object) -> "Usage":
+        """``reported`` with the client's own figures (any Usage field) over it."""
+        return cls(**{**{f.name: getattr(reported, f.name) for f in fields(StreamUsage)}, **measured})
+
+    def summary(self) -> str:
+        """The line ``rngrid infer`` shows after the answer."""
+        return (f"{self.completion_tokens} tokens from {self.tower}, TTFT {self.ttft_s * 1000:.0f} ms, "
+                f"{self.tokens_per_s:.1f} tokens/s, finish: {self.finish_reason}")
 
 
 class InferenceStream:
@@ -146,6 +167,7 @@ class InferenceStream:
     def __init__(self, grid, payload, choices, progress=None, started=None, busy_wait=None, tower=None):
         self.grid = grid
         self.payload = payload
+        self.ask = Ask.of(payload)
         self.choices = list(choices)[:MAX_TOWERS]
         self.progress = progress
         self.started = started or time.perf_counter()
@@ -174,12 +196,12 @@ class InferenceStream:
                     if (yield from self._attempt(choice.entry, decoder)):
                         return
                 if self._waited_for_slot():
-                    choices = self.grid.rank(self.payload["model"], adapter=self._adapter(), tower=self._tower)
+                    choices = self.grid.rank(self.ask.model, adapter=self.ask.adapter, tower=self._tower)
                     continue
                 if looked_again or not self._worth_looking_again():
                     break
                 looked_again = True
-                choices = self.grid.liveness.look_again(self.payload["model"], self._tried, adapter=self._adapter())
+                choices = self.grid.liveness.look_again(self.ask.model, self._tried, adapter=self.ask.adapter)
             raise self._exhausted()
         finally:
             if self._current is not None:
@@ -195,36 +217,24 @@ class InferenceStream:
         except WireError as e:
             self._note_refusal(entry, e)
             return False
-        self._model_blob = self._model_blob or entry.caps.model(self.payload["model"]).short_id
+        self._model_blob = self._model_blob or entry.caps.model(self.ask.model).short_id
         before = (len(self.ids), self.generated)
         meter = _Meter()
         try:
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
             silence = max(STREAM_SILENCE_S, 10 * rtt)
-            for event in receiver.events(silence, self._current[0].router):
-                if event[0] == "data":
-                    _, data, ids, extra = event
-                    meter.tokens(extra.get("n", len(ids)))
-                    self.ids += ids
-                    self.generated += extra.get("n", len(ids))
-                    self._exact = self._exact and not extra.get("x")
-                    text = decoder.feed(data)
-                    if text or extra.get("lp"):
-                        yield self._emit(text, extra.get("lp", ()))
-                    for call in extra.get("tc", ()):
-                        yield _tool_call(call)
-                else:
-                    tail = decoder.finish()
-                    if tail:
-                        yield self._emit(tail)
-                    self._release()
-                    self.grid.health.ended(entry.destination_hash)
-                    self.grid.health.succeeded(entry.destination_hash)
-                    if meter.rate() is not None:
-                        self.grid.health.measured(entry.destination_hash, meter.rate())
-                    self.usage = self._usage(entry, event[1], event[2], before)
-                    yield self.usage
-                    return True
+            for event in decoded(receiver.events(silence, self._current[0].router), decoder):
+                if isinstance(event, TokenEvent):
+                    yield from self._token(event, meter)
+                    continue
+                self._release()
+                self.grid.health.ended(entry.destination_hash)
+                self.grid.health.succeeded(entry.destination_hash)
+                if meter.rate() is not None:
+                    self.grid.health.measured(entry.destination_hash, meter.rate())
+                self.usage = self._usage(entry, event, before)
+                yield self.usage
+                return True
         except WireError as e:
             self._release()
             self.grid.health.ended(entry.destination_hash)
@@ -236,6 +246,18 @@ class InferenceStream:
                 self._failovers += 1
         return False
 
+    def _token(self, event: TokenEvent, meter: _Meter):
+        """Count one token chunk and yield its pieces: Text, then any ToolCallDelta."""
+        if event.data or event.ids or event.extra:  # not decoded()'s tail
+            meter.tokens(event.generated)
+            self.ids += event.ids
+            self.generated += event.generated
+            self._exact = self._exact and not event.extra.get("x")
+        if event.text or event.extra.get("lp"):
+            yield self._emit(event.text, event.extra.get("lp", ()))
+        for call in event.extra.get("tc", ()):
+            yield _tool_call(call)
+
     def _waited_for_slot(self):
         """When nothing came yet and the towers said busy: wait (client/busy.py);
         True to ask again (the busy answers are forgotten), False to give up.
@@ -246,16 +268,12 @@ class InferenceStream:
         if error.code != Code.BUSY:
             return False
         # Towers that failed otherwise (gone, not allowed, ...) do not count when they announce a free slot.
-        if not self.busy_wait.wait(self.payload["model"], error, exclude=set(self._tried)):
+        if not self.busy_wait.wait(self.ask.model, error, exclude=set(self._tried)):
             if self.busy_wait.stopped.is_set():
                 raise WireError(Code.CANCELLED, "cancelled while waiting for a free slot")
             return False
         self._errors = [(name, e) for name, e in self._errors if e.code != Code.BUSY]
         return True
-
-    def _adapter(self):
-        adapter = self.payload.get("adapter")
-        return adapter if isinstance(adapter, str) else None
 
     def _failed(self, entry, error):
         self._errors.append((entry.name, error))
@@ -277,10 +295,10 @@ class InferenceStream:
 
     def _start(self, entry):
         """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
-        model, adapter = self.payload["model"], self.payload.get("adapter")
+        model, adapter = self.ask.model, self.ask.adapter
         if entry.caps.model(model) is None:
             entry = self.grid.sync_to(entry, model, "model", self.progress)
-        if isinstance(adapter, str) and entry.caps.adapter(adapter) is None:
+        if adapter is not None and entry.caps.adapter(adapter) is None:
             entry = self.grid.sync_to(entry, adapter, "adapter", self.progress)
         payload = continued(self.payload, self.ids, self.generated)
         conn = self.grid.connection(entry)
@@ -306,7 +324,7 @@ class InferenceStream:
             self._failed(entry, error)
 
     def _can_continue(self, entry, model_blob):
-        cap = entry.caps.model(self.payload["model"])
+        cap = entry.caps.model(self.ask.model)
         return cap is not None and cap.short_id == model_blob
 
     def _check_continuable(self, entry, error):
@@ -320,7 +338,7 @@ class InferenceStream:
     def _exhausted(self):
         """The error once no tower is left: the most telling code a tower gave
         (busy with the shortest retry hint, not_allowed, ...), naming every try."""
-        model = self.payload["model"]
+        model = self.ask.model
         tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in self._errors) or "none"
         if self.generated:
             return WireError(Code.UNREACHABLE, f"the stream stopped after {self.generated} tokens "
@@ -358,17 +376,14 @@ class InferenceStream:
             conn, stream_id = current
             conn.cancel(stream_id)
 
-    def _usage(self, entry, finish_reason, usage, before):
-        def num(key, kind=float):
-            value = usage.get(key, 0)
-            return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
-        ids_before, generated_before = before
-        return Usage(prompt_tokens=num("prompt_tokens", int) - ids_before,
-                     completion_tokens=num("completion_tokens", int) + generated_before,
-                     ttft_s=(self._first_at or time.perf_counter()) - self.started, tokens_per_s=num("tokens_per_s"),
-                     tower=entry.name, finish_reason=finish_reason, tower_ttft_s=num("ttft_s"),
-                     queued_s=num("queued_s"), failovers=self._failovers, cached_tokens=num("cached_tokens", int),
-                     draft_tokens=num("draft_tokens", int), draft_accepted=num("draft_accepted", int))
+    def _usage(self, entry, end: EndEvent, before):
+        """The stream's Usage from its EndEvent, counting the tokens of the
+        towers ``before`` this one ((ids, generated) so far)."""
+        reported, (ids_before, generated_before) = StreamUsage.from_map(end.usage), before
+        return Usage.of(reported, prompt_tokens=reported.prompt_tokens - ids_before,
+                        completion_tokens=reported.completion_tokens + generated_before,
+                        ttft_s=(self._first_at or time.perf_counter()) - self.started, tower=entry.name,
+                        finish_reason=end.finish_reason, failovers=self._failovers)
 
 
 def _uses_tools(payload):

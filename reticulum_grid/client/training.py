@@ -13,7 +13,7 @@ def train_towers(grid, towers, base=None):
     ``"auto:N"`` (the N best towers granting us ``train`` that have a data-plane
     address). Raises WireError (no_tower, not_allowed, bad_request)."""
     usable = {e.destination_hash: e for e, full in grid.caps_full(grid.towers(wait=5.0))
-              if "train" in full.get("you", {}).get("roles", ()) and full.get("dataplane")}
+              if "train" in full.roles and full.dataplane}
     if isinstance(towers, str) and towers.startswith("auto:"):
         try:
             count = int(towers[5:])
@@ -45,7 +45,7 @@ class JobCommands:
         if tower and tower != "auto":
             return self.find_tower(tower)
         heard = self.towers(wait=5.0)
-        entries = [e for e, full in self.caps_full(heard) if "train" in full.get("you", {}).get("roles", ())]
+        entries = [e for e, full in self.caps_full(heard) if "train" in full.roles]
         if not entries:
             # Towers that are there but refuse us: not_allowed says what to fix.
             raise WireError(Code.NOT_ALLOWED if heard else Code.NO_TOWER,

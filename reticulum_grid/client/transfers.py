@@ -6,7 +6,6 @@ A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 import logging
 import secrets
 
-from announce.caps import decode_full
 from links.channel import get_alive
 from links.chunks import MAX_PULL_SOURCES, TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
@@ -38,8 +37,7 @@ class BlobTransfers:
         found = [e for e in live if e.caps.model(name) is not None or e.caps.adapter(name)]
         if found:
             return found
-        return [e for e, full in self.caps_full(live) if any(
-            b.get("alias") == name or b.get("blob_id", b"").hex().startswith(name.lower()) for b in full["blobs"])]
+        return [e for e, full in self.caps_full(live) if full.holds(name)]
 
     def pull(self, name, from_tower=None, alias=None, progress=None, max_seconds=MAX_TRANSFER_S):
         """Fetch blob ``name`` into this client's store from every tower that has
@@ -113,8 +111,7 @@ class BlobTransfers:
             raise WireError(code, f"neither a tower heard nor this client holds {kind} {name!r}")
         if not pulled:
             self.push(name, entry, alias=name, progress=progress)
-        caps = decode_full(self.connection(entry).request("caps/full", {})["caps"])
-        return self.table.refresh_caps(entry.destination_hash, caps) or entry
+        return self.ask_full(entry)[0]
 
 
 def _await_transfer(conn, events, progress):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import RNS
 
-from links.stream import MAX_STREAM_ID
+from links.stream import MAX_STREAM_ID, TokenEvent
 from links.wire import Code, WireError
 from reticulum_grid.client import router
 from reticulum_grid.client.stream import CONTINUE_AFTER, MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
@@ -134,13 +134,13 @@ def _stream(grid, entry, command, payload):
         conn.request(command, {**payload, "stream_id": stream_id}, bound + 3 * size * per_byte, link_timeout=bound)
         silence = max(TRANSCRIPT_SILENCE_S, 10 * (conn.link.rtt or 0.0))
         for event in receiver.events(silence, conn.router):
-            if event[0] == "data":
-                yield event[1]
-            else:
-                ended = True
-                grid.health.succeeded(entry.destination_hash)
-                yield event[2] if isinstance(event[2], dict) else {}
-                return
+            if isinstance(event, TokenEvent):
+                yield event.data
+                continue
+            ended = True
+            grid.health.succeeded(entry.destination_hash)
+            yield event.usage if isinstance(event.usage, dict) else {}
+            return
         raise WireError(Code.INTERNAL, f"tower {entry.name} ended the {command} stream without its end")
     finally:
         if not ended and conn.link is not None and conn.link.status == RNS.Link.ACTIVE:

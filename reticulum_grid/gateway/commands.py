@@ -8,8 +8,10 @@ request accepts ``text/event-stream``. Every event has a ``type``:
   ``tools``, ``tool_choice``, ``response_format``, ``logprobs`` too; plus
   ``tower``): ``token`` {text, logprobs?: [{token, logprob, bytes, top}]} and
   ``tool_call`` {index, id, name, arguments: the next piece of the call's JSON
-  arguments} ..., then ``usage`` {prompt_tokens, completion_tokens, ttft_s,
-  tokens_per_s, tower, finish_reason ("tool_calls" after a call), ...}.
+  arguments} ..., then ``usage``: the fields of client.Usage (links/usage.py's
+  StreamUsage: prompt_tokens, completion_tokens, tower_ttft_s, tokens_per_s,
+  queued_s, tower, ...; plus the client's ttft_s, finish_reason ("tool_calls"
+  after a call) and failovers).
 - ``ai/embeddings`` {model, input: str | [str], tower?}: ``embeddings``
   {vectors: [[float]], dims, prompt_tokens, tower}.
 - ``genome/train`` (params: the job request, see training/request.py, with the

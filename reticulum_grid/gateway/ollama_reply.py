@@ -16,6 +16,7 @@ import json
 import time
 from datetime import datetime, timedelta, timezone
 
+from announce.capsfull import ModelSummary
 from reticulum_grid.client import ToolCallDelta
 from reticulum_grid.gateway.errors import ApiError
 from reticulum_grid.gateway.openai_reply import grid_usage, tool_calls
@@ -133,17 +134,17 @@ def _size(parameters):
 
 
 def details(facts):
-    """Ollama's ModelDetails from a model's GGUF facts."""
-    arch = facts.get("architecture", "")
+    """Ollama's ModelDetails from a model's GGUF facts (a capsfull.ModelSummary)."""
+    arch = facts.architecture or ""
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else [],
-            "parameter_size": _size(facts.get("parameters")), "quantization_level": facts.get("quantization", "")}
+            "parameter_size": _size(facts.parameters), "quantization_level": facts.quantization or ""}
 
 
 def capabilities(facts):
     """What a model can be asked for: an embedding model (one with pooling) only
     embeds; others complete and call tools (a tower constrains a model whose
     template knows no tools to a well-formed call)."""
-    return ["embedding"] if facts.get("pooling") else ["completion", "tools"]
+    return ["embedding"] if facts.pooling else ["completion", "tools"]
 
 
 def _grouped(rows):
@@ -156,7 +157,8 @@ def _grouped(rows):
 
 
 def _facts(rows):
-    return next((r.facts for r in rows if r.facts), {})
+    """The first GGUF summary a tower of ``rows`` read (an empty one before any did)."""
+    return next((r.gguf for r in rows if r.gguf is not None), ModelSummary())
 
 
 def tags(rows, heard_at):
@@ -179,11 +181,10 @@ def show(alias, rows, heard_at, adapter=None):
     if not same:
         return None
     facts = _facts(same)
-    arch = facts.get("architecture", "")
-    info = {"general.architecture": arch, "general.parameter_count": facts.get("parameters"),
-            "general.name": facts.get("name"), f"{arch}.context_length": facts.get("context_length"),
-            f"{arch}.embedding_length": facts.get("embedding_length"),
-            f"{arch}.block_count": facts.get("block_count")} if arch else {}
+    arch = facts.architecture or ""
+    info = {"general.architecture": arch, "general.parameter_count": facts.parameters,
+            "general.name": facts.name, f"{arch}.context_length": facts.context_length,
+            f"{arch}.embedding_length": facts.embedding_length, f"{arch}.block_count": facts.block_count} if arch else {}
     towers = [{"name": r.tower, "loaded": r.loaded, "n_ctx": r.n_ctx, "slots": r.slots, "slots_free": r.slots_free}
               for r in same]
     return {"modelfile": f"# served by the grid: blob {same[0].hex}\nFROM {alias}\n", "parameters": "",
@@ -203,7 +204,7 @@ def ps(rows):
         if row.kind != "model" or not row.loaded:
             continue
         out.append({"name": f"{row.alias}:latest", "model": f"{row.alias}:latest", "size": row.memory_bytes,
-                    "digest": row.hex, "details": details(row.facts), "expires_at": expires,
+                    "digest": row.hex, "details": details(row.gguf or ModelSummary()), "expires_at": expires,
                     "size_vram": row.gpu_mib * (1 << 20), "context_length": row.n_ctx,
                     "rngrid": {"tower": row.tower, "slots": row.slots, "slots_free": row.slots_free,
                                "on_gpu": row.on_gpu, "gpu_mib": row.gpu_mib, "host_mib": row.host_mib}})

@@ -10,6 +10,7 @@ import threading
 import time
 
 from links.wire import WireError
+from reticulum_grid.client.rows import tower_row
 
 #: Seconds an answer is reused.
 MAX_AGE_S = 1.0
@@ -42,27 +43,8 @@ class Views:
         return [self.grid.table.get(e.destination_hash) or e for e in entries]
 
     def towers(self):
-        """[tower map]: name, destination, hops, age_s, backend, device, memory (MiB),
-        models, adapters, voice (engines: alias, kind stt/tts, language, realtime x, free), load (streams,
-        queue, jobs), tokens_per_s, rtt_ms, backed_off."""
-        return [self.tower(e) for e in self.live()]
-
-    def tower(self, entry):
-        hw, caps = entry.caps.hardware, entry.caps
-        health = self.grid.health.get(entry.destination_hash)
-        return {"name": entry.name, "destination": entry.hash_hex, "hops": entry.hops, "age_s": round(entry.age(), 1),
-                "backend": hw.backend, "device": hw.device,
-                "memory": {"kind": "VRAM" if hw.vram_total_mib else "RAM", "free_mib": hw.memory_free_mib,
-                           "total_mib": hw.memory_total_mib},
-                "vram_free_mib": hw.vram_free_mib, "vram_total_mib": hw.vram_total_mib,
-                "ram_free_mib": hw.ram_free_mib, "ram_total_mib": hw.ram_total_mib,
-                "models": [{"alias": m.alias, "blob": m.short_hex, "loaded": m.loaded} for m in caps.models],
-                "adapters": [{"alias": a.alias, "blob": a.short_hex} for a in caps.adapters],
-                "voice": [{"alias": v.alias, "kind": v.kind, "language": v.language, "realtime": v.realtime,
-                           "free": v.free} for v in caps.voice],
-                "load": {"streams": caps.load.streams, "queue": caps.load.queue, "jobs": caps.load.jobs},
-                "tokens_per_s": caps.tokens_per_s, "rtt_ms": round(health.rtt_s * 1000, 1),
-                "backed_off": health.backed_off()}
+        """[tower map]: each live tower's row (client/rows.py tower_row, as ``rngrid towers --json``)."""
+        return [tower_row(e, self.grid.health.get(e.destination_hash)) for e in self.live()]
 
     def models(self):
         """OpenAI's model list: every model and adapter a live tower holds, with

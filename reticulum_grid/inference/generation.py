@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from links.usage import StreamUsage
 from reticulum_grid.inference import tools
 from reticulum_grid.inference.runner import Runner, RunnerError, RunnerStream
 
@@ -79,7 +80,14 @@ class Generation:
     cached_tokens: int = 0
     draft_tokens: int = 0
     draft_accepted: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # a stream's own end figures (embeddings, voice)
+
+    def usage(self, queued_s: float, tower: str) -> StreamUsage:
+        """The stream's usage as the end message carries it (links/usage.py);
+        ``queued_s``: seconds the request waited for its turn; ``tower``: this tower's name."""
+        return StreamUsage(self.prompt_tokens, self.completion_tokens, round(self.ttft_s, 4),
+                           round(self.tokens_per_s, 2), round(queued_s, 4), tower, self.cached_tokens,
+                           self.draft_tokens, self.draft_accepted if self.draft_tokens else 0)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 import gguf
 
+from announce.capsfull import TEXT_MAX_BYTES, ModelSummary
 from reticulum_grid.store.names import is_gguf
 
 #: LoRA targets llama.cpp applies and we can convert: the linear projections.
@@ -50,6 +51,9 @@ class ModelFacts:
     vocabulary: str  # vocabulary_id
     modules: frozenset[str]  # LINEAR_TARGETS this model has
     experts: bool  # it has mixture-of-experts tensors (blk.N.ffn_*_exps)
+    parameters: int = 0  # weights, summed over the tensors
+    quantization: str | None = None  # llama.cpp's file type ("Q4_1"); None when the file or gguf does not say
+    name: str | None = None  # general.name, when the file carries a showable one
 
 
 _facts: dict[tuple[str, int, int], ModelFacts] = {}
@@ -83,7 +87,30 @@ def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
     heads = number("attention.head_count", 1)
     return ModelFacts(arch, blocks, heads, number("attention.head_count_kv", heads), number("embedding_length", 0),
                       number("context_length", 4096), number("pooling_type", 0), _vocabulary_id(reader),
-                      frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors))
+                      frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors),
+                      int(sum(int(t.n_elements) for t in reader.tensors)), _quantization(reader), _name(reader))
+
+
+def _quantization(reader: gguf.GGUFReader) -> str | None:
+    field = reader.fields.get("general.file_type")
+    try:
+        return gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_") if field else None
+    except ValueError:  # a file type this gguf library does not know yet
+        return None
+
+
+def _name(reader: gguf.GGUFReader) -> str | None:
+    """general.name when it is text a client can show (it travels in caps/full), else None."""
+    try:
+        name = _field(reader, "general.name") if "general.name" in reader.fields else None
+    except UnicodeDecodeError:
+        return None
+    return _showable(name, TEXT_MAX_BYTES)
+
+
+def _showable(text: str | None, max_bytes: int) -> str | None:
+    """``text`` when it is printable and fits ``max_bytes`` (caps/full's decoder takes no other), else None."""
+    return text if text is not None and text.isprintable() and len(text.encode("utf-8")) <= max_bytes else None
 
 
 def _modules(reader: gguf.GGUFReader, arch: str, blocks: int) -> set[str]:
@@ -165,31 +192,12 @@ def need_mib(path: str | os.PathLike[str], n_ctx: int, file_size: int) -> int:
     return (file_size + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB
 
 
-def summary(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What a model is, from its GGUF metadata (for Ollama's ``/api/show`` and
-    ``/api/tags``): ``{"architecture": str, "parameters": int (weights, summed
-    over the tensors), "quantization": str (llama.cpp's file type, e.g.
-    "Q4_1"), "context_length": tokens, "embedding_length": int, "block_count":
-    int, "pooling": llama.cpp's pooling enum (0: none; an embedding model has one),
-    "name": str}``. Keys the file does not carry are left out (the name, the
-    file type)."""
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture")
-
-    def number(key: str) -> int | None:
-        field = reader.fields.get(key)
-        return int(field.parts[-1][0]) if field is not None else None
-
-    facts: dict[str, Any] = {"architecture": arch, "parameters": int(sum(int(t.n_elements) for t in reader.tensors)),
-             "context_length": number(f"{arch}.context_length") or 4096,
-             "embedding_length": number(f"{arch}.embedding_length"), "block_count": number(f"{arch}.block_count"),
-             "pooling": number(f"{arch}.pooling_type") or 0}
-    file_type = number("general.file_type")
-    if file_type is not None:
-        try:
-            facts["quantization"] = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-        except ValueError:  # a file type this gguf library does not know yet
-            pass
-    if "general.name" in reader.fields:
-        facts["name"] = _field(reader, "general.name")
-    return {k: v for k, v in facts.items() if v is not None}
+def summary(path: str | os.PathLike[str]) -> ModelSummary:
+    """What a model is, for Ollama's ``/api/show`` and ``/api/tags`` (it
+    travels in caps/full), from the same one read as ``facts``: architecture,
+    weights, quantization, context, embedding width, blocks, pooling (0: none;
+    an embedding model has one) and name. Raises what ``facts`` raises."""
+    f = facts(path)
+    return ModelSummary(architecture=_showable(f.arch, 64), parameters=f.parameters, quantization=f.quantization,
+                        context_length=f.context_length or 4096, embedding_length=f.embedding or None,
+                        block_count=f.blocks or None, pooling=f.pooling, name=f.name)

@@ -15,10 +15,12 @@ Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
 
 import logging
 import threading
+from dataclasses import replace
 
 import RNS
 
 from announce import caps as capscodec
+from announce.capsfull import BlobFacts, Caller, CapsFull, GpuInfo
 from announce.announcer import APP_NAME, RADIO_ANNOUNCES_PER_H, TOWER_ASPECT, Announcer, PingListener
 from links import auth, wire
 from links.channel import ChannelRouter
@@ -29,6 +31,7 @@ from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
 from reticulum_grid.node.config import TOWER_ROLES, LiveAllowList
+from reticulum_grid.inference.facts import ModelFactsReader
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
@@ -97,8 +100,12 @@ class Tower:
         self.tokens_per_s = 0.0
         self.store = BlobStore(config.directory / "blobs")
         self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
+        self.identity = None  # the rest is set by start()
         self.registry = None
+        self.facts = None
+        self.inference = None
         self.voice = None
+        self.split = None
         self.jobs = None
         self.collector = None
         self.destination = None
@@ -121,11 +128,12 @@ class Tower:
         if (warning := hardware.unused_gpu_warning()) is not None:
             log.warning("%s", warning)
         self.registry.load_configured()
+        self.facts = ModelFactsReader(self.registry)
+        self.facts.warm()  # caps/full answers with every model's memory need and layer count
         self.jobs = TowerJobs(self)
         self.inference = TowerInference(self)
         self.voice = TowerVoice(self).start()
         self.split = TowerSplit(self)
-        self.split.warm()
         self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
@@ -159,7 +167,7 @@ class Tower:
             self.announcer.stop()
         if self.jobs:
             self.jobs.manager.stop()
-        if getattr(self, "split", None):
+        if self.split:
             self.split.stop()
         if self.registry:
             self.registry.close()
@@ -248,32 +256,32 @@ class Tower:
         return alias
 
     def _caps_full(self, session, request):
-        loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
-        known = session.identity is not None and self.allow.roles_of(session.identity.hash)
-        # Models and adapters are in the public caps anyway; datasets and files
-        # are listed only to identities on the allow-list.
-        blobs = [{"alias": a, "blob_id": i.blob_id, "size": i.size, "kind": i.kind, "loaded": i.blob_id in loaded}
-                 for i in self.store.list() if known or i.kind in ("model", "adapter") for a in (i.aliases or [""])]
-        for blob in blobs:
-            if blob["kind"] == "model":
-                try:
-                    slot = self.registry.slot(blob["blob_id"])
-                    blob.update(self.registry.placement_info(slot))
-                    # read in the background: a handler must not wait on a GGUF read
-                    blob.update(self.split.known_facts(slot))
-                except Exception as e:  # one unreadable GGUF must not hide the rest
-                    log.warning("model %s: cannot estimate its memory: %s", blob["alias"] or blob["blob_id"].hex(), e)
         caps = self.caps()
-        reply = {"caps": capscodec.encode(caps, budget=1 << 20), "blobs": blobs,
-                 "gpus": [] if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
-                 [{"index": g.index, "name": g.name, "total_mib": g.total_mib, "free_mib": g.free_mib}
-                  for g in self.hardware.gpus]}
-        reply["voice"] = self.voice.details()  # every configured voice engine, ready or not (and why)
-        reply["dataplane"] = bool(self.config.dataplane)  # offered for multi-tower training (not the address)
-        if session.identity is not None:
-            reply["you"] = {"identity": session.identity.hash.hex(),
-                            "roles": sorted(self.allow.roles_of(session.identity.hash))}
-        return reply
+        you = None if session.identity is None else Caller(
+            session.identity.hash.hex(), tuple(sorted(self.allow.roles_of(session.identity.hash))))
+        return CapsFull(caps, self._blob_facts(you is not None and bool(you.roles)),
+                        () if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
+                        tuple(GpuInfo(g.index, g.name, g.total_mib, g.free_mib) for g in self.hardware.gpus),
+                        self.voice.details(),  # every configured voice engine, ready or not (and why)
+                        bool(self.config.dataplane), you).to_map()  # offered for training (not the address)
+
+    def _blob_facts(self, known):
+        """caps/full's rows: models and adapters for anyone (they are in the
+        public caps anyway), datasets and files only for a ``known`` identity."""
+        loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
+        rows = []
+        for info in self.store.list():
+            if not known and info.kind not in ("model", "adapter"):
+                continue
+            row = BlobFacts("", info.blob_id, info.size, info.kind, info.blob_id in loaded)
+            if info.kind == "model":
+                try:
+                    slot = self.registry.slot(info.blob_id)
+                    row = replace(row, **self.registry.placement_info(slot), **self.facts.known(slot))
+                except Exception as e:  # one unreadable GGUF must not hide the rest
+                    log.warning("model %s: cannot estimate its memory: %s", (info.aliases or [info.hex])[0], e)
+            rows += [replace(row, alias=alias) for alias in info.aliases or [""]]
+        return tuple(rows)
 
     # -- links ------------------------------------------------------------
     def _session(self, link_id, link=None):

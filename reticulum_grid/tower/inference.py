@@ -15,8 +15,9 @@ restarted so on first use; the vectors are llama.cpp's, normalised (L2).
 import struct
 
 from links.wire import Code, WireError
+from links.usage import StreamUsage
 from reticulum_grid.inference import generation, request as inference_request
-from reticulum_grid.inference.generation import Piece
+from reticulum_grid.inference.generation import Generation, Piece
 from reticulum_grid.tower.streams import start_stream
 
 #: Bytes of vectors per stream piece (the sender cuts pieces to the Link's MDU anyway).
@@ -68,8 +69,12 @@ class TowerInference:
             result.finish_reason = "stop"
             result.extra.update(dims=len(vectors[0]) if vectors else 0, count=len(vectors))
 
-        return start_stream(session, job, slot.queue, generate, self.usage,
+        return start_stream(session, job, slot.queue, generate, self._embeddings_usage,
                             prepare=lambda: registry.runner(slot, embeddings=True), name="rngrid-embed")
+
+    def _embeddings_usage(self, result, queued_s):
+        """The usage map of an embeddings stream: its usage, and the vectors' ``dims`` and ``count``."""
+        return {**self.usage(result, queued_s).to_map(), **result.extra}
 
     def adapter_path(self, name):
         """The path of the GGUF LoRA adapter ``name`` (None for none). Raises WireError(unknown_adapter)."""
@@ -87,19 +92,11 @@ class TowerInference:
     def _whole_model_usage(self, result, queued_s):
         if result.completion_tokens:  # announced: what this tower's model runs at
             self.tower.record_tokens_per_s(result.tokens_per_s)
-        return self.usage(result, queued_s)
+        return self.usage(result, queued_s).to_map()
 
-    def usage(self, result, queued_s):
-        """The end message's usage map of a stream (times in seconds, rates in tokens/s)."""
-        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                 "ttft_s": round(result.ttft_s, 4), "tokens_per_s": round(result.tokens_per_s, 2),
-                 "queued_s": round(queued_s, 4), "tower": self.tower.config.name}
-        if result.cached_tokens:
-            usage["cached_tokens"] = result.cached_tokens
-        if result.draft_tokens:
-            usage.update(draft_tokens=result.draft_tokens, draft_accepted=result.draft_accepted)
-        usage.update(result.extra)
-        return usage
+    def usage(self, result: Generation, queued_s: float) -> StreamUsage:
+        """A stream's usage from what its generation measured (links/usage.py)."""
+        return result.usage(queued_s, self.tower.config.name)
 
 
 class _EmbeddingJob:

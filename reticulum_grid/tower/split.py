@@ -22,6 +22,7 @@ cancel and continue_tokens work as for a whole model.
 import logging
 import threading
 import time
+from dataclasses import replace
 
 import RNS
 
@@ -55,28 +56,7 @@ class TowerSplit:
         self.probe = LinkProbe(tower.identity)
         self.model = None
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
-        self._layers = {}
-        self._embedding = {}  # path -> the model's embedding width (known_facts)
-        self._summaries = {}  # path -> gguf_info.summary (what the model is, for clients that show it)
-        self._reading = set()  # paths sent to a background read (known_facts)
-        self._unreadable = set()  # paths whose read failed
         self._lock = threading.Lock()
-
-    def warm(self):
-        """Read every model's layer count and memory need in the background:
-        the gguf library takes seconds per file, and caps/full answers with
-        both (a client that plans a split waits on it)."""
-        registry = self.tower.registry
-        slots = []
-        for blob_id in set(registry.aliases().values()):
-            try:
-                slots.append(registry.slot(blob_id))
-            except Exception as e:  # a broken store entry is reported when the model is asked for
-                log.warning("model %s: %s", blob_id.hex()[:16], e)
-        with self._lock:
-            self._reading.update(slot.path for slot in slots)
-        threading.Thread(target=lambda: [self._read(slot) for slot in slots], name="rngrid-split-warm",
-                         daemon=True).start()
 
     def commands(self):
         return {"split/tunnel": ("shard", self.tunnel), "split/probe": ("infer", self.probe_links)}
@@ -111,46 +91,6 @@ class TowerSplit:
         cap = self.tower.config.lend_mib
         return spare if cap is None else min(cap, spare)
 
-    def known_facts(self, slot):
-        """``{"need_mib": MiB, "n_layers": int, "gguf": gguf_info.summary}`` of
-        ``slot``'s model, each only when known without reading its file: from the loaded model's own
-        background read (``warm``, or one started here for a model that
-        arrived later); ``"reading": True`` while that read
-        is still to come (absent once it failed). RNS handlers use this: a GGUF
-        read takes seconds and would hold up every packet on the interface."""
-        facts = {"need_mib": slot.need_mib, "n_layers": self._layers.get(slot.path),
-                 "embedding": self._embedding.get(slot.path)}
-        if None in facts.values() or slot.path not in self._summaries:
-            with self._lock:
-                start = slot.path not in self._reading
-                self._reading.add(slot.path)
-            if start:
-                threading.Thread(target=self._read, args=(slot,), name="rngrid-split-facts", daemon=True).start()
-            if None in facts.values() and slot.path not in self._unreadable:
-                facts["reading"] = True  # ask again in a moment
-        facts["gguf"] = self._summaries.get(slot.path)  # read last: a split plan does not wait for it
-        return {k: v for k, v in facts.items() if v is not None}
-
-    def _read(self, slot):
-        try:
-            self.tower.registry.need_mib(slot)
-            self.n_layers(slot.path)
-            self._embedding[slot.path] = gguf_info.facts(slot.path).embedding
-        except Exception as e:  # blobs never change: an unreadable one is not read again
-            self._unreadable.add(slot.path)
-            log.warning("cannot read model %s: %s", slot.path, e)
-            return
-        try:
-            self._summaries[slot.path] = gguf_info.summary(slot.path)
-        except Exception as e:  # only what clients show of it is missing then
-            log.warning("cannot read what model %s is: %s", slot.path, e)
-
-    def n_layers(self, path):
-        """Repeating layers (block count) of the GGUF at ``path``, cached."""
-        if path not in self._layers:
-            self._layers[path] = gguf_info.facts(path).blocks
-        return self._layers[path]
-
     # -- worker end -------------------------------------------------------
     def tunnel(self, session, request):
         coordinator = validate(request, {"dataplane": Field(str, check=max_len(64))})["dataplane"]
@@ -180,14 +120,15 @@ class TowerSplit:
         if request.adapter:
             raise WireError(Code.UNSUPPORTED, "a split model runs without LoRA adapters")
         slot = self.tower.registry.find(request.model)
-        parts = self._parse_parts(split, self.n_layers(slot.path))
+        parts = self._parse_parts(split, gguf_info.facts(slot.path).blocks)
         want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
 
         def generate(model, result, cancel):
             yield from model.generate(request, cancel, result)
 
         def usage(result, queued_s):
-            return {**self.tower.inference.usage(result, queued_s), "split": [key.hex() for key, _, _ in parts]}
+            return replace(self.tower.inference.usage(result, queued_s),
+                           split=tuple(key.hex() for key, _, _ in parts)).to_map()
 
         return start_stream(session, request, self.queue, generate, usage, prepare=lambda: self._ensure_model(
             slot, want), on_error=self._stream_failed, name="rngrid-split")

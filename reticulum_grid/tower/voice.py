@@ -14,7 +14,9 @@ transcribed.
 import logging
 import time
 
+from announce.capsfull import TEXT_MAX_BYTES, VoiceInfo
 from links import manifest as manifests
+from links.channel import clip
 from links.wire import Code, WireError
 from reticulum_grid.inference.generation import Piece
 from reticulum_grid.store.sync import fetch_blob
@@ -50,10 +52,10 @@ class TowerVoice:
     def caps(self):
         return self.engines.caps()
 
-    def details(self):
-        """caps/full's ``voice``: [{alias, kind, language, realtime, ready, error}] of every configured engine."""
-        return [{"alias": e.alias, "kind": e.kind, "language": e.language, "realtime": round(e.realtime, 1),
-                 "ready": e.ready, "error": e.error} for e in self.engines.engines]
+    def details(self) -> tuple[VoiceInfo, ...]:
+        """caps/full's ``voice``: every configured engine, ready or not (and why)."""
+        return tuple(VoiceInfo(e.alias, e.kind, e.language, round(e.realtime, 1), e.ready,
+                               clip(e.error, TEXT_MAX_BYTES)) for e in self.engines.engines)
 
     # -- audio/transcribe ---------------------------------------------------
     def transcribe(self, session, request):

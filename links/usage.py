@@ -1,0 +1,92 @@
+"""A stream's usage: one shape from the tower's runner to the client's screen.
+
+The tower fills a ``StreamUsage`` from what its engine measured
+(inference/generation.py ``Generation.usage``) and sends ``to_map()`` in the
+stream's end message (links/stream.py ``StreamEnd``); the client decodes it
+once with ``StreamUsage.from_map`` and adds what only it can measure
+(client/stream.py ``Usage``), which the CLI and the gateway print.
+
+Wire map (keys at 0 or empty are left out; a decoder ignores keys it does not know)::
+
+    {"prompt_tokens": int, "completion_tokens": int,
+     "tower_ttft_s": float,   # the tower's prompt processing to the first token (seconds)
+     "tokens_per_s": float,   # llama.cpp's eval rate: generated tokens over the time generating them
+     "queued_s": float,       # seconds the request waited for a slot
+     "tower": str,            # the tower's own name for itself
+     "cached_tokens": int,    # prompt tokens the runner took from its cache
+     "draft_tokens": int, "draft_accepted": int,   # speculative decoding: proposed, and held
+     "split": [hex, ...]}     # a split model's towers (destination hashes), the coordinator last
+"""
+
+from dataclasses import dataclass, fields
+
+#: The most tokens a count may say (anything above is no real stream).
+MAX_TOKENS = 1 << 40
+#: The longest a time may say (seconds; a week).
+MAX_SECONDS = 7 * 86400.0
+MAX_TOKENS_PER_S = 1e7
+NAME_MAX = 64
+MAX_SPLIT = 16
+
+
+@dataclass(frozen=True)
+class StreamUsage:
+    """An inference stream's end figures as its tower reports them: token
+    counts, times in seconds, the rate in tokens/s (see the module doc)."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tower_ttft_s: float = 0.0
+    tokens_per_s: float = 0.0
+    queued_s: float = 0.0
+    tower: str = ""
+    cached_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    split: tuple[str, ...] = ()
+
+    def to_map(self) -> dict[str, object]:
+        """The end message's usage map (fields at their default left out)."""
+        return {f.name: list(value) if isinstance(value, tuple) else value for f in fields(StreamUsage)
+                if (value := getattr(self, f.name)) != f.default}
+
+    @classmethod
+    def from_map(cls, raw: object) -> "StreamUsage":
+        """Decode a tower's usage map, trusting no field: one of the wrong
+        type or out of range reads as unknown (0, "" or empty), so a stream
+        that ended is never lost to a figure."""
+        raw = raw if isinstance(raw, dict) else {}
+        counts = {key: _count(raw.get(key)) for key in ("prompt_tokens", "completion_tokens", "cached_tokens",
+                                                       "draft_tokens", "draft_accepted")}
+        return cls(**counts, tower_ttft_s=_number(raw.get("tower_ttft_s"), MAX_SECONDS),
+                   tokens_per_s=_number(raw.get("tokens_per_s"), MAX_TOKENS_PER_S),
+                   queued_s=_number(raw.get("queued_s"), MAX_SECONDS), tower=_name(raw.get("tower")),
+                   split=_split(raw.get("split")))
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS else 0
+
+
+def _number(value: object, most: float) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= most:
+        return float(value)
+    return 0.0  # also NaN, which fails both comparisons
+
+
+def _name(value: object) -> str:
+    return value if isinstance(value, str) and len(value) <= NAME_MAX and value.isprintable() else ""
+
+
+def _split(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_SPLIT:
+        return ()
+    hashes = tuple(v for v in value if isinstance(v, str) and len(v) == 32)
+    return hashes if len(hashes) == len(value) and all(_is_hex(h) for h in hashes) else ()
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True

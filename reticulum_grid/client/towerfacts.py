@@ -1,0 +1,82 @@
+"""What the Grid client asks of towers' caps/full, and what it keeps of the answers.
+
+A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, Links and
+bookkeeping (needs, model facts, served sizes, data planes). Every reply is
+decoded once, by announce/capsfull.py.
+"""
+
+import logging
+import threading
+import time
+
+from announce.capsfull import CapsError, CapsFull
+from announce.table import TowerEntry
+from links.wire import WireError
+from reticulum_grid.client.models import TowerModel
+from reticulum_grid.client.stream import LINK_LOST
+
+log = logging.getLogger("rngrid.client")
+
+
+class TowerFacts:
+    """caps/full methods of ``Grid``."""
+
+    def tower_models(self, entries=None, timeout=10.0):
+        """[models.TowerModel] of every model and adapter the live towers (or
+        ``entries``) hold, from their caps/full, asked all at once."""
+        entries = self.table.live() if entries is None else entries
+        return [TowerModel.of(entry.name, blob) for entry, full in self.caps_full(entries, timeout)
+                for blob in full.blobs if blob.kind in ("model", "adapter") and blob.alias]
+
+    def caps_full(self, entries, timeout=10.0, timed=False):
+        """[(entry, CapsFull)] of the towers that answer within ``timeout``
+        seconds, asked all at once (each entry refreshed by its answer, see
+        ask_full); ``timed`` adds each round trip (seconds). A tower that
+        fails, or answers what does not decode, is left out (logged)."""
+        results = []
+
+        def ask(entry):
+            try:
+                started = time.monotonic()
+                entry, full = self.ask_full(entry, timeout, link_timeout=self.liveness.attempt_timeout(entry))
+                results.append((entry, full, time.monotonic() - started) if timed else (entry, full))
+            except WireError as e:
+                log.info("no caps/full from %s: %s", entry.name, e)
+                if e.code in LINK_LOST:
+                    self.liveness.failed(entry, e)
+            except CapsError as e:
+                log.warning("bad caps/full from %s: %s", entry.name, e)
+
+        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in entries]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout + 16)
+        return list(results)
+
+    def ask_full(self, entry: TowerEntry, timeout: float = 30.0,
+                 link_timeout: float = 15.0) -> tuple[TowerEntry, CapsFull]:
+        """Ask tower ``entry`` for caps/full (within ``timeout`` seconds, and
+        ``link_timeout`` to set up a Link) and learn from it (``learn``): (its
+        refreshed entry, the decoded reply). Raises WireError, CapsError."""
+        full = CapsFull.from_map(self.connection(entry).request("caps/full", {}, timeout, link_timeout))
+        return self.learn(entry, full), full
+
+    def learn(self, entry: TowerEntry, full: CapsFull) -> TowerEntry:
+        """Keep what tower ``entry``'s caps/full says: its caps (in the table),
+        each model's memory need (routing) and bytes and embedding width
+        (split estimates), the largest model it serves (its bandwidth,
+        client/estimates.py) and whether it offers a data plane. Returns the
+        refreshed entry (``entry`` when the table no longer has it)."""
+        key = entry.destination_hash
+        self.dataplanes[key] = full.dataplane
+        models = [b for b in full.blobs if b.kind == "model" and b.alias]
+        self.served[key] = max((b.size for b in models if b.loaded), default=0)
+        for blob in models:
+            if blob.need_mib is not None:
+                self.needs[blob.alias] = blob.need_mib
+            known = self.model_facts.setdefault(blob.alias, {})
+            known["bytes"] = blob.size
+            if blob.embedding is not None:
+                known["embedding"] = blob.embedding
+        return self.table.refresh_caps(key, full.caps) or entry
