@@ -9,7 +9,6 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import gguf
 
