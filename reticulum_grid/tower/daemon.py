@@ -181,7 +181,7 @@ class Tower:
 
         def handle(_path, data, request_id, link_id, remote_identity, requested_at):
             id_field = wire.ANSWERED_ONCE.get(path)
-            if id_field is None:
+            if id_field is None or not isinstance(data, (bytes, bytearray)):  # not bytes: run() refuses it
                 return run(remote_identity, link_id, data)[0]
             session = self._session(link_id)
             key = ReplyCache.key(path, data)
