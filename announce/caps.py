@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from announce.aliases import ALIAS_MAX_BYTES, alias_problem
+
 SCHEMA_VERSION = 1
 NAME_MAX_BYTES = 32
 DEVICE_MAX_BYTES = 40
-ALIAS_MAX_BYTES = 32
 SHORT_ID_BYTES = 4
 MAX_MIB = 1 << 24  # 16 TiB: anything above is not a real machine
 MAX_GPUS = 64
@@ -323,8 +324,9 @@ def _load(value):
 
 def _alias(value):
     alias = _text(value, "alias", ALIAS_MAX_BYTES, allow_empty=False)
-    if "/" in alias or "\\" in alias or alias in (".", ".."):
-        raise CapsError(f"alias {alias!r} has a path separator")
+    problem = alias_problem(alias)
+    if problem:
+        raise CapsError(problem)
     return alias
 
 

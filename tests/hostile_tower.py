@@ -65,8 +65,8 @@ def _patch(args):
     def usage(self, result, queued_s):
         return {**real_usage(self, result, queued_s), **({"tower": args.claim_name} if args.claim_name else {})}
 
-    def handler(self, path, role, command):
-        handle = real_handler(self, path, role, command)
+    def handler(self, command):
+        handle, path = real_handler(self, command), command.path
         if path in refusals:  # RNS reads a handler's signature: six named parameters
             return lambda _path, data, request_id, link_id, identity, at: wire.error("internal", refusals[path])
         if path != "ai/inference":
