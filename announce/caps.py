@@ -1,8 +1,8 @@
 """Capability blob ("caps"): the msgpack map a tower carries as announce app_data.
 
-Wire format, schema version 1 (msgpack map, short keys to fit one announce)::
+Wire format, schema version 2 (msgpack map, short keys to fit one announce)::
 
-    {"v": 1,                      # schema version (int)
+    {"v": 2,                      # schema version (int)
      "n": "tower-a",              # tower name, UTF-8, <= 32 bytes
      "hb": 900,                   # heartbeat interval, seconds (entries expire after ~2.5x)
      "hw": [backend, device,      # "cuda" | "metal" | "cpu" | ...; device name <= 40 bytes
@@ -29,6 +29,11 @@ and setting ``more``.
 
 ``decode()`` trusts nothing: oversized blobs, malformed msgpack, unknown schema
 versions, wrong types and absurd values raise ``CapsError`` with the reason.
+
+Version 2 (was 1): the same map, from towers on links/protocol.py's protocol 1
+(a version on every request, ``shard/tunnel``), and aliases held to
+announce/aliases.py's rule. Ends on version 1 cannot talk to these towers, so
+they do not hear them either: each side's decoder drops the other's announces.
 """
 
 from dataclasses import dataclass, field
@@ -37,7 +42,7 @@ import msgpack
 
 from announce.aliases import ALIAS_MAX_BYTES, alias_problem
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NAME_MAX_BYTES = 32
 DEVICE_MAX_BYTES = 40
 SHORT_ID_BYTES = 4

@@ -52,7 +52,7 @@ def test_loaded_models_kept_before_disk_only():
 
 
 @pytest.mark.parametrize("mutate, reason", [
-    (lambda m: m.update(v=2), "unsupported caps schema version 2"),
+    (lambda m: m.update(v=c.SCHEMA_VERSION + 1), f"unsupported caps schema version {c.SCHEMA_VERSION + 1}"),
     (lambda m: m.pop("v"), "no integer schema version"),
     (lambda m: m.update(n=5), "name is int"),
     (lambda m: m.update(n=""), "name is empty"),
