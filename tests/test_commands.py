@@ -112,3 +112,55 @@ def test_the_typescript_client_knows_every_command():
     mapped = re.findall(r'^  "([a-z]+/[a-z]+)": \{ params', types[types.index("interface CommandMap"):], re.M)
     assert sorted(mapped) == sorted(gateway.known()), "clients/ts/index.d.ts CommandMap differs"
 
+
+class EchoConnection:
+    """Test double: a tower connection answering any request with what it was sent."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    def request(self, path, payload, timeout=30.0):
+        self.sent.append((path, payload))
+        return {"path": path, "echo": payload}
+
+
+class EchoGrid:
+    """Test double: what ``rngrid execute`` and the gateway need of a Grid, its
+    ``execute`` the real one over EchoConnection."""
+
+    def __init__(self, sent):
+        self.grid = bare(Grid, find_tower=lambda name, timeout=15.0: name,
+                         connection=lambda entry: EchoConnection(sent))
+
+    def execute(self, *args, **kwargs):
+        return self.grid.execute(*args, **kwargs)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def new_command(monkeypatch):
+    """A user command added to links/commands.py's table only, as a new capability would add it."""
+    added = Command("demo/echo", "infer", "answer what it is sent")
+    monkeypatch.setattr(commands, "_TABLE", commands._TABLE + (added,))
+    monkeypatch.setitem(COMMANDS, added.path, added)
+    return added
+
+
+def test_a_command_added_to_the_table_is_reachable_from_python_the_gateway_and_the_cli(new_command, monkeypatch):
+    sent = []
+    grid = EchoGrid(sent)
+    assert grid.execute("demo/echo", {"n": 1}, tower="t")["echo"] == {"n": 1}  # Grid.execute
+    events = []
+    gateway.work_for(grid, None, "demo/echo", {"n": 2, "tower": "t"}, 0.0)(
+        type("Call", (), {"emit": staticmethod(events.append)})())  # /v1/grid/execute's work
+    assert events == [{"type": "result", "reply": {"path": "demo/echo", "echo": {"n": 2}}}]
+    from reticulum_grid.cli import execute as cli_execute
+    monkeypatch.setattr(cli_execute, "open_grid", lambda ctx, connect, rns_config: grid)
+    assert "demo/echo" in CliRunner().invoke(main, ["execute", "--help"]).output
+    ran = CliRunner().invoke(main, ["execute", "demo/echo", '{"n": 3}', "--tower", "t"])
+    assert ran.exit_code == 0 and '"echo": {"n": 3}' in ran.output, ran.output
+    assert sent == [("demo/echo", {"n": 1}), ("demo/echo", {"n": 2}), ("demo/echo", {"n": 3})]
+    with pytest.raises(ValueError, match="no capability serves demo/echo"):
+        merge_commands(*declared())  # and a tower refuses to start until a capability serves it

@@ -42,10 +42,22 @@ class LineCall:
             fn()
 
 
-@main.command(help="Run COMMAND on the grid and print its events as JSON lines, as POST /v1/grid/execute "
+class ListedCommand(click.Command):
+    """A click command whose ``--help`` ends with ``listing()`` as the table is
+    when help is asked for (not when this module was imported)."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        saved, self.help = self.help, f"{self.help}\n\n\b\nCommands:\n{listing()}"
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = saved
+
+
+@main.command(cls=ListedCommand,
+              help="Run COMMAND on the grid and print its events as JSON lines, as POST /v1/grid/execute "
                    "answers them (an error: one {\"type\": \"error\"} line, exit status 1). PARAMS is a JSON "
-                   "object (\"-\" reads it from stdin), e.g. '{\"model\": \"smollm2-135m\", \"prompt\": \"Hi\"}'."
-                   "\n\n\b\nCommands:\n" + listing())
+                   "object (\"-\" reads it from stdin), e.g. '{\"model\": \"smollm2-135m\", \"prompt\": \"Hi\"}'.")
 @client_options
 @click.argument("command")
 @click.argument("params", default="{}")
