@@ -33,6 +33,8 @@ message, retry_after} ends the stream. Either way the codes are the Grid's.
 
 import hashlib
 import json
+from collections.abc import Callable
+from typing import Any
 
 from links import commands
 from links.wire import Code, WireError, json_safe
@@ -52,7 +54,11 @@ def known() -> list[str]:
     return [c.path for c in commands.of(commands.USER)] + list(LOCAL)
 
 
-def work_for(grid, views, command: str, params, busy_wait_s: float):
+#: What work_for returns: ``work(call)``, emitting the command's events on ``call`` (bridge.Call).
+Work = Callable[[Any], None]
+
+
+def work_for(grid: Any, views: Any, command: str, params: Any, busy_wait_s: float) -> Work:
     """``work(call)`` (bridge.Call) for one command. A user command of
     links/commands.py without a builder in WORK answers its tower's reply
     map as one ``result`` event {reply} (it needs ``tower``). Raises

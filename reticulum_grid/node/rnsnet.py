@@ -137,7 +137,8 @@ def start(configdir):
     return reticulum
 
 
-def start_client(directory: Path, connect, rns_config: str = "", network_name: str = "", passphrase: str = ""):
+def start_client(directory: Path, connect: list[str] | None, rns_config: str = "", network_name: str = "",
+                 passphrase: str = "") -> None:
     """Start a client's RNS instance (unless this process has one): from
     ``rns_config`` (an RNS config dir of the user's), else from a TCP-only
     config written to ``directory`` with the ``connect`` peers and IFAC.
