@@ -29,20 +29,27 @@ and setting ``more``.
 
 ``decode()`` trusts nothing: oversized blobs, malformed msgpack, unknown schema
 versions, wrong types and absurd values raise ``CapsError`` with the reason.
+
+Version 2 (was 1): the same map, from towers whose caps/full is one typed reply
+(capsfull.py) and on links/protocol.py's protocol 1
+(a version on every request, ``shard/tunnel``), and aliases held to
+announce/aliases.py's rule. Ends on version 1 cannot talk to these towers, so
+they do not hear them either: each side's decoder drops the other's announces.
 """
 
 from dataclasses import dataclass, field
 
 import msgpack
 
+from announce.aliases import ALIAS_MAX_BYTES, alias_problem
 from announce.fields import CapsError, bool_field, int_field, list_field, text_field
 
-#: 2: caps/full became one typed reply (capsfull.py) and a stream's usage one
-#: map (links/usage.py); a peer speaking 1 is refused by name.
+#: 2: caps/full became one typed reply (capsfull.py), a stream's usage one map
+#: (links/usage.py), and the commands one table (links/commands.py); a peer
+#: speaking 1 is refused by name.
 SCHEMA_VERSION = 2
 NAME_MAX_BYTES = 32
 DEVICE_MAX_BYTES = 40
-ALIAS_MAX_BYTES = 32
 SHORT_ID_BYTES = 4
 MAX_MIB = 1 << 24  # 16 TiB: anything above is not a real machine
 MAX_GPUS = 64
@@ -322,10 +329,11 @@ def _load(value):
 
 
 def alias_field(value: object, what: str = "alias") -> str:
-    """``value`` as an alias: 1-32 bytes of text, no path separators. Raises CapsError."""
+    """``value`` as an alias (announce/aliases.py's rule). Raises CapsError."""
     alias = text_field(value, what, ALIAS_MAX_BYTES, allow_empty=False)
-    if "/" in alias or "\\" in alias or alias in (".", ".."):
-        raise CapsError(f"alias {alias!r} has a path separator")
+    problem = alias_problem(alias)
+    if problem:
+        raise CapsError(problem)
     return alias
 
 

@@ -12,13 +12,6 @@ import msgpack
 #: Largest request payload a tower will parse (bytes). Prompts are text; 1 MiB
 #: is ~250k tokens, far beyond any context window we serve.
 MAX_REQUEST_BYTES = 1 << 20
-#: Commands a tower answers once per distinct request on a Link, and the
-#: random id their requests carry so that two deliberate requests never repeat:
-#: a repeat with the same bytes (sent again because its request or reply packet
-#: was lost on a lossy link) gets the first reply and starts nothing new. A
-#: request without its id is run every time.
-ANSWERED_ONCE = {"ai/inference": "stream_id", "genome/train": "submit_id", "audio/transcribe": "stream_id",
-                 "audio/speech": "stream_id"}
 
 
 class Code:
@@ -47,6 +40,11 @@ class Code:
     TOO_SLOW = "too_slow"  # a transfer the link would take longer than allowed to carry
     RUNNER_LOST = "runner_lost"  # the model's engine process died mid-request; the tower restarts it
     UNTRUSTED = "untrusted"  # a tower this client does not trust (rngrid trust): nothing is sent to it
+    PROTOCOL_MISMATCH = "protocol_mismatch"  # the two ends speak different protocol versions (links/protocol.py)
+
+
+#: Codes that mean the peer (or the way to it) went away, not that it refused.
+LINK_LOST = frozenset({Code.UNREACHABLE, Code.TIMEOUT})
 
 
 class WireError(Exception):

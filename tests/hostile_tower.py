@@ -66,8 +66,8 @@ def _patch(args):
         usage = real_usage(self, result, queued_s)
         return dataclasses.replace(usage, tower=args.claim_name) if args.claim_name else usage
 
-    def handler(self, path, role, command):
-        handle = real_handler(self, path, role, command)
+    def handler(self, command):
+        handle, path = real_handler(self, command), command.path
         if path in refusals:  # RNS reads a handler's signature: six named parameters
             return lambda _path, data, request_id, link_id, identity, at: wire.error("internal", refusals[path])
         if path != "ai/inference":

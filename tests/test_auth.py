@@ -6,7 +6,7 @@ import time
 import pytest
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
-from links import wire
+from links import protocol, wire
 from links.wire import Code, WireError
 from reticulum_grid.node.connection import TowerConnection, open_link
 from reticulum_grid.node.identity import load_or_create
@@ -63,7 +63,7 @@ def test_unidentified_link_refused_but_gets_public_caps(hub, tower):
         replies = {}
         for path, payload in (("caps/full", {}), ("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "x", "stream_id": 1})):
             done = threading.Event()
-            link.request(path, wire.pack(payload), timeout=15,
+            link.request(path, wire.pack(protocol.stamp(payload)), timeout=15,
                          response_callback=lambda r, p=path: (replies.setdefault(p, r.response), done.set()),
                          failed_callback=lambda _: done.set())
             assert done.wait(16) and path in replies, f"{path} got no answer"

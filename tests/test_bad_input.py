@@ -7,7 +7,7 @@ import msgpack
 import pytest
 import RNS
 
-from links import wire
+from links import protocol, wire
 from links.stream import StreamCancel
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
@@ -43,7 +43,7 @@ def assert_still_serving(hub, conn):
 
 
 def request(**fields):
-    return wire.pack({"model": DEFAULT_ALIAS, "prompt": "hi", "stream_id": 1, **fields})
+    return wire.pack(protocol.stamp({"model": DEFAULT_ALIAS, "prompt": "hi", "stream_id": 1, **fields}))
 
 
 @pytest.mark.parametrize("data, code, words", [

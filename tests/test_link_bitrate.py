@@ -24,7 +24,7 @@ def test_link_bitrate_reaches_every_rns_interface(tmp_path):
     path = write(tmp_path / "tower.toml", {"listen": "127.0.0.1:4000", "connect": ["127.0.0.1:4001"],
                                            "link_bitrate": 1200})
     net = config.load_tower(path).network
-    text = config_text(listen=net.listen, connect=net.connect, bitrate=net.bitrate)
+    text = config_text(listen=net.listen, connect=net.connect, link_bitrate=net.link_bitrate)
     assert text.count("bitrate = 1200") == 2
 
 

@@ -21,7 +21,7 @@ def test_shipped_configs(path):
 
 
 def test_generated_config():
-    text = config_text(listen="127.0.0.1:4000", connect=["127.0.0.1:4001"], bitrate=9600)
+    text = config_text(listen="127.0.0.1:4000", connect=["127.0.0.1:4001"], link_bitrate=9600)
     ifaces = interfaces(text)
     assert {i["type"] for i in ifaces.values()} == {"TCPServerInterface", "TCPClientInterface"}
     assert all(i["ingress_control"] == "No" and i["bitrate"] == "9600" for i in ifaces.values())

@@ -149,7 +149,7 @@ def test_a_stranger_without_shard_reaches_no_rpc(split_grid, hub):
     towers, _, _ = split_grid
     worker = hub.wait_tower("split-b")
     with pytest.raises(WireError) as refused:
-        hub.grid.connection(worker).request("split/tunnel", {})
+        hub.grid.connection(worker).request("shard/tunnel", {})
     assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
     # Every socket the towers' children (RPC server, split model, under their guards) listen on is on 127.0.0.1.
     listening = [addr for t in towers.values() if t.proc for pid in _descendants(t.proc.pid) for addr in _listening(pid)]

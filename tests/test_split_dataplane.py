@@ -114,7 +114,7 @@ def test_a_peer_without_shard_gets_no_data_plane_front(dp_grid, hub):
     towers, _ = dp_grid
     before = fronts(towers["dp-c"])
     with pytest.raises(WireError) as refused:
-        hub.grid.connection(hub.wait_tower("dp-c")).request("split/tunnel", {"dataplane": "127.0.0.1"})
+        hub.grid.connection(hub.wait_tower("dp-c")).request("shard/tunnel", {"dataplane": "127.0.0.1"})
     assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
     assert fronts(towers["dp-c"]) == before, "no front was opened for it"
 

@@ -1,7 +1,7 @@
 """``rngrid``: the command line, the only package that prints. One module per verb group."""
 
 # Each module registers its commands.
-from reticulum_grid.cli import infer, serve, store, tower, train, trust, voice  # noqa: F401
+from reticulum_grid.cli import execute, infer, serve, store, tower, train, trust, voice  # noqa: F401
 from reticulum_grid.cli.common import main
 
 __all__ = ["main"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from links import commands
 from reticulum_grid.node import config as cfg
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 
@@ -76,20 +77,21 @@ def tower(ctx, config_path, name, listen, connect, models, voice, network_name, 
 @click.option("--listen", default="127.0.0.1:4242", show_default=True,
               help="TCP listen address (0.0.0.0:PORT, or a tailnet/LAN address, for other machines).")
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Other nodes to connect to (repeatable).")
-@click.option("--link-bitrate", "bitrate", default=0, type=click.IntRange(0),
+@click.option("--link-bitrate", "link_bitrate", default=0, type=click.IntRange(0),
               help="The links' speed as told to RNS (bits/s): at or below 62500 RNS uses its 500-byte MTU and "
                    "paces announces to 2 % of it. It does not limit the rate.")
 @ifac_options
 @click.pass_context
-def transport(ctx, config_dir, listen, connect, bitrate, network_name, passphrase):
+def transport(ctx, config_dir, listen, connect, link_bitrate, network_name, passphrase):
     """Run an RNS transport node for the grid (forwards announces and links
     between towers and clients that are not directly connected); with
     --network-name/--passphrase only nodes of that private grid get through."""
     from reticulum_grid.node import rnsnet
     directory = Path(config_dir) if config_dir else ctx.obj["home"] / "transport"
     try:
-        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True, bitrate=bitrate,
-                                         network_name=network_name or "", passphrase=passphrase or ""))
+        rnsnet.start(rnsnet.write_config(directory, listen=listen, connect=connect, transport=True,
+                                         link_bitrate=link_bitrate, network_name=network_name or "",
+                                         passphrase=passphrase or ""))
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     stop = threading.Event()
@@ -145,7 +147,18 @@ def show_id(ctx, config_path):
         fail(str(e))
 
 
-@main.command()
+def roles_help() -> str:
+    """Each role and the commands it opens (links/commands.py), for ``rngrid allow --help``."""
+    opened = commands.by_role()
+    line = lambda role: f"  {role}: {', '.join(opened.get(role, ()))}"
+    users = [r for r in cfg.ROLES if r not in cfg.TOWER_ROLES and r != "admin"]
+    return ("\n\n\b\nA user's roles:\n" + "\n".join(map(line, users))
+            + "\n  admin: all of the above, and every owner's jobs"
+            + "\n\n\b\nAnother tower's roles (never a user's; admin does not include them):\n"
+            + "\n".join(map(line, cfg.TOWER_ROLES)))
+
+
+@main.command(help="Let IDENTITY_HASH use a tower with the given roles (takes effect at once)." + roles_help())
 @click.argument("identity_hash")
 @click.option("--role", "roles", multiple=True, required=True, type=click.Choice(cfg.ROLES),
               help="Role to grant (repeatable).")
@@ -153,8 +166,6 @@ def show_id(ctx, config_path):
               help="Tower config to edit (default HOME/tower/tower.toml).")
 @click.pass_context
 def allow(ctx, identity_hash, roles, config_path):
-    """Let IDENTITY_HASH use a tower with the given roles (takes effect at once).
-    A user's roles: infer, train, sync, admin; another tower's: shard, train-peer."""
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:
         granted = cfg.allow(path, identity_hash, roles)

@@ -26,6 +26,7 @@ import RNS
 
 from announce.announcer import Pinger, TowerListener, remembered_towers
 from announce.table import TowerTable
+from links.commands import COMMANDS
 from links.wire import Code, WireError
 from reticulum_grid.node import config, identity, rnsnet, trust
 from reticulum_grid.client import router
@@ -77,17 +78,6 @@ class _Quiet:
         return bool(entries) and now - self.since >= self.quiet_s and now - self.started >= self.at_least_s
 
 
-def _start_rns(home, connect, rns_config, network_name="", passphrase=""):
-    if RNS.Reticulum.get_instance() is not None:
-        return
-    if rns_config and (network_name or passphrase):
-        raise config.ConfigError("a network name or passphrase shapes the RNS config rngrid writes; with an "
-                                 "RNS config of your own, set them on its interfaces instead")
-    configdir = rns_config or rnsnet.write_config(home / "rns", connect=connect, network_name=network_name,
-                                                  passphrase=passphrase)
-    rnsnet.start(configdir)
-
-
 class Grid(BlobTransfers, JobCommands, TowerFacts):
     """A grid client.
 
@@ -109,9 +99,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self.identity = identity.load_or_create(self.home / "identity")
         self.store = BlobStore(self.home / "blobs")
         collect(self.store)  # leftovers: blobs without an alias, abandoned transfers
-        _start_rns(self.home, connect, rns_config or net.rns_config,
-                   net.network_name if network_name is None else network_name,
-                   net.passphrase if passphrase is None else passphrase)
+        rnsnet.start_client(self.home / "rns", connect, rns_config or net.rns_config,
+                            net.network_name if network_name is None else network_name,
+                            net.passphrase if passphrase is None else passphrase)
         self.trust = trust.LiveTrust(self.home / "client.toml")
         if self.trust.trust.any:
             log.warning("[trust] any = true in %s: every tower heard gets prompts and data, "
@@ -227,15 +217,18 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         QUIET_S without news) instead of going with the first candidates heard.
         Raises WireError: no_tower when none was heard, unknown_model when the
         towers heard lack the model."""
+        local = self.local_blob(model) is not None
         if tower:
             entries = [self.find_tower(tower, timeout)]
+            found = router.candidates(entries, model)
         else:
-            entries = self._discover_for(model, timeout, settle_s)
+            entries, found = self._discover_for(model, timeout, settle_s, local)
             if complete:
                 self.wait_for(_Quiet(QUIET_S, ANSWER_S - (time.monotonic() - self._started)), ANSWER_S + QUIET_S)
                 entries = self.table.live()
-        syncable = bool(tower) or self.local_blob(model) is not None
-        pool = router.candidates(entries, model) or (entries if syncable else [])
+                found = router.candidates(entries, model)
+        syncable = bool(tower) or local
+        pool = found or (entries if syncable else [])
         self.refresh([e for e in pool if not self.health.get(e.destination_hash).backed_off()])
         # Towers that left the table while being probed (silent again) go only if nothing else is left.
         live = [e for e in map(self.table.get, [e.destination_hash for e in pool]) if e] or pool
@@ -256,10 +249,15 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             time.sleep(settle_s)
         return self.table.live()
 
-    def _discover_for(self, model, timeout, settle_s):
-        if router.candidates(self.table.live(), model):
-            return self.table.live()
-        local = self.local_blob(model)
+    def _discover_for(self, model, timeout, settle_s, local):
+        """(live entries, those of them whose caps list ``model``), once some
+        tower has it (any tower when ``local``: this client holds the model and
+        can push it) or the table went quiet. Raises WireError (unknown_model,
+        no_tower) when no tower heard could run it."""
+        live = self.table.live()
+        found = router.candidates(live, model)
+        if found:
+            return live, found
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
         quiet = _Quiet(QUIET_S, ANSWER_S)
         self.wait_for(lambda entries: ready(entries) or quiet(entries), timeout)
@@ -272,7 +270,8 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                             f"no tower with model {model!r} heard; heard: {heard}" + self._strangers_note()
                             + _offline_note())
         time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
-        return self.table.live()
+        live = self.table.live()
+        return live, router.candidates(live, model)
 
     def refresh(self, entries, max_age_s=LIVE_MAX_AGE_S):
         """Probe towers whose live load is older than ``max_age_s`` (liveness.Liveness.refresh)."""
@@ -306,11 +305,12 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         TranscriptEnd); ``audio/speech`` (``{"text", "model"?, "voice"?, "wpm"?,
         "format"?}``): a voice.Speech; a model the chosen tower lacks is synced
         to it first (``progress(done_bytes, total_bytes)``); towers that fail are
-        replaced (inference.py). While every tower is busy, both wait up to
+        replaced (stream.py). While every tower is busy, both wait up to
         ``busy_wait`` seconds for a free slot (0: raise busy at once; client/busy.py),
-        telling ``on_busy(error, pause_s)`` before each wait. Other commands need
-        ``tower`` and return the reply map within ``timeout`` seconds. Raises
-        WireError (code + message)."""
+        telling ``on_busy(error, pause_s)`` before each wait. Other commands
+        (links/commands.py) need ``tower`` and return the reply map within
+        ``timeout`` seconds. Raises WireError (code + message; bad_request for a
+        command not in that table)."""
         if command == "ai/inference":
             return self.infer(payload, tower=tower, progress=progress, busy_wait=busy_wait, on_busy=on_busy)
         if command == "ai/embeddings":
@@ -319,30 +319,12 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             return self.embed(payload["model"], payload.get("input"), tower=tower, busy_wait=busy_wait,
                               on_busy=on_busy)
         if command in ("audio/transcribe", "audio/speech"):
-            return self._voice(command, payload, tower)
+            return voice.execute(self, command, payload, tower)
+        if command not in COMMANDS:
+            raise WireError(Code.BAD_REQUEST, f"unknown command {command!r}; known: {', '.join(COMMANDS)}")
         if not tower:
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
-
-    def _voice(self, command, payload, tower):
-        if not isinstance(payload, dict):
-            raise WireError(Code.BAD_REQUEST, f"{command} needs a payload map")
-        known = {"audio/transcribe": {"audio", "file", "model", "language", "prompt"},
-                 "audio/speech": {"text", "model", "voice", "wpm", "format"}}[command]
-        if set(payload) - known:
-            unknown = ", ".join(sorted(set(payload) - known))
-            raise WireError(Code.BAD_REQUEST, f"unknown field(s) for {command}: {unknown}")
-        if command == "audio/speech":
-            if not isinstance(payload.get("text"), str):
-                raise WireError(Code.BAD_REQUEST, "audio/speech needs a 'text' string")
-            return self.speak(payload["text"], payload.get("model"), payload.get("voice"), payload.get("wpm"),
-                              payload.get("format", "wav"), tower=tower)
-        data = payload.get("audio")
-        if data is None and isinstance(payload.get("file"), str):
-            data = Path(payload["file"]).read_bytes()
-        if not isinstance(data, (bytes, bytearray)):
-            raise WireError(Code.BAD_REQUEST, "audio/transcribe needs 'audio' (the file's bytes) or 'file' (a path)")
-        return self.transcribe(data, payload.get("model"), payload.get("language"), payload.get("prompt"), tower)
 
     def transcribe(self, data, model=None, language=None, prompt=None, tower=None, force=False):
         """A voice.TranscriptStream of an audio file's bytes (any format FFmpeg

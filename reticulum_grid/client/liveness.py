@@ -21,9 +21,8 @@ import RNS
 
 from announce.announcer import remembered_towers
 from announce.capsfull import CapsError
-from links.wire import WireError
+from links.wire import LINK_LOST, WireError
 from reticulum_grid.client import router
-from reticulum_grid.client.stream import LINK_LOST
 from reticulum_grid.node.connection import attempt_timeout
 
 log = logging.getLogger("rngrid.client")

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 
-from links.wire import Code, WireError
+from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client import estimates, router
 from reticulum_grid.client.stream import InferenceStream, Usage, continued
 from reticulum_grid.split import estimate
@@ -42,7 +42,7 @@ POLICIES = ("auto", "always", "never")
 #: Estimated tokens/s below which "auto" refuses a split (too_slow) rather than run it.
 MIN_SPLIT_TOKENS_S = 1.0
 #: Errors after which a new plan is tried.
-REPLAN_ON = {Code.UNREACHABLE, Code.TIMEOUT, Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
+REPLAN_ON = LINK_LOST | {Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
 
 
 def capacity_mib(caps):

@@ -29,14 +29,12 @@ from dataclasses import dataclass, fields
 
 from links.stream import MAX_STREAM_ID, EndEvent, TextDecoder, TokenEvent, decoded
 from links.usage import StreamUsage
-from links.wire import Code, WireError
+from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client.busy import BusyWait
 
 #: Errors after which, before any output, the next tower is tried.
-RETRY_BEFORE_OUTPUT = {Code.BUSY, Code.UNREACHABLE, Code.TIMEOUT, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL,
-                       Code.UNKNOWN_ADAPTER, Code.INSUFFICIENT_MEMORY, Code.INTERNAL, Code.RUNNER_LOST}
-#: Errors that mean the tower (or the way to it) went away.
-LINK_LOST = {Code.UNREACHABLE, Code.TIMEOUT}
+RETRY_BEFORE_OUTPUT = {Code.BUSY, *LINK_LOST, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL, Code.UNKNOWN_ADAPTER,
+                       Code.INSUFFICIENT_MEMORY, Code.INTERNAL, Code.RUNNER_LOST, Code.PROTOCOL_MISMATCH}
 #: Errors after which a stream that already gave text continues on another tower.
 CONTINUE_AFTER = LINK_LOST | {Code.RUNNER_LOST}
 #: Towers tried for one request at most.
@@ -48,8 +46,8 @@ MEASURE_MIN_TOKENS = 4
 STREAM_SILENCE_S = 3.5
 #: The final error's code when towers refused for different reasons: the first
 #: of these any tower gave (busy can pass; the others say what to fix).
-SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.UNKNOWN_ADAPTER, Code.UNKNOWN_MODEL, Code.INSUFFICIENT_MEMORY,
-                  Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
+SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.PROTOCOL_MISMATCH, Code.UNKNOWN_ADAPTER, Code.UNKNOWN_MODEL,
+                  Code.INSUFFICIENT_MEMORY, Code.INTERNAL, Code.TIMEOUT, Code.UNREACHABLE)
 
 
 #: Keys of an ai/inference payload for this client only (how to route it), never sent to a tower.

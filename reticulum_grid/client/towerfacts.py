@@ -11,9 +11,8 @@ import time
 
 from announce.capsfull import CapsError, CapsFull
 from announce.table import TowerEntry
-from links.wire import WireError
+from links.wire import LINK_LOST, WireError
 from reticulum_grid.client.models import TowerModel
-from reticulum_grid.client.stream import LINK_LOST
 
 log = logging.getLogger("rngrid.client")
 

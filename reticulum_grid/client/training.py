@@ -5,7 +5,7 @@ A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 
 import secrets
 
-from links.wire import Code, WireError
+from links.wire import LINK_LOST, Code, WireError
 
 
 def train_towers(grid, towers, base=None):
@@ -55,7 +55,7 @@ class JobCommands:
                                            -e.caps.hardware.memory_free_mib))
 
     def train(self, request, data_path=None, tower=None, progress=None, towers=None):
-        """Submit a ``genome/train`` job (see train_request.py). ``data_path``: a
+        """Submit a ``genome/train`` job (see training/request.py). ``data_path``: a
         local JSONL file, sent to the tower(s) first. ``towers``: train on several
         towers at once, data-parallel: a list of names or hashes (the first
         coordinates) or ``"auto:N"``; the base model and dataset are synced to
@@ -88,7 +88,7 @@ class JobCommands:
                 self.connection(entry).request("jobs/status", {"job_id": job_id})
                 return entry
             except WireError as e:
-                if not tower and e.code in (Code.UNKNOWN_JOB, Code.NOT_ALLOWED, Code.UNREACHABLE, Code.TIMEOUT):
+                if not tower and e.code in {Code.UNKNOWN_JOB, Code.NOT_ALLOWED, *LINK_LOST}:
                     refused.append(e.code)
                     continue
                 raise
@@ -104,7 +104,7 @@ class JobCommands:
             try:
                 out += [(entry.name, job) for job in self.connection(entry).request("jobs/status", {})["jobs"]]
             except WireError as e:
-                if tower or e.code not in (Code.NOT_ALLOWED, Code.UNREACHABLE, Code.TIMEOUT):
+                if tower or e.code not in {Code.NOT_ALLOWED, *LINK_LOST}:
                     raise
         return out
 

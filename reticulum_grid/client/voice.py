@@ -279,3 +279,27 @@ def speak(grid, text, model=None, voice=None, wpm=None, fmt="wav", tower=None):
             data = audio.convert(bytes(received), rate, fmt)
         return Speech(bytes(data), fmt, end, len(received), wire_format)
     raise attempts.exhausted()
+
+
+def execute(grid, command: str, payload, tower: str | None = None):
+    """``Grid.execute`` of ``audio/transcribe`` (a TranscriptStream) or
+    ``audio/speech`` (a Speech): ``payload`` checked, then ``grid.transcribe``
+    or ``grid.speak``. Raises WireError(bad_request)."""
+    if not isinstance(payload, dict):
+        raise WireError(Code.BAD_REQUEST, f"{command} needs a payload map")
+    known = {"audio/transcribe": {"audio", "file", "model", "language", "prompt"},
+             "audio/speech": {"text", "model", "voice", "wpm", "format"}}[command]
+    if set(payload) - known:
+        unknown = ", ".join(sorted(set(payload) - known))
+        raise WireError(Code.BAD_REQUEST, f"unknown field(s) for {command}: {unknown}")
+    if command == "audio/speech":
+        if not isinstance(payload.get("text"), str):
+            raise WireError(Code.BAD_REQUEST, "audio/speech needs a 'text' string")
+        return grid.speak(payload["text"], payload.get("model"), payload.get("voice"), payload.get("wpm"),
+                          payload.get("format", "wav"), tower=tower)
+    data = payload.get("audio")
+    if data is None and isinstance(payload.get("file"), str):
+        data = Path(payload["file"]).read_bytes()
+    if not isinstance(data, (bytes, bytearray)):
+        raise WireError(Code.BAD_REQUEST, "audio/transcribe needs 'audio' (the file's bytes) or 'file' (a path)")
+    return grid.transcribe(data, payload.get("model"), payload.get("language"), payload.get("prompt"), tower)

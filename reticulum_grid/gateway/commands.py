@@ -35,70 +35,100 @@ message, retry_after} ends the stream. Either way the codes are the Grid's.
 
 import hashlib
 import json
+from collections.abc import Callable
+from typing import Any
 
-from links.wire import Code, WireError
-from reticulum_grid.gateway import audio
+from links import commands
+from links.wire import Code, WireError, json_safe
 from reticulum_grid.gateway.errors import bad_request
 from reticulum_grid.gateway.inference import embeddings_work, inference_work
 
 #: genome/train params that are not part of the tower's job request.
 TRAIN_LOCAL = ("data", "examples", "tower", "watch")
+#: The gateway's own commands, beside the towers' user commands (links/commands.py).
+LOCAL = {"grid/towers": "towers heard: hops, age, backend, memory, models, load, tokens/s, RTT",
+         "grid/models": "every model and adapter a live tower holds"}
 
 
-def jsonable(value):
-    """``value`` with bytes as hex, so any reply map can be JSON."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).hex()
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
+def known() -> list[str]:
+    """Every command /v1/grid/execute (and ``rngrid execute``) runs: the towers'
+    user commands, in the table's order, then LOCAL."""
+    return [c.path for c in commands.of(commands.USER)] + list(LOCAL)
 
 
-def work_for(grid, views, command, params, busy_wait_s):
-    """``work(call)`` (bridge.Call) for one command. Raises ApiError(400) for a
-    bad command or params."""
+#: What work_for returns: ``work(call)``, emitting the command's events on ``call`` (bridge.Call).
+Work = Callable[[Any], None]
+
+
+def work_for(grid: Any, views: Any, command: str, params: Any, busy_wait_s: float) -> Work:
+    """``work(call)`` (bridge.Call) for one command. A user command of
+    links/commands.py without a builder in WORK answers its tower's reply
+    map as one ``result`` event {reply} (it needs ``tower``). Raises
+    ApiError(400) for a bad command or params."""
     if not isinstance(params, dict):
         raise bad_request("'params' must be an object", "params")
     tower = params.get("tower")
     if tower is not None and not isinstance(tower, str):
         raise bad_request("'tower' must be a tower name or destination hash", "params.tower")
-    if command == "ai/inference":
-        payload = {k: v for k, v in params.items() if k != "tower"}
-        if not isinstance(payload.get("model"), str):
-            raise bad_request("ai/inference needs params.model", "params.model")
-        return inference_work(grid, payload, tower, busy_wait_s, as_events=True)
-    if command == "ai/embeddings":
-        if not isinstance(params.get("model"), str):
-            raise bad_request("ai/embeddings needs params.model", "params.model")
-        texts = params.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-            raise bad_request("ai/embeddings needs params.input: a string or a list of them", "params.input")
-        return embeddings_work(grid, params["model"], texts, tower, busy_wait_s, as_event=True)
-    if command == "genome/train":
-        return lambda call: _train(grid, params, call)
-    if command in audio.COMMANDS:
-        return audio.command_work(grid, command, params, busy_wait_s)
-    if command in ("jobs/watch", "jobs/cancel") or (command == "jobs/status" and params.get("job_id") is not None):
-        if not isinstance(params.get("job_id"), str):
-            raise bad_request(f"{command} needs params.job_id", "params.job_id")
-        return lambda call: _job(grid, command, params["job_id"], tower, call)
-    if command == "jobs/status":
+    if command not in known():
+        raise bad_request(f"unknown command {command!r}; known: {', '.join(known())}", "command")
+    return WORK.get(command, _reply)(grid, views, command, params, tower, busy_wait_s)
+
+
+def _inference(grid, views, command, params, tower, busy_wait_s):
+    payload = {k: v for k, v in params.items() if k != "tower"}
+    if not isinstance(payload.get("model"), str):
+        raise bad_request("ai/inference needs params.model", "params.model")
+    return inference_work(grid, payload, tower, busy_wait_s, as_events=True)
+
+
+def _embeddings(grid, views, command, params, tower, busy_wait_s):
+    if not isinstance(params.get("model"), str):
+        raise bad_request("ai/embeddings needs params.model", "params.model")
+    texts = params.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise bad_request("ai/embeddings needs params.input: a string or a list of them", "params.input")
+    return embeddings_work(grid, params["model"], texts, tower, busy_wait_s, as_event=True)
+
+
+def _audio(grid, views, command, params, tower, busy_wait_s):
+    from reticulum_grid.gateway import audio  # its HTTP routes need starlette; rngrid execute may lack it
+    return audio.command_work(grid, command, params, busy_wait_s)
+
+
+def _jobs(grid, views, command, params, tower, busy_wait_s):
+    if command == "jobs/status" and params.get("job_id") is None:
         return lambda call: call.emit({"type": "jobs", "jobs": _all_jobs(grid, views, tower)})
-    if command == "caps/full":
-        if not tower:
-            raise bad_request("caps/full needs params.tower", "params.tower")
-        return lambda call: call.emit({"type": "result", "reply": jsonable(grid.execute(command, {}, tower=tower))})
-    if command == "grid/towers":
-        return lambda call: call.emit({"type": "towers", "towers": views.towers()})
-    if command == "grid/models":
-        return lambda call: call.emit({"type": "models", "models": views.models()})
-    known = ("ai/inference, ai/embeddings, audio/transcribe, audio/speech, genome/train, jobs/status, jobs/watch, "
-             "jobs/cancel, caps/full, grid/towers, grid/models")
-    raise bad_request(f"unknown command {command!r}; known: {known}", "command")
+    if not isinstance(params.get("job_id"), str):
+        raise bad_request(f"{command} needs params.job_id", "params.job_id")
+    return lambda call: _job(grid, command, params["job_id"], tower, call)
+
+
+def _reply(grid, views, command, params, tower, busy_wait_s):
+    if not tower:
+        raise bad_request(f"{command} needs params.tower", "params.tower")
+    payload = {k: v for k, v in params.items() if k != "tower"}
+    return lambda call: call.emit({"type": "result", "reply": json_safe(grid.execute(command, payload, tower=tower))})
+
+
+def _training(grid, views, command, params, tower, busy_wait_s):
+    return lambda call: _train(grid, params, call)
+
+
+def _towers(grid, views, command, params, tower, busy_wait_s):
+    return lambda call: call.emit({"type": "towers", "towers": views.towers()})
+
+
+def _models(grid, views, command, params, tower, busy_wait_s):
+    return lambda call: call.emit({"type": "models", "models": views.models()})
+
+
+#: Commands whose events are more than their tower's reply map.
+WORK = {"ai/inference": _inference, "ai/embeddings": _embeddings, "audio/transcribe": _audio, "audio/speech": _audio,
+        "genome/train": _training, "jobs/status": _jobs, "jobs/watch": _jobs, "jobs/cancel": _jobs,
+        "grid/towers": _towers, "grid/models": _models}
 
 
 def _all_jobs(grid, views, tower):
@@ -125,7 +155,7 @@ def _follow(events, call):
         for event in events:
             if call.stopped.is_set():
                 return
-            call.emit(jsonable(event))
+            call.emit(json_safe(event))
     finally:
         events.close()
 

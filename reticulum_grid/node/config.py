@@ -77,6 +77,8 @@ from typing import Any
 
 import tomlkit
 
+from announce.aliases import alias_problem
+
 from reticulum_grid.node.voice_config import VoiceConfig, parse_voice  # noqa: F401 (VoiceConfig: part of this API)
 
 ROLES = ("infer", "voice", "train", "sync", "shard", "train-peer", "admin")
@@ -107,7 +109,7 @@ class NetworkConfig:
     connect: list[str] = field(default_factory=list)
     rns_config: str = ""
     transport: bool = False
-    bitrate: int = 0
+    link_bitrate: int = 0  # [network] link_bitrate (rnsnet.config_text)
     network_name: str = ""  # IFAC (rnsnet.config_text)
     passphrase: str = ""
 
@@ -299,12 +301,21 @@ def _network(table: Mapping[str, Any]) -> NetworkConfig:
                           "rns_config, set them on that config's interfaces instead")
     return NetworkConfig(listen=listen, connect=connect, rns_config=rns_config,
                          transport=_get(table, "transport", bool, False),
-                         bitrate=_get(table, "link_bitrate", int, 0), **ifac)
+                         link_bitrate=_get(table, "link_bitrate", int, 0), **ifac)
+
+
+def check_alias(alias: str, table: str) -> str:
+    """``alias``, the key of a ``[table.ALIAS]`` table, when it is a usable
+    alias (announce/aliases.py: the store and the caps take the same); else
+    raises ConfigError naming the key."""
+    problem = alias_problem(alias)
+    if problem:
+        raise ConfigError(f"[{table}.{alias}] in the config: {problem}")
+    return alias
 
 
 def _model(alias: str, spec: object, base: Path) -> ModelConfig:
-    if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
-        raise ConfigError(f"model alias {alias!r} must be 1..32 bytes without path separators")
+    check_alias(alias, "models")
     if not isinstance(spec, dict) or "path" not in spec:
         raise ConfigError(f"models.{alias} needs a path")
     path = Path(os.path.expanduser(_get(spec, "path", str, "")))

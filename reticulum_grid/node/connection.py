@@ -17,7 +17,8 @@ from typing import Any
 import RNS
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
-from links import wire
+from links import protocol, wire
+from links.commands import RESENDABLE
 from links.channel import MAX_ID, ChannelRouter, get_alive
 from links.chunks import ChunkFetcher, ChunkServer, TransferEnd, TransferProgress
 from links.jobevents import JobEvent
@@ -44,10 +45,6 @@ def wait_until(predicate: Callable[[], object], timeout: float, poll_s: float = 
 ATTEMPT_FLOOR_S = 3.0
 #: A tower whose RTT was measured gets this many RTTs before it counts as silent.
 RTT_FACTOR = 10
-#: Commands a lost request or reply of which is made good by sending them
-#: again: those that change nothing on the tower, and those it answers once
-#: (wire.ANSWERED_ONCE: a repeat gets the first reply and runs nothing new).
-RESENDABLE = frozenset({"ping", "caps/full", "blobs/manifest", "jobs/status", *wire.ANSWERED_ONCE})
 #: Round trips (at least RESEND_MIN_S seconds) a resendable command waits before it is sent again.
 RESEND_RTTS = 6
 RESEND_MIN_S = 3.0
@@ -101,6 +98,9 @@ def open_link(destination_hash: bytes, app_name: str, *aspects: str, name: str |
 class TowerConnection:
     """A Link to the tower at ``destination_hash``, identified as ``identity``."""
 
+    #: The protocol version its requests carry (links/protocol.py).
+    protocol_version: int = protocol.VERSION
+
     def __init__(self, identity: RNS.Identity, destination_hash: bytes, name: str) -> None:
         self.identity = identity
         self.destination_hash = destination_hash
@@ -142,13 +142,16 @@ class TowerConnection:
         ``link_timeout`` to set up a Link first). Raises WireError.
 
         An RNS request and its reply are single packets that nothing resends, so
-        on a lossy radio link a command in RESENDABLE is sent again (the same
+        on a lossy radio link a command in commands.RESENDABLE (those that change
+        nothing on the tower, and those it answers once) is sent again (the same
         bytes, on the same Link) after RESEND_RTTS round trips without a reply,
         and a reply to any copy counts. A request too big for one packet travels
         as an RNS Resource, which resends its own parts: it is sent once. A
-        request refused as unidentified is sent again after identifying again."""
+        request refused as unidentified is sent again after identifying again.
+        Every request carries this end's protocol version (links/protocol.py):
+        a tower on another one answers protocol_mismatch."""
         deadline, identified = time.monotonic() + timeout, False
-        data = wire.pack(payload)
+        data = wire.pack(protocol.stamp(payload, self.protocol_version))
         while True:
             try:
                 return self._exchange(path, data, deadline, link_timeout, timeout)

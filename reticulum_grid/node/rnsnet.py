@@ -30,13 +30,13 @@ from reticulum_grid.node.config import ConfigError, parse_hostport
 rns_log = logging.getLogger("rngrid.rns")
 
 
-def config_text(listen: str = "", connect: Iterable[str] = (), transport: bool = False, bitrate: float = 0,
+def config_text(listen: str = "", connect: Iterable[str] = (), transport: bool = False, link_bitrate: float = 0,
                 network_name: str = "", passphrase: str = "") -> str:
     """RNS config text: a TCP server on ``listen`` ("host:port" or ""), a TCP
     client per ``connect`` entry, no AutoInterface, no shared instance.
     ``network_name`` / ``passphrase`` (either may be ""): the interfaces' IFAC
     (see above; quoted by RNS's own ConfigObj). Raises ConfigError.
-    ``bitrate`` (bits/s, 0 = RNS's guess) is the speed RNS is told every
+    ``link_bitrate`` (bits/s, 0 = RNS's guess) is the speed RNS is told every
     interface has. On rns 0.9.4 it sets the link MTU (500 bytes at or below
     62.5 kbit/s, no MTU discovery), paces announces a transport node forwards
     to 2 % of it and scales link timeouts; it does NOT limit the rate (a real
@@ -52,7 +52,7 @@ def config_text(listen: str = "", connect: Iterable[str] = (), transport: bool =
         "",
         "[interfaces]",
     ]
-    extra = ([f"    bitrate = {int(bitrate)}"] if bitrate else []) + ifac_lines(network_name, passphrase)
+    extra = ([f"    bitrate = {int(link_bitrate)}"] if link_bitrate else []) + ifac_lines(network_name, passphrase)
     if listen:
         host, port = parse_hostport(listen)
         lines += ["  [[rngrid tcp server]]", "    type = TCPServerInterface", "    enabled = Yes",
@@ -137,6 +137,20 @@ def start(configdir: str | os.PathLike[str]) -> RNS.Reticulum:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     return reticulum
+
+
+def start_client(directory: Path, connect: list[str] | None, rns_config: str = "", network_name: str = "",
+                 passphrase: str = "") -> None:
+    """Start a client's RNS instance (unless this process has one): from
+    ``rns_config`` (an RNS config dir of the user's), else from a TCP-only
+    config written to ``directory`` with the ``connect`` peers and IFAC.
+    Raises ConfigError (IFAC with an RNS config of the user's)."""
+    if RNS.Reticulum.get_instance() is not None:
+        return
+    if rns_config and (network_name or passphrase):
+        raise ConfigError("a network name or passphrase shapes the RNS config rngrid writes; with an "
+                          "RNS config of your own, set them on its interfaces instead")
+    start(rns_config or write_config(directory, connect=connect, network_name=network_name, passphrase=passphrase))
 
 
 def stop() -> None:

@@ -22,10 +22,9 @@ class VoiceConfig:
 
 def parse_voice(alias: str, spec: object, base: Path) -> VoiceConfig:
     """A VoiceConfig from the [voice.ALIAS] table ``spec`` (paths relative to ``base``). Raises ConfigError."""
-    from reticulum_grid.node.config import ConfigError, _bounded, _get  # config imports this module
+    from reticulum_grid.node.config import ConfigError, _bounded, _get, check_alias  # config imports this module
     where = f"voice.{alias}"
-    if "/" in alias or "\\" in alias or alias in ("", ".", "..") or len(alias.encode()) > 32:
-        raise ConfigError(f"voice alias {alias!r} must be 1..32 bytes without path separators")
+    check_alias(alias, "voice")
     if not isinstance(spec, dict):
         raise ConfigError(f"[{where}] must be a table")
     unknown = sorted(set(spec) - {"kind", "path", "device", "threads", "language", "voice"})

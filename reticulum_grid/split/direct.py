@@ -7,11 +7,11 @@ coordinator's address and only after HMAC-SHA256 of a fresh nonce under a
 32-byte secret made for this plan, and relays to its ggml-rpc-server on
 127.0.0.1; the coordinator runs a Forwarder on 127.0.0.1 that only its split
 runner may use. The secret and both addresses cross inside the RNS Link of
-``split/tunnel`` (encrypted, both towers identified, the coordinator holding
+``shard/tunnel`` (encrypted, both towers identified, the coordinator holding
 ``shard`` on the worker); where either tower has no data-plane address, the
 RNS tunnel (tunnel.py) carries the bytes instead.
 
-``split/tunnel`` ``{"dataplane": coordinator's address}`` (optional) ->
+``shard/tunnel`` ``{"dataplane": coordinator's address}`` (optional) ->
 ``{"tower": name, "dataplane": {"host", "port", "secret": 32 bytes}}`` (only
 when this tower has a data-plane address and was given one).
 """
@@ -39,14 +39,14 @@ def offer(own_address: str, coordinator_address: str, rpc_port: int) -> tuple[Fr
     try:
         peer = str(ipaddress.ip_address(coordinator_address))
     except ValueError:
-        raise WireError(Code.BAD_REQUEST, "split/tunnel's dataplane must be an IP address") from None
+        raise WireError(Code.BAD_REQUEST, "shard/tunnel's dataplane must be an IP address") from None
     secret = secrets.token_bytes(SECRET_BYTES)
     front = Front(own_address, 0, secret, rpc_port, GREETING, peers=[peer])
     return front, {"host": own_address, "port": front.port, "secret": secret}
 
 
 def forwarder(reply: dict[str, Any], owners: Callable[[], Iterable[int]]) -> Forwarder | None:
-    """A Forwarder to the front a worker's ``split/tunnel`` reply names, for
+    """A Forwarder to the front a worker's ``shard/tunnel`` reply names, for
     ``owners()``'s processes; None when the reply names none. Raises
     WireError(bad_request) for a reply that does not hold together."""
     direct = reply.get("dataplane")

@@ -7,11 +7,7 @@ ephemeral 127.0.0.1 port; every TCP connection made to that port (by the
 split model's RPC client) becomes one tunnel, which the worker tower joins
 to a TCP connection to its own RPC server on 127.0.0.1.
 
-Channel messages (msgpack arrays)::
-
-    TunnelOpen  0x0401 [tunnel_id]
-    TunnelData  0x0402 [tunnel_id, bytes]        # up to the Link's Channel MDU
-    TunnelClose 0x0403 [tunnel_id, reason]
+Its Channel messages (TunnelOpen, TunnelData, TunnelClose) are in links/tunnel.py.
 
 Why not RNS.Buffer: on rns 0.9.4 it cuts every write to the static Link MDU
 (~425 bytes) however large the negotiated MTU, and bz2-compresses each piece
@@ -35,10 +31,8 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 
-import msgpack
-import RNS
-
-from links.channel import ChannelRouter, ProtocolError, short_str, uint, unpack_array
+from links.channel import ChannelRouter
+from links.tunnel import TunnelClose, TunnelData, TunnelOpen
 from reticulum_grid.node.peers import owned_by
 
 log = logging.getLogger("rngrid.split.tunnel")
@@ -49,50 +43,6 @@ DATA_OVERHEAD = 24
 LINK_POLL_S = 0.5
 #: Tunnels one Link may carry at once.
 MAX_TUNNELS = 16
-
-
-class TunnelOpen(RNS.MessageBase):
-    MSGTYPE = 0x0401
-
-    def __init__(self, tunnel_id: int = 0) -> None:
-        self.tunnel_id = tunnel_id
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id])
-
-    def unpack(self, raw: bytes) -> None:
-        (tunnel_id,) = unpack_array(raw, 1)
-        self.tunnel_id = uint(tunnel_id, "tunnel id")
-
-
-class TunnelData(RNS.MessageBase):
-    MSGTYPE = 0x0402
-
-    def __init__(self, tunnel_id: int = 0, data: bytes = b"") -> None:
-        self.tunnel_id, self.data = tunnel_id, data
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id, self.data], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        tunnel_id, data = unpack_array(raw, 2)
-        if not isinstance(data, bytes):
-            raise ProtocolError("tunnel data is not bytes")
-        self.tunnel_id, self.data = uint(tunnel_id, "tunnel id"), data
-
-
-class TunnelClose(RNS.MessageBase):
-    MSGTYPE = 0x0403
-
-    def __init__(self, tunnel_id: int = 0, reason: str = "") -> None:
-        self.tunnel_id, self.reason = tunnel_id, reason
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id, self.reason])
-
-    def unpack(self, raw: bytes) -> None:
-        tunnel_id, reason = unpack_array(raw, 2)
-        self.tunnel_id, self.reason = uint(tunnel_id, "tunnel id"), short_str(reason, "reason", 200)
 
 
 class _Pipe:

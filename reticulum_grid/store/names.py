@@ -6,20 +6,14 @@ Pure functions and constants, shared by the store, sync, training requests and t
 import os
 import re
 
+# The alias rule is announce/aliases.py's, shared with the config and the caps decoder.
+from announce.aliases import alias_problem, is_blob_id_prefix  # noqa: F401 (is_blob_id_prefix: for the store's users)
 from links import manifest as mf
 from links.wire import Code, WireError
 
 #: model: a GGUF model; adapter: a GGUF LoRA llama.cpp loads; peft: the same
 #: adapter as PEFT safetensors; dataset: training data (JSONL); file: anything else.
 KINDS = ("model", "adapter", "peft", "dataset", "file")
-#: Aliases travel in caps, whose decoder takes at most 32 bytes (announce/caps.py).
-ALIAS_MAX = 32
-ALIAS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,%d}" % (ALIAS_MAX - 1))
-HEX_RE = re.compile(r"[0-9a-fA-F]{8,64}")
-
-def is_blob_id_prefix(name: object) -> bool:
-    """True when ``name`` reads as a blob id or a prefix of one (8-64 hex digits)."""
-    return isinstance(name, str) and HEX_RE.fullmatch(name) is not None
 
 
 #: Kinds whose files llama.cpp opens: they must start with the GGUF magic
@@ -41,12 +35,12 @@ def check_content(path: str | os.PathLike[str], kind: str | None) -> None:
 
 
 def check_alias(alias: object) -> str:
-    """Raise WireError(bad_request) unless ``alias`` is a safe name: no path
-    parts, and never something that reads as a blob id (8+ hex digits)."""
-    if (not isinstance(alias, str) or not ALIAS_RE.fullmatch(alias) or ".." in alias
-            or is_blob_id_prefix(alias)):
-        raise WireError(Code.BAD_REQUEST, f"alias {alias!r} must be 1-{ALIAS_MAX} of A-Z a-z 0-9 . _ : + - "
-                                          "(no path separators, no '..', not only hex digits)")
+    """``alias`` when it is a usable alias (announce/aliases.py: no path
+    parts, never something that reads as a blob id); else raises
+    WireError(bad_request) saying why."""
+    problem = alias_problem(alias)
+    if problem or not isinstance(alias, str):  # alias_problem refuses a non-str: the test is for the type checker
+        raise WireError(Code.BAD_REQUEST, problem or f"alias {alias!r} is not text")
     return alias
 
 

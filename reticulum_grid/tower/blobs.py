@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 
+from links.commands import Command, bind
 from links.chunks import MAX_PULL_SOURCES, TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
@@ -57,6 +58,9 @@ class TowerBlobs:
         self.tower = tower
         self.store = tower.store
         self.peers = {}
+
+    def commands(self) -> list[Command]:
+        return [bind("blobs/manifest", self.manifest), bind("blobs/push", self.push), bind("blobs/pull", self.pull)]
 
     def manifest(self, session, request):
         name = validate(request, {"name": Field(str, required=True, check=max_len(128))})["name"]

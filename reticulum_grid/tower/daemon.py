@@ -5,12 +5,9 @@ Request handlers run on RNS's thread for the Link and return at once (rns
 run on their own threads and talk over the Link's Channel, so a cancel is
 never stuck behind them.
 
-Commands (role needed): ``caps/full`` (none), ``ai/inference`` (infer),
-``audio/transcribe``, ``audio/speech`` (voice or infer),
-``blobs/manifest``, ``blobs/pull`` and chunk requests (sync), ``blobs/push``
-(sync or train: a trainer sends its dataset), ``genome/train``, ``jobs/status``,
-``jobs/watch``, ``jobs/cancel`` (train); tower to tower: ``train/join``
-(train-peer), ``split/tunnel`` (shard).
+Commands: links/commands.py lists every one with the role it needs; each
+capability module declares the handlers of its own (``commands()``), and
+``merge_commands`` joins them. Chunk requests over the Channel need ``sync``.
 """
 
 import logging
@@ -22,7 +19,8 @@ import RNS
 from announce import caps as capscodec
 from announce.capsfull import BlobFacts, Caller, CapsFull, GpuInfo
 from announce.announcer import APP_NAME, RADIO_ANNOUNCES_PER_H, TOWER_ASPECT, Announcer, PingListener
-from links import auth, wire
+from links import auth, protocol, wire
+from links.commands import COMMANDS, Command, bind
 from links.channel import ChannelRouter
 from links.chunks import ChunkFetcher, ChunkServer
 from links.stream import StreamRoutes
@@ -44,6 +42,37 @@ from reticulum_grid.tower.voice import TowerVoice
 log = logging.getLogger("rngrid.tower")
 
 
+def _versioned(data) -> dict | None:
+    """The request map in ``data`` without its protocol version (links/protocol.py),
+    or None when ``data`` holds no map (the caller raises that after auth).
+    Raises WireError(protocol_mismatch)."""
+    try:
+        request = wire.unpack_map(data)
+    except WireError:
+        return None
+    return protocol.check(request)
+
+
+def merge_commands(*groups: list[Command]) -> dict[str, Command]:
+    """{path: Command} of the capabilities' declared commands. Raises
+    ValueError for a path declared twice, one missing from links/commands.py
+    (clients would not know it), one without a handler, or a command of that
+    table no capability serves."""
+    merged: dict[str, Command] = {}
+    for command in (c for group in groups for c in group):
+        if command.path in merged:
+            raise ValueError(f"command {command.path!r} is declared twice")
+        if COMMANDS.get(command.path) != command:
+            raise ValueError(f"command {command.path!r} differs from its entry in links/commands.py (or has none)")
+        if command.handler is None:
+            raise ValueError(f"command {command.path!r} has no handler")
+        merged[command.path] = command
+    missing = [path for path in COMMANDS if path not in merged]
+    if missing:
+        raise ValueError(f"no capability serves {', '.join(missing)} (links/commands.py lists them)")
+    return merged
+
+
 class LinkSession:
     """A client's Link: stream routes, chunk server and fetcher, and the cancel
     events of its streams."""
@@ -56,6 +85,7 @@ class LinkSession:
         self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
         self.fetcher = ChunkFetcher(self.router)
         self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
+        self.tunnels = None  # split.tunnel.Tunnels once a coordinator opens one (tower/split.py)
         self._tower = tower
         self._on_close = []
         link.set_link_closed_callback(self._closed)
@@ -100,16 +130,19 @@ class Tower:
         self.tokens_per_s = 0.0
         self.store = BlobStore(config.directory / "blobs")
         self.allow = LiveAllowList(config, on_error=lambda e: log.error("allow-list not reloaded: %s", e))
-        self.identity = None  # the rest is set by start()
-        self.registry = None
-        self.facts = None
-        self.inference = None
-        self.voice = None
-        self.split = None
-        self.jobs = None
-        self.collector = None
-        self.destination = None
-        self.announcer = None
+        # Made by start():
+        self.identity: RNS.Identity | None = None
+        self.registry: ModelRegistry | None = None
+        self.facts: ModelFactsReader | None = None
+        self.inference: TowerInference | None = None
+        self.voice: TowerVoice | None = None
+        self.jobs: TowerJobs | None = None
+        self.split: TowerSplit | None = None
+        self.blobs: TowerBlobs | None = None
+        self.collector: Collector | None = None
+        self.destination: RNS.Destination | None = None
+        self.announcer: Announcer | None = None
+        self.commands: dict[str, Command] = {}
         self._lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------
@@ -120,7 +153,8 @@ class Tower:
             rnsnet.check_listen(net.listen)
         configdir = net.rns_config or rnsnet.write_config(
             self.config.directory / "rns", listen=net.listen, connect=net.connect,
-            transport=net.transport, bitrate=net.bitrate, network_name=net.network_name, passphrase=net.passphrase)
+            transport=net.transport, link_bitrate=net.link_bitrate, network_name=net.network_name,
+            passphrase=net.passphrase)
         rnsnet.start(configdir)
         self.registry = ModelRegistry(self.store, self.config.models, self.config.queue_depth,
                                       on_tokens_per_s=self.record_tokens_per_s, log_dir=self.config.directory,
@@ -138,17 +172,11 @@ class Tower:
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
         self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
-        blobs = TowerBlobs(self)
-        # ping: an empty reply, so clients time a small round trip (their RTT).
-        commands = {"ping": (None, lambda session, request: {}),
-                    "caps/full": (None, self._caps_full), **self.inference.commands(), **self.voice.commands(),
-                    "blobs/manifest": ("sync", blobs.manifest), "blobs/push": (("sync", "train"), blobs.push),
-                    "blobs/pull": ("sync", blobs.pull), "genome/train": ("train", self.jobs.train),
-                    "jobs/status": ("train", self.jobs.status), "jobs/watch": ("train", self.jobs.watch),
-                    "jobs/cancel": ("train", self.jobs.cancel), "train/join": ("train-peer", self.jobs.dp.join),
-                    **self.split.commands()}
-        for path, (role, command) in commands.items():
-            self.destination.register_request_handler(path, response_generator=self._handler(path, role, command),
+        self.blobs = TowerBlobs(self)
+        self.commands = merge_commands(self._commands(), self.inference.commands(), self.voice.commands(),
+                                       self.blobs.commands(), self.jobs.commands(), self.split.commands())
+        for path, command in self.commands.items():
+            self.destination.register_request_handler(path, response_generator=self._handler(command),
                                                       allow=RNS.Destination.ALLOW_ALL)
         self.announcer = Announcer(self.destination, self.caps, heartbeat_s=self.config.heartbeat_s,
                                    floor_s=self.config.floor_s,
@@ -181,15 +209,21 @@ class Tower:
         self.tokens_per_s = value if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * value
 
     # -- commands ---------------------------------------------------------
-    def _handler(self, path, role, command):
+    def _commands(self) -> list[Command]:
+        """The daemon's own: ``ping`` (an empty reply, so clients time a small
+        round trip) and ``caps/full``."""
+        return [bind("ping", lambda session, request: {}), bind("caps/full", self._caps_full)]
+
+    def _handler(self, command: Command):
         """An RNS request handler: auth, msgpack map in, reply map out, every
-        failure answered with a coded error. A command in wire.ANSWERED_ONCE
-        sent again gets its first reply, a refusal too (its first run may have
-        dropped what it was given), except busy, which asks to be sent again."""
+        failure answered with a coded error. A command answered once
+        (``command.answered_once``) sent again gets its first reply, a refusal
+        too (its first run may have dropped what it was given), except busy,
+        which asks to be sent again."""
+        path, role, id_field = command.path, command.role, command.answered_once
 
         def handle(_path, data, request_id, link_id, remote_identity, requested_at):
-            id_field = wire.ANSWERED_ONCE.get(path)
-            if id_field is None:
+            if id_field is None or not isinstance(data, (bytes, bytearray)):  # not bytes: run() refuses it
                 return run(remote_identity, link_id, data)[0]
             session = self._session(link_id)
             key = ReplyCache.key(path, data)
@@ -207,11 +241,14 @@ class Tower:
             None; the error code or None)."""
             ran = None
             try:
+                request = _versioned(data)  # a peer on another protocol hears that first
                 if role:
                     auth.require(remote_identity, role, self.allow.roles_of, tower_role=role in TOWER_ROLES)
-                session, request = self._session(link_id), wire.unpack_map(data)
+                if request is None:
+                    wire.unpack_map(data)  # raises what is wrong with it
+                session = self._session(link_id)
                 ran = request
-                return wire.ok(**command(session, request)), ran, None
+                return wire.ok(**command.handler(session, request)), ran, None
             except WireError as e:
                 log.info("%s refused: %s", path, e)
                 return wire.error(e.code, e.message, e.retry_after), ran, e.code

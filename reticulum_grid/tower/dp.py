@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 
+from links.commands import Command, bind
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.training import rendezvous as rdv, trainer
@@ -72,6 +73,9 @@ class TowerDP:
         self.lost = {}  # job id -> why this tower's rank died
         self._attempts = {}
         self._lock = threading.Lock()
+
+    def commands(self) -> list[Command]:
+        return [bind("train/join", self.join)]
 
     # -- coordinator ------------------------------------------------------
     def rendezvous(self, job_id, spec):

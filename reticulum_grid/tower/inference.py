@@ -14,6 +14,7 @@ restarted so on first use; the vectors are llama.cpp's, normalised (L2).
 
 import struct
 
+from links.commands import Command, bind
 from links.wire import Code, WireError
 from links.usage import StreamUsage
 from reticulum_grid.inference import generation, request as inference_request
@@ -28,8 +29,8 @@ class TowerInference:
     def __init__(self, tower):
         self.tower = tower
 
-    def commands(self):
-        return {"ai/inference": ("infer", self.inference), "ai/embeddings": ("infer", self.embeddings)}
+    def commands(self) -> list[Command]:
+        return [bind("ai/inference", self.inference), bind("ai/embeddings", self.embeddings)]
 
     def inference(self, session, request):
         if "split" in request:  # a model split over towers (tower/split.py)

@@ -1,6 +1,6 @@
 """A tower's training commands (role ``train``) and job notifications.
 
-``genome/train`` (see train_request.py) -> ``{"job_id"}`` at once.
+``genome/train`` (see training/request.py) -> ``{"job_id"}`` at once.
 ``jobs/status`` ``{"job_id"?}`` -> ``{"jobs": [job, ...]}``: the caller's jobs (an admin sees all).
 ``jobs/watch`` ``{"job_id", "watch_id"}`` -> ``{"job": job}``, then JobEvent messages on this
     Link until the job ends or the Link closes; watch again from any client.
@@ -20,6 +20,7 @@ import time
 
 import msgpack
 
+from links.commands import Command, bind
 from links.jobevents import JobEvent
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
@@ -115,6 +116,10 @@ class TowerJobs:
             self.tower.announcer.request("training jobs changed")
 
     # -- commands ---------------------------------------------------------
+    def commands(self) -> list[Command]:
+        return [bind("genome/train", self.train), bind("jobs/status", self.status), bind("jobs/watch", self.watch),
+                bind("jobs/cancel", self.cancel), *self.dp.commands()]
+
     def train(self, session, request):
         missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
         if missing:

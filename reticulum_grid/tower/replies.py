@@ -2,7 +2,7 @@
 
 On a lossy radio link an RNS request or its reply (single packets, never
 resent by RNS) can be lost; the client then sends the same bytes again
-(node/connection.py). For commands in ``links.wire.ANSWERED_ONCE`` the tower
+(node/connection.py). For commands in ``links.commands.ANSWERED_ONCE`` the tower
 answers such a repeat with the reply it gave the first time instead of
 starting a second stream or job.
 """

@@ -1,6 +1,6 @@
 """Split inference on a tower (reticulum_grid.split): both ends.
 
-Worker end: ``split/tunnel`` (role ``shard``) starts this tower's RPC server
+Worker end: ``shard/tunnel`` (role ``shard``) starts this tower's RPC server
 child (127.0.0.1 only) and lets the calling Link carry tunnels to it.
 Layers are the coordinator's model: it sends them only to workers whose
 tower identity holds ``shard`` on it too (towers that split models together
@@ -26,7 +26,8 @@ from dataclasses import replace
 
 import RNS
 
-from links.wire import Code, Field, WireError, max_len, validate
+from links.commands import Command, bind
+from links.wire import LINK_LOST, Code, Field, WireError, max_len, validate
 from reticulum_grid.inference import request as inference_request
 from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.node.connection import TowerConnection
@@ -58,8 +59,8 @@ class TowerSplit:
         self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
         self._lock = threading.Lock()
 
-    def commands(self):
-        return {"split/tunnel": ("shard", self.tunnel), "split/probe": ("infer", self.probe_links)}
+    def commands(self) -> list[Command]:
+        return [bind("shard/tunnel", self.tunnel), bind("split/probe", self.probe_links)]
 
     def probe_links(self, session, request):
         """split/probe (split/probe.py): this tower's round trips to other towers."""
@@ -100,7 +101,7 @@ class TowerSplit:
             port = int(self.worker.endpoint().rsplit(":", 1)[1])
         except RpcUnavailable as e:
             raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
-        tunnels = getattr(session, "tunnels", None)
+        tunnels = session.tunnels
         if tunnels is None:
             session.tunnels = Tunnels(session.router, target_port=port)
             session.on_close(session.tunnels.close_all)
@@ -185,7 +186,7 @@ class TowerSplit:
             conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
             self.links.append((conn, None))
             try:
-                reply = conn.request("split/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
+                reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
             except WireError as e:
                 raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
             listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(conn.router), owners)
@@ -257,6 +258,6 @@ class TowerSplit:
 
     def _stream_failed(self, error):
         log.info("split stream failed: %s", error)
-        if error.code in (Code.UNREACHABLE, Code.TIMEOUT, Code.RUNNER_LOST):  # a worker went away: rebuild next time
+        if error.code in LINK_LOST | {Code.RUNNER_LOST}:  # a worker went away: rebuild next time
             with self._lock:
                 self._drop_model()

@@ -17,6 +17,7 @@ import time
 from announce.capsfull import TEXT_MAX_BYTES, VoiceInfo
 from links import manifest as manifests
 from links.channel import clip
+from links.commands import Command, bind
 from links.wire import Code, WireError
 from reticulum_grid.inference.generation import Piece
 from reticulum_grid.store.sync import fetch_blob
@@ -29,9 +30,6 @@ from reticulum_grid.voice.request import MAX_AUDIO_BYTES, SpeechEnd, TranscriptE
 from reticulum_grid.voice.stt import TranscriptInfo
 
 log = logging.getLogger("rngrid.tower")
-
-ROLE = ("voice", "infer")
-
 
 class TowerVoice:
     def __init__(self, tower):
@@ -46,8 +44,8 @@ class TowerVoice:
         if self.tower.announcer is not None:
             self.tower.announcer.request("voice engine ready")
 
-    def commands(self):
-        return {"audio/transcribe": (ROLE, self.transcribe), "audio/speech": (ROLE, self.speech)}
+    def commands(self) -> list[Command]:
+        return [bind("audio/transcribe", self.transcribe), bind("audio/speech", self.speech)]
 
     def caps(self):
         return self.engines.caps()
