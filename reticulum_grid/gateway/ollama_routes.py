@@ -31,7 +31,7 @@ from reticulum_grid.gateway import ollama_api, ollama_reply
 from reticulum_grid.gateway.bridge import Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.http import endpoint, json_body, start
-from reticulum_grid.gateway.inference import embeddings_work, inference_work
+from reticulum_grid.gateway.inference import embedded, inference_work
 from reticulum_grid.gateway.openai_reply import shortened
 
 #: The Ollama release whose API (docs/api.md, api/types.go) this gateway follows.
@@ -147,12 +147,7 @@ class OllamaRoutes:
         body = await json_body(request)
         req = ollama_api.parse_embed(body, gateway.views.model_aliases(), legacy=legacy)
         gateway.check_known({"model": req.model}, req.tower, model_code=Code.UNKNOWN_MODEL)
-        result, events = await start(request, embeddings_work(gateway.grid, req.model, req.texts, req.tower,
-                                                              gateway.busy_wait_s))
-        await events.aclose()
-        if req.dimensions is not None and req.dimensions > result.dims:
-            raise bad_request(f"'dimensions' is {req.dimensions}, more than the {result.dims} of {req.model!r}",
-                              "dimensions")
+        result = await embedded(request, gateway, req.model, req.texts, req.tower, req.dimensions)
         vectors = [shortened(v, req.dimensions) for v in result.vectors]
         if legacy:
             return JSONResponse({"embedding": vectors[0]})

@@ -20,9 +20,9 @@ from starlette.routing import Route
 from reticulum_grid.client import Usage
 from reticulum_grid.gateway import openai_api, openai_reply
 from reticulum_grid.gateway.bridge import Stopped
-from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
+from reticulum_grid.gateway.errors import ApiError, as_api_error
 from reticulum_grid.gateway.http import endpoint, json_body, start
-from reticulum_grid.gateway.inference import embeddings_work, inference_work
+from reticulum_grid.gateway.inference import embedded, inference_work
 
 #: Seconds between SSE comment pings on a quiet stream (keeps proxies from closing it).
 PING_S = 15
@@ -97,12 +97,7 @@ class OpenAIRoutes:
         gateway = self.gateway
         req = openai_api.parse_embeddings(await json_body(request), gateway.views.model_aliases())
         gateway.check_known({"model": req.model}, req.tower)
-        result, events = await start(request, embeddings_work(gateway.grid, req.model, req.texts, req.tower,
-                                                              gateway.busy_wait_s))
-        await events.aclose()
-        if req.dimensions is not None and req.dimensions > result.dims:
-            raise bad_request(f"'dimensions' is {req.dimensions}, more than the {result.dims} of {req.model!r}",
-                              "dimensions")
+        result = await embedded(request, gateway, req.model, req.texts, req.tower, req.dimensions)
         return JSONResponse(openai_reply.embeddings(req, result))
 
 
