@@ -333,9 +333,11 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         if command == "ai/embeddings":
             if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
                 raise WireError(Code.BAD_REQUEST, "ai/embeddings needs a payload map with a 'model' string")
-            # "input" is unchecked here: embed() takes it as given (a missing one fails there).
-            return self.embed(payload["model"], payload.get("input"),  # type: ignore[arg-type]
-                              tower=tower, busy_wait=busy_wait, on_busy=on_busy)
+            texts = payload.get("input")
+            if not isinstance(texts, str) and not (isinstance(texts, list) and texts
+                                                   and all(isinstance(t, str) for t in texts)):
+                raise WireError(Code.BAD_REQUEST, "ai/embeddings needs 'input': a string or a list of strings")
+            return self.embed(payload["model"], texts, tower=tower, busy_wait=busy_wait, on_busy=on_busy)
         if command in ("audio/transcribe", "audio/speech"):
             return voice.execute(self, command, payload, tower)
         if command not in COMMANDS:

@@ -21,7 +21,8 @@ from announce.caps import Caps
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client import estimates, router
-from reticulum_grid.client.stream import InferenceStream, Text, ToolCallDelta, Usage, continued
+from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
+from reticulum_grid.client.stream import InferenceStream, continued
 from reticulum_grid.split import estimate
 from reticulum_grid.split.plan import Offer, Plan, PlanError, plan
 from reticulum_grid.store import gguf_info
@@ -260,8 +261,8 @@ class SplitStream:
                         self.usage = self._usage(piece, failovers)
                         yield self.usage
                         return
-                    # A ToolCallDelta would fail here: a split stream's text comes as Text only (a known gap).
-                    self.text += piece  # type: ignore[operator]
+                    if isinstance(piece, Text):  # a tool call's pieces are no text
+                        self.text += piece
                     yield piece
             except WireError as e:
                 self.ids += stream.ids

@@ -26,7 +26,7 @@ names every tower tried; no_tower means no tower was there.
 import secrets
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from announce.caps import ModelCap
@@ -35,6 +35,7 @@ from links.stream import MAX_STREAM_ID, EndEvent, StreamReceiver, TextDecoder, T
 from links.usage import StreamUsage
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client.busy import BusyWait
+from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage, logprobs, tool_call
 from reticulum_grid.client.router import Choice
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.store.sync import Progress
@@ -80,23 +81,6 @@ def continued(payload: dict[str, Any], ids: Sequence[int], generated: int | None
     return payload
 
 
-class Text(str):
-    """A piece of streamed text; ``logprobs``: its tokens' log probabilities
-    when the request asked for them ([{token, logprob, bytes, top: [...]}])."""
-    logprobs: list[dict[str, Any]] | tuple[()] = ()
-
-
-@dataclass
-class ToolCallDelta:
-    """A piece of a tool call the model makes, in OpenAI's streaming shape:
-    ``index`` says which call; ``id`` and ``name`` come with its first piece,
-    ``arguments`` is the next fragment of its JSON arguments."""
-    index: int
-    id: str = ""
-    name: str = ""
-    arguments: str = ""
-
-
 @dataclass(frozen=True)
 class Ask:
     """An ai/inference payload as this client reads it, in one place:
@@ -137,32 +121,6 @@ class _Meter:
         if self.after_first < MEASURE_MIN_TOKENS or first is None or last is None or last <= first:
             return None
         return self.after_first / (last - first)
-
-
-@dataclass(frozen=True)
-class Usage(StreamUsage):
-    """Ends an inference stream: the tower's StreamUsage (links/usage.py:
-    tokens, ``tower_ttft_s``, tokens/s, ``queued_s``, cached and drafted
-    tokens) with what only this client knows. Times in seconds.
-
-    ``ttft_s`` is measured by the client, from execute() to the first text;
-    ``tower`` is the (last) tower's name as this client knows it (never its
-    own word); ``finish_reason`` is the tower's; ``failovers`` counts towers
-    that failed mid-stream and were replaced. Counts cover the whole stream,
-    over every tower that served it."""
-    ttft_s: float = 0.0
-    finish_reason: str = ""
-    failovers: int = 0
-
-    @classmethod
-    def of(cls, reported: StreamUsage, **measured: object) -> "Usage":
-        """``reported`` with the client's own figures (any Usage field) over it."""
-        return cls(**{**{f.name: getattr(reported, f.name) for f in fields(StreamUsage)}, **measured})
-
-    def summary(self) -> str:
-        """The line ``rngrid infer`` shows after the answer."""
-        return (f"{self.completion_tokens} tokens from {self.tower}, TTFT {self.ttft_s * 1000:.0f} ms, "
-                f"{self.tokens_per_s:.1f} tokens/s, finish: {self.finish_reason}")
 
 
 class InferenceStream:
@@ -271,7 +229,7 @@ class InferenceStream:
         if event.text or event.extra.get("lp"):
             yield self._emit(event.text, event.extra.get("lp", ()))
         for call in event.extra.get("tc", ()):
-            yield _tool_call(call)
+            yield tool_call(call)
 
     def _waited_for_slot(self) -> bool:
         """When nothing came yet and the towers said busy: wait (client/busy.py);
@@ -300,12 +258,12 @@ class InferenceStream:
         every tower refused: asking again would get the same answers)."""
         return bool(self.generated) or any(e.code in LINK_LOST for _, e in self._errors)
 
-    def _emit(self, text: str, logprobs: object = ()) -> Text:
+    def _emit(self, text: str, probabilities: object = ()) -> Text:
         if self._first_at is None:
             self._first_at = time.perf_counter()
         self.text += text
         piece = Text(text)
-        piece.logprobs = _logprobs(logprobs)
+        piece.logprobs = logprobs(probabilities)
         return piece
 
     def _start(self, entry: TowerEntry) -> tuple[StreamReceiver, TowerEntry]:
@@ -403,38 +361,3 @@ class InferenceStream:
 
 def _uses_tools(payload: dict[str, Any]) -> bool:
     return bool(payload.get("tools")) and payload.get("tool_choice") != "none"
-
-
-def _logprob(item: object, top: bool = True) -> dict[str, Any] | None:
-    """One token's probability from the tower, checked: {token, logprob (<= 0),
-    bytes: [0..255], top: [...]}; None when it is not that."""
-    if not isinstance(item, dict) or not isinstance(item.get("token"), str):
-        return None
-    lp, raw = item.get("logprob"), item.get("bytes")
-    number = isinstance(lp, (int, float)) and not isinstance(lp, bool) and lp == lp  # not NaN
-    lp = min(0.0, max(-1e9, float(cast(float, lp)))) if number else 0.0  # number: lp is an int or float
-    raw = [b for b in raw if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255] \
-        if isinstance(raw, list) else []
-    out = {"token": item["token"], "logprob": float(lp), "bytes": raw}
-    if top:
-        alternatives = item["top"] if isinstance(item.get("top"), list) else ()
-        out["top"] = [t for t in (_logprob(a, top=False) for a in alternatives[:20]) if t is not None]
-    return out
-
-
-def _logprobs(items: object) -> list[dict[str, Any]]:
-    """The tower's per-token probabilities ([{token, logprob, bytes, top}]), each checked."""
-    if not isinstance(items, (list, tuple)):
-        return []
-    return [lp for lp in map(_logprob, items) if lp is not None]
-
-
-def _tool_call(delta: dict[str, Any]) -> ToolCallDelta:
-    """A ToolCallDelta from the tower's (OpenAI-shaped) delta map, trusting no field."""
-    fn = delta["function"] if isinstance(delta.get("function"), dict) else {}
-
-    def text(value: object) -> str:
-        return value if isinstance(value, str) else ""
-    index = delta.get("index")
-    return ToolCallDelta(index if isinstance(index, int) and not isinstance(index, bool) else 0, text(delta.get("id")),
-                         text(fn.get("name")), text(fn.get("arguments")))

@@ -30,7 +30,8 @@ from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
-from reticulum_grid.node.config import TOWER_ROLES, LiveAllowList, TowerConfig
+from reticulum_grid.node.allowlist import LiveAllowList
+from reticulum_grid.node.config import TOWER_ROLES, TowerConfig
 from reticulum_grid.inference.facts import ModelFactsReader
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.split.tunnel import Tunnels

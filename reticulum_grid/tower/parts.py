@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from announce.announcer import Announcer
 from reticulum_grid.inference.registry import ModelRegistry
-from reticulum_grid.node.config import LiveAllowList, TowerConfig
+from reticulum_grid.node.allowlist import LiveAllowList
+from reticulum_grid.node.config import TowerConfig
 from reticulum_grid.node.hardware import CachedProbe
 from reticulum_grid.store.blobstore import BlobStore
 
