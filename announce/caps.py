@@ -37,7 +37,9 @@ announce/aliases.py's rule. Ends on version 1 cannot talk to these towers, so
 they do not hear them either: each side's decoder drops the other's announces.
 """
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -75,7 +77,7 @@ class ModelCap:
     free: int = 0  # slots free now (a stream starts at once); 0 when not loaded
 
     @property
-    def short_hex(self):
+    def short_hex(self) -> str:
         return self.short_id.hex()
 
 
@@ -85,7 +87,7 @@ class AdapterCap:
     short_id: bytes
 
     @property
-    def short_hex(self):
+    def short_hex(self) -> str:
         return self.short_id.hex()
 
 
@@ -112,12 +114,12 @@ class Hardware:
     gpus: int = 0  # GPUs behind the VRAM figures (their sum); 0 on a CPU tower
 
     @property
-    def memory_free_mib(self):
+    def memory_free_mib(self) -> int:
         """Free memory a model can be loaded into (MiB): VRAM, or RAM on a CPU-only tower."""
         return self.vram_free_mib if self.vram_total_mib > 0 else self.ram_free_mib
 
     @property
-    def memory_total_mib(self):
+    def memory_total_mib(self) -> int:
         return self.vram_total_mib if self.vram_total_mib > 0 else self.ram_total_mib
 
 
@@ -142,21 +144,21 @@ class Caps:
     more: bool = False
     version: int = SCHEMA_VERSION
 
-    def model(self, alias):
+    def model(self, alias: str) -> ModelCap | None:
         """The ModelCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
         return _find(self.models, alias)
 
-    def adapter(self, alias):
+    def adapter(self, alias: str) -> AdapterCap | None:
         """The AdapterCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
         return _find(self.adapters, alias)
 
-    def voices(self, kind, alias=None, language=None):
+    def voices(self, kind: str, alias: str | None = None, language: str | None = None) -> list[VoiceCap]:
         """The VoiceCaps of ``kind`` named ``alias`` (None: any) that speak
         ``language`` (None or "": any; an engine announcing "" speaks any)."""
         return [v for v in self.voice if v.kind == kind and (not alias or v.alias == alias)
                 and (not language or not v.language or v.language.split("-")[0] == language.split("-")[0])]
 
-    def materially_differs(self, other, vram_fraction=0.10):
+    def materially_differs(self, other: "Caps | None", vram_fraction: float = 0.10) -> bool:
         """True when a re-announce is warranted: models or adapters changed, a
         loaded model's slots became all busy or one freed, a training job
         started or ended, or free memory moved by more than ``vram_fraction``
@@ -174,15 +176,19 @@ class Caps:
         return moved > vram_fraction * total
 
 
-def _material(models):
+def _material(models: Iterable[ModelCap]) -> list[tuple[str, bytes, bool, bool]]:
     return [(m.alias, m.short_id, m.loaded, m.free > 0) for m in models]
 
 
-def _material_voice(voices):
+def _material_voice(voices: Iterable[VoiceCap]) -> list[tuple[str, str, str, bool, bool]]:
     return [(v.alias, v.kind, v.language, v.realtime > 0, v.free > 0) for v in voices]
 
 
-def _find(items, name):
+#: An entry _find looks up by alias or short blob id.
+_Named = TypeVar("_Named", ModelCap, AdapterCap)
+
+
+def _find(items: Iterable[_Named], name: str) -> _Named | None:
     for item in items:
         if item.alias == name:
             return item
@@ -197,9 +203,10 @@ def _find(items, name):
     return None
 
 
-def _pack_map(caps, models, adapters, more, voice=None):
+def _pack_map(caps: Caps, models: Sequence[ModelCap], adapters: Sequence[AdapterCap], more: bool,
+              voice: Sequence[VoiceCap] | None = None) -> bytes:
     hw = caps.hardware
-    blob = {
+    blob: dict[str, Any] = {
         "v": caps.version,
         "n": caps.name,
         "hb": int(caps.heartbeat_s),
@@ -286,7 +293,7 @@ def from_map(raw: object) -> Caps:
     )
 
 
-def _hardware(value):
+def _hardware(value: object) -> Hardware:
     items = list_field(value, "hardware", exact=7)
     backend = text_field(items[0], "backend", 16, allow_empty=False)
     if backend not in BACKENDS:
@@ -300,18 +307,18 @@ def _hardware(value):
                     ram_free, int_field(items[6], "gpu count", 0, MAX_GPUS))
 
 
-def _model(value):
+def _model(value: object) -> ModelCap:
     alias, short_id, loaded, free = list_field(value, "model entry", exact=4)
     return ModelCap(alias_field(alias), _short_id(short_id), bool(int_field(loaded, "loaded flag", 0, 1)),
                     int_field(free, "free slots", 0, MAX_COUNT))
 
 
-def _adapter(value):
+def _adapter(value: object) -> AdapterCap:
     alias, short_id = list_field(value, "adapter entry", exact=2)
     return AdapterCap(alias_field(alias), _short_id(short_id))
 
 
-def _voice(value):
+def _voice(value: object) -> VoiceCap:
     alias, kind, language, realtime, free = list_field(value, "voice entry", exact=5)
     kind = text_field(kind, "voice kind", 8)
     if kind not in VOICE_KINDS:
@@ -323,7 +330,7 @@ def _voice(value):
                     int_field(free, "voice free", 0, MAX_COUNT))
 
 
-def _load(value):
+def _load(value: object) -> Load:
     items = list_field(value, "load", exact=3)
     return Load(*(int_field(v, n, 0, MAX_COUNT) for v, n in zip(items, ("streams", "jobs", "queue"))))
 
@@ -337,7 +344,7 @@ def alias_field(value: object, what: str = "alias") -> str:
     return alias
 
 
-def _short_id(value):
+def _short_id(value: object) -> bytes:
     if not isinstance(value, bytes) or len(value) != SHORT_ID_BYTES:
         raise CapsError(f"short blob id must be {SHORT_ID_BYTES} bytes")
     return value

@@ -29,6 +29,7 @@ Wire format (msgpack map; a row leaves out fields at their defaults)::
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from announce import caps as capscodec
 from announce.caps import ALIAS_MAX_BYTES, MAX_COUNT, MAX_GPUS, MAX_MIB, MAX_REALTIME, VOICE_KINDS, Caps, alias_field
@@ -41,6 +42,9 @@ from announce.fields import (
     number_field,
     text_field,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 BLOB_ID_BYTES = 32
 #: Most rows a reply may carry (a tower with this many blobs is not a real one).
@@ -63,9 +67,11 @@ def _text(max_bytes: int, **options: bool) -> Check:
     return lambda value, what: text_field(value, what, max_bytes, **options)
 
 
-def _read(raw: object, schema: dict[str, Check], what: str, required: tuple[str, ...] = ()) -> dict[str, object]:
+def _read(raw: object, schema: dict[str, Check], what: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The checked values of ``raw``'s known keys (None and absent read as the
-    field's default); raises CapsError for a missing ``required`` key or a bad value."""
+    field's default); raises CapsError for a missing ``required`` key or a bad value.
+    Each value has the type its field's check returns, which the schema map
+    cannot tell a type checker: hence Any."""
     raw = map_field(raw, what)
     missing = [key for key in required if raw.get(key) is None]
     if missing:
@@ -73,7 +79,7 @@ def _read(raw: object, schema: dict[str, Check], what: str, required: tuple[str,
     return {key: check(raw[key], f"{what} {key}") for key, check in schema.items() if raw.get(key) is not None}
 
 
-def _packed(obj: object, always: tuple[str, ...] = ()) -> dict[str, object]:
+def _packed(obj: "DataclassInstance", always: tuple[str, ...] = ()) -> dict[str, object]:
     """A dataclass as a wire map: the ``always`` fields, and the others that differ from their default."""
     return {f.name: getattr(obj, f.name) for f in fields(obj)
             if f.name in always or getattr(obj, f.name) != f.default}

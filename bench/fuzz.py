@@ -42,7 +42,7 @@ from links.jobevents import JobEvent  # noqa: E402
 from links.stream import StreamCancel, StreamEnd, StreamError, TokenChunk  # noqa: E402
 from links.usage import StreamUsage  # noqa: E402
 from links.wire import WireError  # noqa: E402
-from reticulum_grid.client import stream as client_stream  # noqa: E402
+from reticulum_grid.client import pieces  # noqa: E402
 from reticulum_grid.client.models import TowerModel  # noqa: E402
 from reticulum_grid.gateway import ollama_api, openai_api  # noqa: E402
 from reticulum_grid.gateway.errors import ApiError  # noqa: E402
@@ -353,7 +353,7 @@ def targets(scratch):
         "config": (_toml(), lambda t: _config(t, scratch), (config.ConfigError,)),
         "dataset": (DATASET, lambda d: _dataset(d, scratch), (datasets.DatasetError,)),
         "tower_models": (TOWER_MODELS, _tower_models, (capscodec.CapsError,)),
-        "logprobs": (LOGPROBS, client_stream._logprobs, ()),
+        "logprobs": (LOGPROBS, pieces.logprobs, ()),
         "stream_usage": (USAGE, StreamUsage.from_map, ()),
         "gateway_bodies": (HTTP_BODIES, _http_body, ()),
         "checkpoint": (_checkpoints(), checkpoint.unpack, (checkpoint.CheckpointError,)),

@@ -29,14 +29,16 @@ import codecs
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import msgpack
 import RNS
 
 from links.channel import (
     MAX_ID,
+    ChannelRouter,
     ProtocolError,
     clip,
     get_alive,
@@ -64,14 +66,15 @@ MAX_STREAM_ID = MAX_ID
 class TokenChunk(RNS.MessageBase):
     MSGTYPE = 0x0101
 
-    def __init__(self, stream_id=0, seq=0, data=b"", ids=(), extra=None):
+    def __init__(self, stream_id: int = 0, seq: int = 0, data: bytes = b"", ids: Iterable[int] = (),
+                 extra: dict[str, Any] | None = None) -> None:
         self.stream_id, self.seq, self.data, self.ids = stream_id, seq, data, list(ids)
         self.extra = extra or {}
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.stream_id, self.seq, self.data, self.ids, self.extra], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         stream_id, seq, data, ids, extra = unpack_array(raw, 5)
         if not isinstance(data, bytes) or not isinstance(ids, list):
             raise ProtocolError("token chunk data is not bytes and ids")
@@ -80,7 +83,7 @@ class TokenChunk(RNS.MessageBase):
         self.extra = check_extra(extra)
 
 
-def check_extra(extra):
+def check_extra(extra: object) -> dict[str, Any]:
     """A TokenChunk's extra map, checked: known keys, right types."""
     if not isinstance(extra, dict) or set(extra) - {"n", "lp", "tc", "x"}:
         raise ProtocolError("token chunk extra is not a map of n, lp, tc, x")
@@ -97,13 +100,13 @@ def check_extra(extra):
 class StreamEnd(RNS.MessageBase):
     MSGTYPE = 0x0102
 
-    def __init__(self, stream_id=0, finish_reason="", usage=None):
+    def __init__(self, stream_id: int = 0, finish_reason: str = "", usage: dict[str, Any] | None = None) -> None:
         self.stream_id, self.finish_reason, self.usage = stream_id, finish_reason, usage or {}
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.stream_id, self.finish_reason, self.usage], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         stream_id, reason, usage = unpack_array(raw, 3)
         if not isinstance(usage, dict):
             raise ProtocolError("usage is not a map")
@@ -113,16 +116,16 @@ class StreamEnd(RNS.MessageBase):
 class StreamError(RNS.MessageBase):
     MSGTYPE = 0x0103
 
-    def __init__(self, stream_id=0, code="", message=""):
+    def __init__(self, stream_id: int = 0, code: str = "", message: str = "") -> None:
         self.stream_id, self.code, self.message = stream_id, code, clip(message)
 
-    def fit(self, limit):
+    def fit(self, limit: int) -> "StreamError":
         return StreamError(self.stream_id, self.code, clip(self.message, max(16, limit - 40)))
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.stream_id, self.code, self.message], use_bin_type=True)
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         stream_id, code, message = unpack_array(raw, 3)
         self.stream_id, self.code, self.message = uint(stream_id, "stream id"), short_str(code, "code", 64), short_str(message, "message")
 
@@ -130,15 +133,19 @@ class StreamError(RNS.MessageBase):
 class StreamCancel(RNS.MessageBase):
     MSGTYPE = 0x0104
 
-    def __init__(self, stream_id=0):
+    def __init__(self, stream_id: int = 0) -> None:
         self.stream_id = stream_id
 
-    def pack(self):
+    def pack(self) -> bytes:
         return msgpack.packb([self.stream_id])
 
-    def unpack(self, raw):
+    def unpack(self, raw: bytes) -> None:
         (stream_id,) = unpack_array(raw, 1)
         self.stream_id = uint(stream_id, "stream id")
+
+
+#: A message StreamRoutes hands to a stream (client side).
+StreamMessage = TokenChunk | StreamEnd | StreamError
 
 
 class StreamRoutes:
@@ -147,30 +154,31 @@ class StreamRoutes:
     Messages for unknown streams are dropped; ``on_cancel(stream_id)`` receives
     StreamCancel messages (tower side)."""
 
-    def __init__(self, router, on_cancel=None):
+    def __init__(self, router: ChannelRouter, on_cancel: Callable[[int], None] | None = None) -> None:
         self.router = router
         self.on_cancel = on_cancel
-        self._routes = {}
+        self._routes: dict[int, Callable[[StreamMessage], None]] = {}
         self._lock = threading.Lock()
-        for message_type in (TokenChunk, StreamEnd, StreamError):
+        stream_types: tuple[type[StreamMessage], ...] = (TokenChunk, StreamEnd, StreamError)
+        for message_type in stream_types:
             router.on(message_type, self._deliver)
         router.on(StreamCancel, self._cancel)
 
-    def add(self, stream_id, callback):
+    def add(self, stream_id: int, callback: Callable[[StreamMessage], None]) -> None:
         with self._lock:
             self._routes[stream_id] = callback
 
-    def remove(self, stream_id):
+    def remove(self, stream_id: int) -> None:
         with self._lock:
             self._routes.pop(stream_id, None)
 
-    def _deliver(self, message):
+    def _deliver(self, message: StreamMessage) -> None:
         with self._lock:
             callback = self._routes.get(message.stream_id)
         if callback is not None:
             callback(message)
 
-    def _cancel(self, message):
+    def _cancel(self, message: StreamCancel) -> None:
         if self.on_cancel is not None:
             self.on_cancel(message.stream_id)
 
@@ -182,39 +190,39 @@ class StreamSender:
     whole tokens per message. ``end()`` and ``fail()`` queue the terminal
     message after all pushed tokens."""
 
-    def __init__(self, router, stream_id):
+    def __init__(self, router: ChannelRouter, stream_id: int) -> None:
         self.router = router
         self.stream_id = stream_id
-        self._pieces = []
-        self._terminal = None
+        self._pieces: list[tuple[bytes, list[int], dict[str, Any]]] = []
+        self._terminal: StreamEnd | StreamError | None = None
         self._seq = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"rngrid-stream-{stream_id}", daemon=True)
         self._thread.start()
 
-    def push(self, data, ids=(), extra=None):
+    def push(self, data: bytes, ids: Iterable[int] = (), extra: dict[str, Any] | None = None) -> None:
         if not data and not ids and not extra:
             return
         with self._cond:
             self._pieces.append((data, list(ids), extra or {}))
             self._cond.notify()
 
-    def end(self, finish_reason, usage):
+    def end(self, finish_reason: str, usage: dict[str, Any]) -> None:
         self._finish(StreamEnd(self.stream_id, finish_reason, usage))
 
-    def fail(self, code, message):
+    def fail(self, code: str, message: str) -> None:
         self._finish(StreamError(self.stream_id, code, message))
 
-    def join(self, timeout=None):
+    def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def _finish(self, message):
+    def _finish(self, message: "StreamEnd | StreamError") -> None:
         with self._cond:
             if self._terminal is None:
                 self._terminal = message
             self._cond.notify()
 
-    def _run(self):
+    def _run(self) -> None:
         limit = self.router.payload_limit(CHUNK_OVERHEAD)
         heartbeat = max(HEARTBEAT_S, 4 * (self.router.link.rtt or 0))
         last_sent, last_data = time.monotonic(), None
@@ -239,10 +247,11 @@ class StreamSender:
             if data:
                 last_data = last_sent
 
-    def _take(self, limit):
+    def _take(self, limit: int) -> tuple[bytes, list[int], dict[str, Any]]:
         """Whole tokens (bytes, ids and extras) that fit one message; what
         accumulated while waiting for the window goes together."""
-        data, ids, n, lp, tc, size, inexact = bytearray(), [], 0, [], [], 0, False
+        ids: list[int] = []
+        data, n, lp, tc, size, inexact = bytearray(), 0, [], [], 0, False
         with self._cond:
             while self._pieces:
                 piece, piece_ids, extra = self._pieces[0]
@@ -274,13 +283,13 @@ class TextDecoder:
     ends inside of (llama.cpp's server holds back such a character and drops
     it when max_tokens ends the stream before it is whole)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> str:
         return self._decoder.decode(data)
 
-    def finish(self):
+    def finish(self) -> str:
         return self._decoder.decode(b"", final=True)
 
 
@@ -291,8 +300,8 @@ class TokenEvent:
     ``extra`` the chunk's extra map (see TokenChunk); ``text`` is the bytes
     decoded, set by decoded() ("" before)."""
     data: bytes
-    ids: list
-    extra: dict
+    ids: list[int]
+    extra: dict[str, Any]
     text: str = ""
 
     @property
@@ -306,7 +315,7 @@ class EndEvent:
     """A stream's end: the tower's ``finish_reason`` and its ``usage`` map
     (links/usage.py StreamUsage for an inference stream)."""
     finish_reason: str
-    usage: dict
+    usage: dict[str, Any]
 
 
 def decoded(events: Iterable[TokenEvent | EndEvent], decoder: TextDecoder) -> Iterator[TokenEvent | EndEvent]:
@@ -332,19 +341,19 @@ class StreamReceiver:
     idle ``timeout`` (seconds) or, with the Link's ``router``, a Link that died
     without a teardown."""
 
-    def __init__(self, stream_id):
+    def __init__(self, stream_id: int) -> None:
         self.stream_id = stream_id
-        self._queue = queue.Queue()
+        self._queue: queue.Queue[StreamMessage] = queue.Queue()
         self._next_seq = 0
 
-    def deliver(self, message):
+    def deliver(self, message: "StreamMessage") -> None:
         self._queue.put(message)
 
-    def abort(self, code, message):
+    def abort(self, code: str, message: str) -> None:
         """Called when the Link drops: ends the stream with an error."""
         self._queue.put(StreamError(self.stream_id, code, message))
 
-    def events(self, idle_timeout: float, router=None) -> Iterator[TokenEvent | EndEvent]:
+    def events(self, idle_timeout: float, router: ChannelRouter | None = None) -> Iterator[TokenEvent | EndEvent]:
         """The stream's events (see the class doc); ``idle_timeout`` in seconds."""
         while True:
             message = get_alive(self._queue, router, idle_timeout, "tokens")
@@ -360,6 +369,6 @@ class StreamReceiver:
             elif isinstance(message, StreamError):
                 raise WireError(message.code, message.message)
 
-    def decoded_events(self, idle_timeout: float, router=None) -> Iterator[TokenEvent | EndEvent]:
+    def decoded_events(self, idle_timeout: float, router: ChannelRouter | None = None) -> Iterator[TokenEvent | EndEvent]:
         """events() decoded (see decoded()) with a decoder of this stream's own."""
         return decoded(self.events(idle_timeout, router), TextDecoder())

@@ -7,6 +7,9 @@ either ``{"ok": True, ...fields}`` or ``{"ok": False, "error": {"code": str,
 answered instead of crashing RNS's own unpacker.
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import msgpack
 
 #: Largest request payload a tower will parse (bytes). Prompts are text; 1 MiB
@@ -50,21 +53,21 @@ LINK_LOST = frozenset({Code.UNREACHABLE, Code.TIMEOUT})
 class WireError(Exception):
     """An error with a code, as sent on the wire. ``retry_after`` in seconds or None."""
 
-    def __init__(self, code, message, retry_after=None):
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.retry_after = retry_after
 
-    def to_map(self):
+    def to_map(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "retry_after": self.retry_after}
 
 
-def pack(obj):
+def pack(obj: object) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack_map(data, max_bytes=MAX_REQUEST_BYTES, what="request"):
+def unpack_map(data: object, max_bytes: int = MAX_REQUEST_BYTES, what: str = "request") -> dict[Any, Any]:
     """Decode msgpack bytes that must hold a map. Raises WireError."""
     if not isinstance(data, (bytes, bytearray)):
         raise WireError(Code.BAD_REQUEST, f"{what} must be msgpack bytes, got {type(data).__name__}")
@@ -79,17 +82,17 @@ def unpack_map(data, max_bytes=MAX_REQUEST_BYTES, what="request"):
     return obj
 
 
-def ok(**fields):
+def ok(**fields: object) -> bytes:
     """Packed success response."""
     return pack({"ok": True, **fields})
 
 
-def error(code, message, retry_after=None):
+def error(code: str, message: str, retry_after: float | None = None) -> bytes:
     """Packed error response."""
     return pack({"ok": False, "error": WireError(code, message, retry_after).to_map()})
 
 
-def parse_response(data):
+def parse_response(data: object) -> dict[Any, Any]:
     """Client side: the response map on success; raises WireError on an error reply
     or a malformed response."""
     reply = unpack_map(data, max_bytes=1 << 26, what="response")
@@ -103,19 +106,24 @@ def parse_response(data):
                     retry if isinstance(retry, (int, float)) else None)
 
 
+#: A Field check: the value in, an error string (or None when the value is fine) out.
+Check = Callable[[Any], str | None]
+
+
 class Field:
     """One field of a request schema: type(s), required, default and a check.
 
     ``check(value)`` returns an error string or None."""
 
-    def __init__(self, types, required=False, default=None, check=None):
-        self.types = types if isinstance(types, tuple) else (types,)
+    def __init__(self, types: type | tuple[type, ...], required: bool = False, default: object = None,
+                 check: Check | None = None) -> None:
+        self.types: tuple[type, ...] = types if isinstance(types, tuple) else (types,)
         self.required = required
         self.default = default
         self.check = check
 
 
-def validate(request, schema):
+def validate(request: Mapping[Any, Any], schema: Mapping[str, Field]) -> dict[str, Any]:
     """Check ``request`` (a map) against ``schema`` ({name: Field}).
 
     Returns a new dict with defaults filled in; unknown keys are an error so a
@@ -123,7 +131,7 @@ def validate(request, schema):
     unknown = sorted(set(request) - set(schema))
     if unknown:
         raise WireError(Code.BAD_REQUEST, f"unknown field(s): {', '.join(map(str, unknown))}")
-    out = {}
+    out: dict[str, Any] = {}
     for name, spec in schema.items():
         if name not in request or request[name] is None:
             if spec.required:
@@ -144,16 +152,16 @@ def validate(request, schema):
     return out
 
 
-def _type_names(spec):
+def _type_names(spec: Field) -> str:
     return " or ".join(t.__name__ for t in spec.types)
 
 
-def in_range(lo, hi):
+def in_range(lo: float, hi: float) -> Check:
     """Field check: lo <= value <= hi."""
     return lambda v: None if lo <= v <= hi else f"{v} outside [{lo}, {hi}]"
 
 
-def max_len(n):
+def max_len(n: int) -> Check:
     """Field check: len(value) <= n (and not empty)."""
     return lambda v: None if 0 < len(v) <= n else f"length {len(v)} outside [1, {n}]"
 
@@ -162,7 +170,7 @@ def max_len(n):
 JSON_SAFE_DEPTH = 16
 
 
-def json_safe(value, depth=0):
+def json_safe(value: object, depth: int = 0) -> Any:
     """A copy of a decoded msgpack value that json.dumps accepts: bytes as
     hex, map keys as text, tuples as lists, anything else JSON lacks (and
     nesting deeper than JSON_SAFE_DEPTH) as text."""

@@ -1,14 +1,15 @@
 """A grid client process for the split tests: reads one JSON request per
 line on stdin ({"payload": {...}, "wait_towers": N}) and writes JSON lines:
 {"plan": [tower, ...]} when the request is split, {"text": piece} per
-piece, then {"usage": {...}} or {"error": {"code", "message"}}, then {"done": true}.
+text piece, {"tool_call": {index, id, name, arguments}} per tool-call piece, then {"usage": {...}} or {"error": {"code", "message"}}, then {"done": true}.
 Usage: python split_client.py HOME HOST:PORT..."""
 
+import dataclasses
 import json
 import sys
 
 from links.wire import WireError
-from reticulum_grid.client import Grid, Usage
+from reticulum_grid.client import Grid, ToolCallDelta, Usage
 
 
 def say(obj):
@@ -28,6 +29,8 @@ def main():
             for piece in stream:
                 if isinstance(piece, Usage):
                     say({"usage": piece.__dict__, "plan": getattr(stream, "plan", None) and stream.plan.towers})
+                elif isinstance(piece, ToolCallDelta):
+                    say({"tool_call": dataclasses.asdict(piece)})
                 else:
                     say({"text": piece})
         except WireError as e:

@@ -101,3 +101,11 @@ def test_garbage_channel_message_is_ignored(hub, tower, conn):
                context=RNS.Packet.CHANNEL).send()
     assert wait_until(lambda: tower.log().count("malformed message") > before, 10), "the garbage never arrived"
     assert_still_serving(hub, conn)
+
+
+@pytest.mark.parametrize("payload", [{"model": "m"}, {"model": "m", "input": 3}, {"model": "m", "input": [1]},
+                                     {"model": "m", "input": []}], ids=["no input", "a number", "not text", "empty"])
+def test_embeddings_without_text_input_are_a_bad_request(hub, payload):
+    with pytest.raises(WireError) as refused:
+        hub.grid.execute("ai/embeddings", payload)
+    assert refused.value.code == Code.BAD_REQUEST and "'input'" in refused.value.message

@@ -17,7 +17,7 @@ from reticulum_grid.client import Usage
 from reticulum_grid.gateway.openai_reply import Reply
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
 from reticulum_grid.gateway.server import BindRefused, check_bind
-from reticulum_grid.node.config import allow, revoke
+from reticulum_grid.node.allowlist import allow, revoke
 from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
 from tests.gateway_support import serve, start_tower, wait_idle, wait_streaming
 

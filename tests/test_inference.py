@@ -159,7 +159,7 @@ def test_breaking_out_of_the_loop_cancels(hub, tower):
 def test_client_gone_frees_the_tower(hub, tower, tmp_path, how):
     """Ctrl-C sends a cancel; a killed client drops the link. Either way the tower stops
     (its log says which of the two it was told)."""
-    from reticulum_grid.node.config import allow
+    from reticulum_grid.node.allowlist import allow
     client_id = rngrid("id", home=tmp_path).stdout.strip()
     allow(tower.config_path, client_id, ["infer"])
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(tmp_path), "infer",

@@ -145,6 +145,24 @@ def test_split_answer_is_identical_to_one_process(split_grid, reference):
     assert usage["completion_tokens"] == 48 and usage["tower"].startswith("split-a + ")
 
 
+def test_a_forced_tool_call_comes_back_from_a_split_model(split_grid):
+    _, client, _ = split_grid
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                               "parameters": {"type": "object", "required": ["city"],
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    client.send(max_tokens=60, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls, usage, error = [], None, None
+    while not (item := client.next()).get("done"):
+        calls += [item["tool_call"]] if "tool_call" in item else []
+        usage, error = item.get("usage", usage), item.get("error", error)
+    assert error is None, error
+    assert usage["tower"].startswith("split-a + "), usage  # it ran split
+    assert {c["name"] for c in calls if c["name"]} == {"get_weather"}
+    assert isinstance(json.loads("".join(c["arguments"] for c in calls))["city"], str)
+    assert usage["finish_reason"] == "tool_calls"
+
+
 def test_a_stranger_without_shard_reaches_no_rpc(split_grid, hub):
     towers, _, _ = split_grid
     worker = hub.wait_tower("split-b")

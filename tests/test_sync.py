@@ -164,7 +164,7 @@ def test_model_synced_tower_to_tower_before_dispatch(hub):
 def test_cli_models_pull_and_push(hub, sources, big, tmp_path):
     import json
 
-    from reticulum_grid.node.config import allow
+    from reticulum_grid.node.allowlist import allow
     from tests.conftest import rngrid
     home = tmp_path / "laptop"
     laptop_id = rngrid("id", home=home).stdout.strip()

@@ -9,7 +9,7 @@ import pytest
 from announce import caps as capscodec
 from links.wire import Code, WireError
 from reticulum_grid.client import voice as client_voice
-from reticulum_grid.node.config import allow, revoke
+from reticulum_grid.node.allowlist import allow, revoke
 from reticulum_grid.voice import models
 from reticulum_grid.voice.audio import STT_RATE, decode
 from reticulum_grid.voice.stt import SpeechToText, TranscriptInfo

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from links import commands
+from reticulum_grid.node import allowlist
 from reticulum_grid.node import config as cfg
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 
@@ -168,7 +169,7 @@ def roles_help() -> str:
 def allow(ctx, identity_hash, roles, config_path):
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:
-        granted = cfg.allow(path, identity_hash, roles)
+        granted = allowlist.allow(path, identity_hash, roles)
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     out.print(f"{identity_hash} may now: {', '.join(granted)} on {path}")
@@ -186,7 +187,7 @@ def revoke(ctx, identity_hash, config_path):
     """Remove IDENTITY_HASH from a tower's allow-list (takes effect at once)."""
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:
-        removed = cfg.revoke(path, identity_hash)
+        removed = allowlist.revoke(path, identity_hash)
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     out.print(f"{identity_hash} {'removed from' if removed else 'was not on'} {path}")

@@ -19,6 +19,14 @@ does the caller see the busy error.
 import logging
 import threading
 import time
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from announce.table import TowerEntry
+from links.wire import WireError
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 log = logging.getLogger("rngrid.client")
 
@@ -28,7 +36,7 @@ MIN_PAUSE_S = 0.2
 DEFAULT_PAUSE_S = 1.0
 
 
-def free_slot(entry, model):
+def free_slot(entry: TowerEntry, model: str) -> bool:
     """Whether the table ``entry`` says ``model`` is loaded there with a free slot."""
     cap = entry.caps.model(model)
     return cap is not None and cap.loaded and cap.free > 0
@@ -38,18 +46,19 @@ class BusyWait:
     """The busy-wait of one request: ``seconds`` from now at most (0: none);
     ``on_busy(error, pause_s)`` is told before each wait (the CLI says so)."""
 
-    def __init__(self, grid, seconds, on_busy=None):
+    def __init__(self, grid: "Grid", seconds: float | None,
+                 on_busy: Callable[[WireError, float], None] | None = None) -> None:
         self.grid = grid
         self.deadline = time.monotonic() + max(0.0, seconds or 0.0)
         self.on_busy = on_busy
         self.stopped = threading.Event()
         self.waits = 0
 
-    def stop(self):
+    def stop(self) -> None:
         """Wake a wait at once (a cancel); later waits return False."""
         self.stopped.set()
 
-    def wait(self, model, error, exclude=()):
+    def wait(self, model: str, error: WireError, exclude: Collection[bytes] = ()) -> bool:
         """After the busy WireError ``error``: wait as the module doc says. True
         when it is worth asking again; False when the deadline came first (or the
         wait was stopped) and the caller should give up. ``exclude``: destination
@@ -66,7 +75,7 @@ class BusyWait:
         since = time.time()
         self.waits += 1
 
-        def woken(entries):
+        def woken(entries: list[TowerEntry]) -> bool:
             return self.stopped.is_set() or any(
                 free_slot(e, model) and e.heard_at > since and e.destination_hash not in exclude for e in entries)
 

@@ -9,33 +9,44 @@ tower streams the vectors as float32 little-endian bytes (tower/inference.py).
 import secrets
 import struct
 from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
+
+import RNS
+
+from announce.table import TowerEntry
 
 from links.stream import MAX_STREAM_ID, TokenEvent
 from links.usage import StreamUsage
 from links.wire import Code, WireError
+from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 
 @dataclass
 class Embeddings:
     """``vectors``: one list of floats per input text, in order (each of ``dims``
     numbers); ``prompt_tokens``: tokens the inputs took; ``tower``: who computed them."""
-    vectors: list
+    vectors: list[list[float]]
     prompt_tokens: int
     tower: str
 
     @property
-    def dims(self):
+    def dims(self) -> int:
         return len(self.vectors[0]) if self.vectors else 0
 
 
-def embed(grid, model, texts, tower=None, busy_wait=None):
+def embed(grid: "Grid", model: str, texts: str | Iterable[str], tower: str | None = None,
+          busy_wait: BusyWait | None = None) -> Embeddings:
     """Embeddings of ``texts`` (a string or a list of them) from ``model``;
     ``busy_wait``: a busy.BusyWait for when every tower is busy. Raises
     WireError (the most telling code a tower gave)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     while True:
-        errors = []
+        errors: list[tuple[TowerEntry, WireError]] = []
         for choice in grid.rank(model, tower=tower)[:MAX_TOWERS]:
             try:
                 return _ask(grid, choice.entry, model, texts)
@@ -51,7 +62,7 @@ def embed(grid, model, texts, tower=None, busy_wait=None):
             raise error
 
 
-def _exhausted(model, errors):
+def _exhausted(model: str, errors: list[tuple[TowerEntry, WireError]]) -> WireError:
     tried = "; ".join(f"{entry.name}: {e.code}: {e.message}" for entry, e in errors) or "none"
     codes = [e.code for _, e in errors]
     busy = [e.retry_after for _, e in errors if e.code == Code.BUSY and e.retry_after is not None]
@@ -59,7 +70,7 @@ def _exhausted(model, errors):
                      f"no tower could embed with {model!r}; tried {tried}", retry_after=min(busy, default=None))
 
 
-def _ask(grid, entry, model, texts):
+def _ask(grid: "Grid", entry: TowerEntry, model: str, texts: list[str]) -> Embeddings:
     conn = grid.connection(entry)
     stream_id = secrets.randbelow(MAX_STREAM_ID)
     bound = grid.liveness.attempt_timeout(entry)
@@ -68,7 +79,7 @@ def _ask(grid, entry, model, texts):
         conn.request("ai/embeddings", {"model": model, "input": texts, "stream_id": stream_id}, bound,
                      link_timeout=bound)
         data = bytearray()
-        silence = max(STREAM_SILENCE_S, 10 * (conn.link.rtt or 0.0))
+        silence = max(STREAM_SILENCE_S, 10 * (cast(RNS.Link, conn.link).rtt or 0.0))  # open_stream set up the Link
         for event in receiver.events(silence, conn.router):
             if isinstance(event, TokenEvent):
                 data += event.data

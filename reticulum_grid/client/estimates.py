@@ -13,10 +13,17 @@ trips to its workers, and estimates for a plan and for the best single tower (sp
 """
 
 import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from announce.table import TowerEntry
 
 from links.wire import WireError
 from reticulum_grid.client import router
 from reticulum_grid.split import estimate
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 #: Seconds a plan waits for its coordinator's round trips.
 PROBE_WAIT_S = 10.0
@@ -24,13 +31,14 @@ PROBE_POLL_S = 0.3
 MIB = 1 << 20
 
 
-def bandwidth(grid, entry, served_bytes):
+def bandwidth(grid: "Grid", entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
     """Bytes/s ``entry``'s tower reads weights at (see the module doc)."""
     tokens_per_s = router.believed_tokens_per_s(entry.caps, grid.health.get(entry.destination_hash))
     return estimate.bandwidth(entry.caps.hardware.backend, tokens_per_s, served_bytes.get(entry.destination_hash, 0))
 
 
-def coordinator_view(grid, coordinator, others):
+def coordinator_view(grid: "Grid", coordinator: TowerEntry,
+                     others: Sequence[TowerEntry]) -> tuple[dict[bytes, float], dict[bytes, float]]:
     """({destination hash: RTT s}, {destination hash: link bytes/s}) from
     ``coordinator`` to ``others``, as it measures them (split/probe); ({}, {})
     when it cannot say (an older tower, or it does not answer)."""
@@ -49,9 +57,9 @@ def coordinator_view(grid, coordinator, others):
         time.sleep(PROBE_POLL_S)
 
 
-def _floats(value):
+def _floats(value: object) -> dict[bytes, float]:
     """{bytes: float} from a reply's {hex: number} map, trusting nothing."""
-    out = {}
+    out: dict[bytes, float] = {}
     for key, number in (value.items() if isinstance(value, dict) else ()):
         try:
             raw = bytes.fromhex(key)
@@ -62,7 +70,8 @@ def _floats(value):
     return out
 
 
-def best_single(grid, entries, model_bytes, need_mib, served_bytes):
+def best_single(grid: "Grid", entries: Sequence[TowerEntry], model_bytes: int, need_mib: int,
+                served_bytes: Mapping[bytes, int]) -> estimate.Estimate | None:
     """The Estimate of the fastest tower of ``entries`` that could hold the
     model whole (see the module doc), or None."""
     best = None

@@ -18,14 +18,17 @@ pushes and models it can hand to a tower before running them there.
 """
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import RNS
 
 from announce.announcer import Pinger, TowerListener, remembered_towers
-from announce.table import TowerTable
+from announce.table import TowerEntry, TowerTable
 from links.commands import COMMANDS
 from links.wire import Code, WireError
 from reticulum_grid.node import config, identity, rnsnet, trust
@@ -35,6 +38,7 @@ from reticulum_grid.client import embeddings, split as splitroute, voice
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import collect
+from reticulum_grid.store.sync import Progress
 from reticulum_grid.node.connection import TowerConnection, wait_until
 from reticulum_grid.client.stream import Ask, InferenceStream
 from reticulum_grid.client.towerfacts import TowerFacts
@@ -42,6 +46,9 @@ from reticulum_grid.client.training import JobCommands
 from reticulum_grid.client.transfers import BlobTransfers
 
 log = logging.getLogger("rngrid.client")
+T = TypeVar("T")
+#: Told before each wait for a free slot: (the busy WireError, seconds it waits).
+OnBusy = Callable[[WireError, float], None]
 
 DEFAULT_CONNECT = ("127.0.0.1:4242",)
 #: Seconds between discovery pings while nothing suitable has been heard.
@@ -66,12 +73,12 @@ class _Quiet:
     """``quiet(entries)`` is true once some towers were heard and none new
     arrived for ``quiet_s`` seconds (and ``at_least_s`` passed since creation)."""
 
-    def __init__(self, quiet_s, at_least_s=0.0):
+    def __init__(self, quiet_s: float, at_least_s: float = 0.0) -> None:
         self.quiet_s, self.at_least_s = quiet_s, at_least_s
         self.started = self.since = time.monotonic()
         self.count = -1
 
-    def __call__(self, entries):
+    def __call__(self, entries: Sequence[TowerEntry]) -> bool:
         now = time.monotonic()
         if len(entries) != self.count:
             self.count, self.since = len(entries), now
@@ -91,7 +98,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
     Raises config.ConfigError for a bad client.toml.
     """
 
-    def __init__(self, home=None, connect=None, rns_config=None, network_name=None, passphrase=None):
+    def __init__(self, home: str | os.PathLike[str] | None = None, connect: Iterable[str] | None = None,
+                 rns_config: str | None = None, network_name: str | None = None,
+                 passphrase: str | None = None) -> None:
         self.home = Path(home) if home else config.home()
         self.home.mkdir(parents=True, exist_ok=True)
         net = config.load_network(self.home / "client.toml")
@@ -109,12 +118,14 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self.table = TowerTable(vet=self.trust)
         self.listener = TowerListener(self.table)
         RNS.Transport.register_announce_handler(self.listener)
-        self.connections = {}
+        self.connections: dict[bytes, TowerConnection] = {}
         self.health = router.HealthBook()
-        self.needs = {}
-        self.model_facts = {}  # model -> {"bytes", "embedding"} as towers' caps/full say (client/split.py)
-        self.served = {}  # destination hash -> bytes of the largest model the tower serves (its bandwidth)
-        self.dataplanes = {}  # destination hash -> the tower offers a data-plane address
+        self.needs: dict[str, int] = {}
+        # model -> {"bytes", "embedding"} as towers' caps/full say (client/split.py)
+        self.model_facts: dict[str, dict[str, int]] = {}
+        # destination hash -> bytes of the largest model the tower serves (its bandwidth)
+        self.served: dict[bytes, int] = {}
+        self.dataplanes: dict[bytes, bool] = {}  # destination hash -> the tower offers a data-plane address
         self.liveness = Liveness(self)
         self._pinger = Pinger(self.identity)
         self._last_ping = float("-inf")
@@ -127,17 +138,17 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             RNS.Transport.request_path(destination_hash)
 
     @property
-    def identity_hash(self):
+    def identity_hash(self) -> str:
         return self.identity.hash.hex()
 
-    def close(self):
+    def close(self) -> None:
         """Tear down this client's Links (RNS itself stops at process exit)."""
         RNS.Transport.deregister_announce_handler(self.listener)
         for conn in list(self.connections.values()):
             conn.close()
 
     # -- discovery --------------------------------------------------------
-    def ping(self, force=False):
+    def ping(self, force: bool = False) -> None:
         """Send a discovery ping (towers that hear it announce): at most every
         PING_INTERVAL_S seconds, or PING_FLOOR_S when ``force``d; on a
         radio-class interface at most every RADIO_PING_INTERVAL_S either way."""
@@ -153,7 +164,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                             "RNS keeps retrying every few seconds", ", ".join(rnsnet.offline_peers()) or "a peer")
             self._pinger.ping()
 
-    def wait_for(self, predicate, timeout):
+    def wait_for(self, predicate: Callable[[list[TowerEntry]], T], timeout: float) -> T:
         """Wait (bounded) until ``predicate(live_entries)`` holds, pinging towers
         every PING_INTERVAL_S meanwhile. Returns the predicate's last value."""
         deadline = time.monotonic() + timeout
@@ -163,13 +174,13 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                 return result
             self.ping()
 
-    def towers(self, wait=5.0, quiet_s=1.5):
+    def towers(self, wait: float = 5.0, quiet_s: float = 1.5) -> list[TowerEntry]:
         """Towers heard within ``wait`` seconds; returns early once some were heard
         and none new arrived for ``quiet_s`` seconds."""
         self.wait_for(_Quiet(quiet_s), wait)
         return self.table.live()
 
-    def find_tower(self, name_or_hash, timeout=15.0):
+    def find_tower(self, name_or_hash: str, timeout: float = 15.0) -> TowerEntry:
         """A tower by name, full hash or hash prefix, requesting a path when given
         a full hash we have no path to. Raises WireError(no_tower)."""
         key = name_or_hash.strip("<>").lower()
@@ -194,22 +205,24 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                             + _offline_note())
         return entry
 
-    def _stranger(self, key):
+    def _stranger(self, key: str) -> TowerEntry | None:
         """An untrusted tower heard with destination hash (or a prefix of >= 8 hex) ``key``."""
         found = [e for e in self.table.strangers()
                  if e.hash_hex == key or len(key) >= 8 and e.hash_hex.startswith(key)]
         return found[0] if len(found) == 1 else None
 
-    def _strangers_note(self):
+    def _strangers_note(self) -> str:
         count = len(self.table.strangers())
         return (f"; {count} tower(s) heard that this client does not trust (rngrid towers lists them)"
                 if count else "")
 
-    def route(self, model, tower=None, timeout=15.0, adapter=None):
+    def route(self, model: str, tower: str | None = None, timeout: float = 15.0,
+              adapter: str | None = None) -> TowerEntry:
         """The best tower to run ``model`` on (``tower`` overrides). Raises WireError(no_tower)."""
         return self.rank(model, adapter=adapter, tower=tower, timeout=timeout)[0].entry
 
-    def rank(self, model, adapter=None, tower=None, timeout=15.0, settle_s=0.3, complete=False):
+    def rank(self, model: str, adapter: str | None = None, tower: str | None = None, timeout: float = 15.0,
+             settle_s: float = 0.3, complete: bool = False) -> list[router.Choice]:
         """Candidate towers for ``model``, best first (router.py), with their live
         load and RTT refreshed. When no tower has the model but this client does,
         every tower is a candidate (the model is pushed first). ``complete``: wait
@@ -237,7 +250,8 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             raise WireError(Code.UNKNOWN_MODEL if entries else Code.NO_TOWER, f"no tower has model {model!r}")
         return ranked
 
-    def discover(self, ready, timeout, settle_s=0.3):
+    def discover(self, ready: Callable[[list[TowerEntry]], object], timeout: float,
+                 settle_s: float = 0.3) -> list[TowerEntry]:
         """Live entries once ``ready(live entries)`` holds, or once towers were
         heard and the table went quiet (QUIET_S after ANSWER_S), or after
         ``timeout`` seconds; a pause of ``settle_s`` lets equally good towers
@@ -249,7 +263,8 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             time.sleep(settle_s)
         return self.table.live()
 
-    def _discover_for(self, model, timeout, settle_s, local):
+    def _discover_for(self, model: str, timeout: float, settle_s: float,
+                      local: bool) -> tuple[list[TowerEntry], list[TowerEntry]]:
         """(live entries, those of them whose caps list ``model``), once some
         tower has it (any tower when ``local``: this client holds the model and
         can push it) or the table went quiet. Raises WireError (unknown_model,
@@ -273,18 +288,18 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         live = self.table.live()
         return live, router.candidates(live, model)
 
-    def refresh(self, entries, max_age_s=LIVE_MAX_AGE_S):
+    def refresh(self, entries: list[TowerEntry], max_age_s: float = LIVE_MAX_AGE_S) -> None:
         """Probe towers whose live load is older than ``max_age_s`` (liveness.Liveness.refresh)."""
         self.liveness.refresh(entries, max_age_s)
 
-    def local_blob(self, name):
+    def local_blob(self, name: str) -> bytes | None:
         """The blob id (bytes) ``name`` resolves to in this client's store, or None."""
         try:
             return self.store.resolve(name)
         except WireError:
             return None
 
-    def connection(self, entry):
+    def connection(self, entry: TowerEntry) -> TowerConnection:
         with self._lock:
             conn = self.connections.get(entry.destination_hash)
             if conn is None:
@@ -293,7 +308,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             return conn
 
     # -- commands ---------------------------------------------------------
-    def execute(self, command, payload, tower=None, timeout=30.0, progress=None, busy_wait=0.0, on_busy=None):
+    def execute(self, command: str, payload: Any, tower: str | None = None, timeout: float = 30.0,
+                progress: Progress | None = None, busy_wait: float = 0.0,
+                on_busy: OnBusy | None = None) -> Any:
         """Run ``command`` on the grid.
 
         ``ai/inference``: returns an InferenceStream, an iterator of text pieces
@@ -316,8 +333,11 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         if command == "ai/embeddings":
             if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
                 raise WireError(Code.BAD_REQUEST, "ai/embeddings needs a payload map with a 'model' string")
-            return self.embed(payload["model"], payload.get("input"), tower=tower, busy_wait=busy_wait,
-                              on_busy=on_busy)
+            texts = payload.get("input")
+            if not isinstance(texts, str) and not (isinstance(texts, list) and texts
+                                                   and all(isinstance(t, str) for t in texts)):
+                raise WireError(Code.BAD_REQUEST, "ai/embeddings needs 'input': a string or a list of strings")
+            return self.embed(payload["model"], texts, tower=tower, busy_wait=busy_wait, on_busy=on_busy)
         if command in ("audio/transcribe", "audio/speech"):
             return voice.execute(self, command, payload, tower)
         if command not in COMMANDS:
@@ -326,7 +346,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             raise WireError(Code.BAD_REQUEST, f"{command} needs a tower")
         return self.connection(self.find_tower(tower)).request(command, payload, timeout)
 
-    def transcribe(self, data, model=None, language=None, prompt=None, tower=None, force=False):
+    def transcribe(self, data: bytes | bytearray, model: str | None = None, language: str | None = None,
+                   prompt: str | None = None, tower: str | None = None,
+                   force: bool = False) -> voice.TranscriptStream:
         """A voice.TranscriptStream of an audio file's bytes (any format FFmpeg
         reads): iterate for Segments as they come, or ``.transcript()`` for the
         whole. ``force``: send it over a radio link however long that takes.
@@ -336,19 +358,23 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         except ValueError as e:  # audio.AudioError
             raise WireError(Code.BAD_REQUEST, str(e)) from None
 
-    def speak(self, text, model=None, voice_name=None, wpm=None, fmt="wav", tower=None):
+    def speak(self, text: str, model: str | None = None, voice_name: str | None = None, wpm: int | None = None,
+              fmt: str = "wav", tower: str | None = None) -> voice.Speech:
         """``text`` spoken by a tower: a voice.Speech (``.data`` in ``fmt``:
         wav, pcm, opus, flac, mp3 or aac; ``.save(path)``). Raises WireError."""
         return voice.speak(self, text, model, voice_name, wpm, fmt, tower)
 
-    def embed(self, model, texts, tower=None, busy_wait=0.0, on_busy=None):
+    def embed(self, model: str, texts: str | Iterable[str], tower: str | None = None,
+              busy_wait: float | BusyWait = 0.0, on_busy: OnBusy | None = None) -> embeddings.Embeddings:
         """Embeddings of ``texts`` (a string or a list of strings) from ``model``:
         an embeddings.Embeddings. ``busy_wait``: seconds as in execute, or a
         busy.BusyWait (whose stop() a caller may call from another thread). Raises WireError."""
         wait = busy_wait if isinstance(busy_wait, BusyWait) else BusyWait(self, busy_wait, on_busy)
         return embeddings.embed(self, model, texts, tower=tower, busy_wait=wait)
 
-    def infer(self, payload, tower=None, progress=None, busy_wait=0.0, on_busy=None):
+    def infer(self, payload: dict[str, Any], tower: str | None = None, progress: Progress | None = None,
+              busy_wait: float = 0.0,
+              on_busy: OnBusy | None = None) -> "InferenceStream | splitroute.SplitStream":
         """The InferenceStream of an ai/inference ``payload`` (see execute)."""
         ask, started = Ask.of(payload), time.perf_counter()
         choices = self.rank(ask.model, adapter=ask.adapter, tower=tower)
@@ -360,19 +386,19 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                                busy_wait=BusyWait(self, busy_wait, on_busy), tower=tower)
 
 
-def stranger_identity(entry):
+def stranger_identity(entry: TowerEntry) -> str:
     """The identity hash (hex) of a tower heard, or "" when RNS lost it."""
     identity = RNS.Identity.recall(entry.destination_hash)
     return identity.hash.hex() if identity is not None else ""
 
 
-def untrusted_message(entry):
+def untrusted_message(entry: TowerEntry) -> str:
     """Why nothing goes to the untrusted tower ``entry``, and the line that trusts it."""
     who = stranger_identity(entry) or "IDENTITY"
     return (f"tower {entry.hash_hex} (announcing itself as {entry.name!r}) is not trusted by this client, so "
             f"nothing is sent to it; if it is yours, run: rngrid trust {who} --name NAME")
 
 
-def _offline_note():
+def _offline_note() -> str:
     offline = rnsnet.offline_peers()
     return f"; cannot reach {', '.join(offline)}" if offline else ""

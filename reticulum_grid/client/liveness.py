@@ -16,14 +16,20 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import RNS
 
 from announce.announcer import remembered_towers
 from announce.capsfull import CapsError
+from announce.table import TowerEntry
 from links.wire import LINK_LOST, WireError
 from reticulum_grid.client import router
 from reticulum_grid.node.connection import attempt_timeout
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 log = logging.getLogger("rngrid.client")
 
@@ -45,15 +51,15 @@ DROP_AFTER_LOST = 2
 class Liveness:
     """Probes and failure records for one Grid (its table, health book and Links)."""
 
-    def __init__(self, grid):
+    def __init__(self, grid: "Grid") -> None:
         self.grid = grid
-        self._live_at = {}  # destination hash -> monotonic time of the last answered probe
+        self._live_at: dict[bytes, float] = {}  # destination hash -> monotonic time of the last answered probe
 
-    def attempt_timeout(self, entry):
+    def attempt_timeout(self, entry: TowerEntry) -> float:
         """Seconds one small round trip with tower ``entry`` may take (connection.attempt_timeout)."""
         return attempt_timeout(entry.destination_hash, self.grid.health.get(entry.destination_hash).rtt_s)
 
-    def refresh(self, entries, max_age_s):
+    def refresh(self, entries: list[TowerEntry], max_age_s: float) -> None:
         """Probe the towers whose last answer is older than ``max_age_s``, all at once.
 
         Returns once all answered, or SILENT_AFTER_S (SILENT_FACTOR x the first
@@ -65,7 +71,8 @@ class Liveness:
                  > max(max_age_s, FRESH_RTTS * self.grid.health.get(e.destination_hash).rtt_s)]
         if not stale:
             return
-        done, started = queue.Queue(), time.monotonic()
+        done: queue.Queue[tuple[bytes, bool]] = queue.Queue()
+        started = time.monotonic()
         for entry in stale:
             threading.Thread(target=self._probe, args=(entry, done), daemon=True).start()
         pending = {e.destination_hash for e in stale}
@@ -85,7 +92,7 @@ class Liveness:
         for destination_hash in pending:
             self.grid.health.silent(destination_hash)
 
-    def _probe(self, entry, done):
+    def _probe(self, entry: TowerEntry, done: "queue.Queue[tuple[bytes, bool]]") -> None:
         """Ping ``entry``, then read its caps/full; records the outcome and puts
         (destination hash, answered) on ``done``."""
         grid, destination_hash, answered = self.grid, entry.destination_hash, False
@@ -111,7 +118,7 @@ class Liveness:
         finally:
             done.put((destination_hash, answered))
 
-    def failed(self, entry, error):
+    def failed(self, entry: TowerEntry, error: WireError) -> None:
         """Record that tower ``entry`` failed with WireError ``error``; a silence
         (no answer, no Link, no path) may take it out of the table and makes
         the client ask the network again."""
@@ -130,7 +137,8 @@ class Liveness:
         grid.ping(force=True)
         RNS.Transport.request_path(destination_hash)
 
-    def look_again(self, model, tried, adapter=None, timeout=6.0):
+    def look_again(self, model: str, tried: Mapping[bytes, float], adapter: str | None = None,
+                   timeout: float = 6.0) -> list[router.Choice]:
         """Candidates for ``model`` after asking the network again (a discovery
         ping, a path request to every remembered tower not in the table or in
         ``tried``): towers not in ``tried`` ({destination hash: wall-clock time
@@ -142,7 +150,7 @@ class Liveness:
             if grid.table.get(destination_hash) is None or destination_hash in tried:
                 RNS.Transport.request_path(destination_hash)
 
-        def fresh(entries):
+        def fresh(entries: list[TowerEntry]) -> list[TowerEntry]:
             return [e for e in router.candidates(entries, model) if e.heard_at > tried.get(e.destination_hash, 0.0)]
 
         if not grid.table.wait_for(fresh, timeout):

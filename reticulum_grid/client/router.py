@@ -37,8 +37,12 @@ compared left to right (lower is better):
 
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from announce.caps import Caps, Hardware, ModelCap, VoiceCap
+from announce.table import TowerEntry
 from links.wire import Code, WireError
 from reticulum_grid.store.gguf_info import RUNTIME_OVERHEAD_MIB
 
@@ -73,7 +77,7 @@ class Health:
     error: str = ""
     lost: int = 0
 
-    def backed_off(self, now=None):
+    def backed_off(self, now: float | None = None) -> bool:
         return (now or time.monotonic()) < self.backoff_until
 
 
@@ -83,13 +87,13 @@ HEALTHY = Health()
 class HealthBook:
     """Health per destination hash."""
 
-    def __init__(self):
-        self._health = {}
+    def __init__(self) -> None:
+        self._health: dict[bytes, Health] = {}
 
-    def get(self, destination_hash):
+    def get(self, destination_hash: bytes) -> Health:
         return self._health.get(destination_hash, HEALTHY)
 
-    def failed(self, destination_hash, error="", lost=False):
+    def failed(self, destination_hash: bytes, error: str = "", lost: bool = False) -> Health:
         """The tower refused or broke a request (``lost``: it did not answer at
         all, or could not be reached). Returns its Health."""
         h = self._health.setdefault(destination_hash, Health())
@@ -99,17 +103,17 @@ class HealthBook:
         h.lost = h.lost + 1 if lost else 0
         return h
 
-    def silent(self, destination_hash):
+    def silent(self, destination_hash: bytes) -> None:
         """No answer yet while others answered: rank it last for a moment."""
         h = self._health.setdefault(destination_hash, Health())
         h.state, h.error = "silent", "no answer yet"
         h.backoff_until = max(h.backoff_until, time.monotonic() + SILENT_BACKOFF_S)
 
-    def succeeded(self, destination_hash):
+    def succeeded(self, destination_hash: bytes) -> None:
         h = self._health.setdefault(destination_hash, Health())
         h.failures, h.backoff_until, h.lost, h.state, h.error = 0, 0.0, 0, "ok", ""
 
-    def rtt(self, destination_hash, seconds):
+    def rtt(self, destination_hash: bytes, seconds: float) -> None:
         """The tower answered a ping after ``seconds`` (its RTT)."""
         h = self._health.setdefault(destination_hash, Health())
         if h.state == "silent":  # a late answer: it was only slow
@@ -118,22 +122,22 @@ class HealthBook:
         h.state, h.error, h.lost = "ok", "", 0
         h.pending = 0  # the tower's own load figures now include our streams
 
-    def started(self, destination_hash):
+    def started(self, destination_hash: bytes) -> None:
         self._health.setdefault(destination_hash, Health()).pending += 1
 
-    def ended(self, destination_hash):
+    def ended(self, destination_hash: bytes) -> None:
         """A stream this client started there ended: it is no longer load to add."""
         h = self._health.setdefault(destination_hash, Health())
         h.pending = max(0, h.pending - 1)
 
-    def measured(self, destination_hash, tokens_per_s):
+    def measured(self, destination_hash: bytes, tokens_per_s: float) -> None:
         """A stream from the tower reached ``tokens_per_s`` on this client's clock."""
         h = self._health.setdefault(destination_hash, Health())
         h.tokens_per_s = tokens_per_s if not h.tokens_per_s else (
             (1 - MEASURED_WEIGHT) * h.tokens_per_s + MEASURED_WEIGHT * tokens_per_s)
 
 
-def believed_tokens_per_s(caps, health):
+def believed_tokens_per_s(caps: Caps, health: Health) -> float:
     """The tokens/s a tower is ranked by: measured here, else its announce clamped to its kind's most."""
     if health.tokens_per_s > 0:
         return health.tokens_per_s
@@ -144,29 +148,31 @@ def believed_tokens_per_s(caps, health):
 @dataclass(frozen=True)
 class Choice:
     """A ranked candidate and the reasons for its place."""
-    entry: object
-    key: tuple
+    entry: TowerEntry
+    key: tuple[Any, ...]
 
     @property
-    def reasons(self):
+    def reasons(self) -> dict[str, Any]:
         backed_off, training, tier, no_room, partial, lacks_adapter, cost, headroom, hops, _ = self.key
         return {"tier": ("loaded", "on disk", "sync first")[tier], "backed_off": backed_off, "training": training,
                 "no_room": no_room, "partial": partial, "lacks_adapter": lacks_adapter, "cost_s_per_token": cost,
                 "headroom_mib": -headroom, "hops": hops}
 
 
-def candidates(entries, model):
+def candidates(entries: Iterable[TowerEntry], model: str) -> list[TowerEntry]:
     return [e for e in entries if e.caps.model(model) is not None]
 
 
-def rank(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+def rank(entries: Iterable[TowerEntry], model: str, adapter: str | None = None, health: HealthBook | None = None,
+         need_mib: int = 0, syncable: bool = False) -> list[Choice]:
     """Choices, best first. ``need_mib``: the model's memory need (0 if unknown);
     ``syncable``: the model can be synced to towers that lack it."""
     return sorted((Choice(e, k) for e, k in _keys(entries, model, adapter, health, need_mib, syncable)),
                   key=lambda c: c.key)
 
 
-def choose(entries, model, adapter=None, health=None, need_mib=0, syncable=False):
+def choose(entries: Iterable[TowerEntry], model: str, adapter: str | None = None, health: HealthBook | None = None,
+           need_mib: int = 0, syncable: bool = False) -> TowerEntry:
     """The best tower for ``model`` (one pass, no sort). Raises WireError(no_tower)."""
     best = min(_keys(entries, model, adapter, health, need_mib, syncable), key=lambda pair: pair[1], default=None)
     if best is None:
@@ -174,7 +180,8 @@ def choose(entries, model, adapter=None, health=None, need_mib=0, syncable=False
     return best[0]
 
 
-def _keys(entries, model, adapter, health, need_mib, syncable):
+def _keys(entries: Iterable[TowerEntry], model: str, adapter: str | None, health: HealthBook | None, need_mib: int,
+          syncable: bool) -> list[tuple[TowerEntry, tuple[Any, ...]]]:
     """(entry, key) for every candidate."""
     book = health or HealthBook()
     now = time.monotonic()
@@ -191,19 +198,20 @@ def _keys(entries, model, adapter, health, need_mib, syncable):
     return [(e, _key(e, e.caps, None, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
 
 
-def need_on_gpus(need_mib, gpus):
+def need_on_gpus(need_mib: int, gpus: int) -> int:
     """A model's need (MiB) on a tower with ``gpus`` GPUs, as the caps show
     them (a sum): split over several, each carries its own compute buffers."""
     return need_mib + RUNTIME_OVERHEAD_MIB * (gpus - 1) if need_mib and gpus > 1 else need_mib
 
 
-def room_mib(hardware):
+def room_mib(hardware: Hardware) -> int:
     """Free memory a whole model may take on a tower (MiB): VRAM and RAM on a
     GPU tower (the layers beyond the VRAM stay in RAM), RAM on a CPU tower."""
     return hardware.memory_free_mib + (hardware.ram_free_mib if hardware.vram_total_mib else 0)
 
 
-def _key(entry, caps, cap, tier, adapter, health, need_mib, now):
+def _key(entry: TowerEntry, caps: Caps, cap: ModelCap | None, tier: int, adapter: str | None, health: Health,
+         need_mib: int, now: float) -> tuple[Any, ...]:
     free = caps.hardware.memory_free_mib
     need_mib = need_on_gpus(need_mib, caps.hardware.gpus)
     load = caps.load
@@ -214,7 +222,7 @@ def _key(entry, caps, cap, tier, adapter, health, need_mib, now):
         waiting = load.streams + load.queue + health.pending
     cost = (waiting + 1) / speed + health.rtt_s
     return (now < health.backoff_until, load.jobs > 0, tier, tier > 0 and room_mib(caps.hardware) < need_mib,
-            tier > 0 and free < need_mib, bool(adapter) and caps.adapter(adapter) is None, round(cost, 3),
+            tier > 0 and free < need_mib, bool(adapter and caps.adapter(adapter) is None), round(cost, 3),
             need_mib - free, entry.hops, random.random())
 
 
@@ -240,17 +248,18 @@ PRIOR_MAX_REALTIME = 1000.0
 @dataclass(frozen=True)
 class VoiceChoice:
     """A ranked voice candidate: its ``entry``, the engine's ``cap`` (VoiceCap) and the key."""
-    entry: object
-    cap: object
-    key: tuple
+    entry: TowerEntry
+    cap: VoiceCap
+    key: tuple[Any, ...]
 
     @property
-    def reasons(self):
+    def reasons(self) -> dict[str, Any]:
         backed_off, waits, cost, hops, _ = self.key
         return {"engine": self.cap.alias, "backed_off": backed_off, "waits": waits, "cost_s": cost, "hops": hops}
 
 
-def rank_voice(entries, kind, alias=None, language=None, audio_s=5.0, health=None):
+def rank_voice(entries: Iterable[TowerEntry], kind: str, alias: str | None = None, language: str | None = None,
+               audio_s: float = 5.0, health: HealthBook | None = None) -> list[VoiceChoice]:
     """VoiceChoices for a request of ``kind`` ("stt"/"tts") on ``audio_s``
     seconds of audio (a guess for speech), best first."""
     book = health or HealthBook()

@@ -3,10 +3,11 @@
 entry and what this client measured of it."""
 
 from announce.caps import Caps, Hardware
+from announce.table import TowerEntry
 from reticulum_grid.client.router import Health
 
 
-def tower_row(entry, health: Health | None) -> dict:
+def tower_row(entry: TowerEntry, health: Health | None) -> dict:
     """A tower's row from its table entry and its Health (None for a tower
     this client does not trust, so never asked). Keys: name, destination,
     hops, age_s (seconds since heard); trusted, state ("ok", "silent",

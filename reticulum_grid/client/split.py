@@ -13,13 +13,26 @@ longer answer and continues from the tokens generated so far
 import dataclasses
 import logging
 import time
+from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+from announce.caps import Caps
+from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client import estimates, router
-from reticulum_grid.client.stream import InferenceStream, Usage, continued
+from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
+from reticulum_grid.client.stream import InferenceStream, continued
 from reticulum_grid.split import estimate
-from reticulum_grid.split.plan import Offer, PlanError, plan
+from reticulum_grid.split.plan import Offer, Plan, PlanError, plan
 from reticulum_grid.store import gguf_info
+from reticulum_grid.store.sync import Progress
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
+
+#: A model's memory need (MiB) and layer count, as towers (or its GGUF here) say.
+Facts = dict[str, tuple[int, int]]
 
 log = logging.getLogger("rngrid.client.split")
 MIB = 1 << 20
@@ -45,12 +58,12 @@ MIN_SPLIT_TOKENS_S = 1.0
 REPLAN_ON = LINK_LOST | {Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
 
 
-def capacity_mib(caps):
+def capacity_mib(caps: Caps) -> int:
     """Memory a tower offers a whole model (MiB): what it lends, else its free memory."""
     return caps.lend_mib if caps.lend_mib is not None else caps.hardware.memory_free_mib
 
 
-def needs_split(grid, model, ranked, policy="auto"):
+def needs_split(grid: "Grid", model: str, ranked: Sequence[router.Choice], policy: str = "auto") -> bool:
     """True when ``model`` should run split: ``policy`` "always" (when towers
     were ranked), never for "never", and for "auto" when no ranked tower has it
     loaded or room for it (its need from caps/full, asked again when the
@@ -76,12 +89,15 @@ def needs_split(grid, model, ranked, policy="auto"):
     return True
 
 
-def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
+def _ask(grid: "Grid", entries: Sequence[TowerEntry], model: str,
+         timeout: float = PROBE_TIMEOUT_S) -> tuple[list[TowerEntry], Facts, list[TowerEntry]]:
     """Ask ``entries`` for caps/full at once. Returns (the entries that
     answered, refreshed; {model: (need MiB, layers)} as they report it; the
     entries still reading the model's GGUF for those facts). Towers that
     answer are healthy again, the others are backed off."""
-    answered, facts, reading = [], {}, []
+    answered: list[TowerEntry] = []
+    facts: Facts = {}
+    reading: list[TowerEntry] = []
     for entry, full, rtt in grid.caps_full(entries, timeout=timeout, timed=True):
         grid.health.succeeded(entry.destination_hash)
         grid.health.rtt(entry.destination_hash, rtt)
@@ -97,7 +113,7 @@ def _ask(grid, entries, model, timeout=PROBE_TIMEOUT_S):
     return answered, facts, reading
 
 
-def _await_facts(grid, entries, model):
+def _await_facts(grid: "Grid", entries: list[TowerEntry], model: str) -> Facts:
     """{model: (need MiB, layers)} once ``entries`` (towers reading the model's
     GGUF in the background: seconds after they start or receive it) know them;
     {} when none does within FACTS_WAIT_S or none is reading any more."""
@@ -110,15 +126,17 @@ def _await_facts(grid, entries, model):
     return {}
 
 
-def _local_facts(grid, model):
+def _local_facts(grid: "Grid", model: str) -> tuple[int, int] | None:
     local = grid.local_blob(model)
     if local is None:
         return None
-    path = grid.store.info(local).path
+    # local_blob resolved a complete blob, which has a path.
+    path: Path = grid.store.info(local).path  # type: ignore[union-attr, assignment]
     return gguf_info.need_mib(path, 4096, path.stat().st_size), gguf_info.architecture(path)[1]
 
 
-def make_plan(grid, model, exclude=()):
+def make_plan(grid: "Grid", model: str,
+              exclude: Collection[bytes] = ()) -> tuple[Plan, dict[bytes, TowerEntry]]:
     """(Plan, {destination hash: table entry}) over the live towers lending
     memory that answer now, skipping ``exclude`` and towers that failed lately
     (backed off). Raises WireError(no_tower)."""
@@ -156,17 +174,20 @@ def make_plan(grid, model, exclude=()):
     return dataclasses.replace(placement, estimate=cost), {e.destination_hash: e for e in live}
 
 
-def _offers(grid, entries, model, rtts=None, coordinator=None):
+def _offers(grid: "Grid", entries: Sequence[TowerEntry], model: str, rtts: dict[bytes, float] | None = None,
+            coordinator: TowerEntry | None = None) -> list[Offer]:
     """The plan's Offers; ``rtts`` (the coordinator's view) replace the client's round trips."""
-    def rtt(entry):
+    def rtt(entry: TowerEntry) -> float:
         if rtts is None:
             return grid.health.get(entry.destination_hash).rtt_s
         return 0.0 if entry is coordinator else rtts[entry.destination_hash]
-    return [Offer(e.name, e.destination_hash, e.caps.lend_mib, rtt(e), e.hops, e.caps.load.jobs > 0,
+    # Lenders only (make_plan keeps those): lend_mib is set.
+    return [Offer(e.name, e.destination_hash, cast(int, e.caps.lend_mib), rtt(e), e.hops, e.caps.load.jobs > 0,
                   e.caps.tokens_per_s, e.caps.model(model) is not None) for e in entries]
 
 
-def single_or_split(grid, model, ranked, policy):
+def single_or_split(grid: "Grid", model: str, ranked: Sequence[router.Choice],
+                    policy: str) -> tuple[Plan, dict[bytes, TowerEntry]] | None:
     """None to run ``model`` whole on the ranked towers, else (Plan, entries) to
     run it split (see POLICIES and choose). Raises WireError (too_slow,
     no_tower, bad_request for an unknown policy)."""
@@ -178,10 +199,11 @@ def single_or_split(grid, model, ranked, policy):
     need = grid.needs.get(model, 0)
     size = grid.model_facts.get(model, {}).get("bytes") or need * MIB
     single = estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
-    return (placement, entries) if choose(model, placement.estimate, single) else None
+    # make_plan's Plan carries its estimate.
+    return (placement, entries) if choose(model, cast(estimate.Estimate, placement.estimate), single) else None
 
 
-def choose(model, split_estimate, single_estimate):
+def choose(model: str, split_estimate: estimate.Estimate, single_estimate: estimate.Estimate | None) -> bool:
     """True to run ``model`` split under "auto", False to run it whole on the
     tower of ``single_estimate`` (an Estimate or None: no tower could hold
     it) because that is at least as fast. Raises WireError(too_slow) when the
@@ -197,7 +219,7 @@ def choose(model, split_estimate, single_estimate):
     return True
 
 
-def wire_plan(placement, experts=False):
+def wire_plan(placement: Plan, experts: bool = False) -> dict[str, Any]:
     """The ``split`` field of an ai/inference request for ``placement``;
     ``experts``: MoE expert tensors on the workers, the rest on the coordinator."""
     return {"parts": [{"key": p.offer.key, "first": p.first, "end": p.end} for p in placement.parts],
@@ -209,7 +231,7 @@ class _PlanStream(InferenceStream):
     plans again; asking the same coordinator again with the same plan would
     only wait on the tower that is gone."""
 
-    def _worth_looking_again(self):
+    def _worth_looking_again(self) -> bool:
         return False
 
 
@@ -218,14 +240,18 @@ class SplitStream:
     for a model split over towers. ``text``, ``usage`` and ``plan`` (the
     Plan in use) are readable at any time."""
 
-    def __init__(self, grid, payload, placement, entries, progress=None, started=None):
+    def __init__(self, grid: "Grid", payload: dict[str, Any], placement: Plan, entries: dict[bytes, TowerEntry],
+                 progress: Progress | None = None, started: float | None = None) -> None:
         self.grid, self.payload, self.plan, self.entries = grid, payload, placement, entries
         self.progress, self.started = progress, started
-        self.text, self.usage, self.ids, self.generated = "", None, [], 0
-        self._current = None
+        self.text, self.generated = "", 0
+        self.usage: Usage | None = None
+        self.ids: list[int] = []
+        self._current: _PlanStream | None = None
 
-    def __iter__(self):
-        failovers, errors = 0, []
+    def __iter__(self) -> Iterator[Text | ToolCallDelta | Usage]:
+        failovers = 0
+        errors: list[str] = []
         for _ in range(MAX_PLANS):
             stream = self._current = self._start()
             pieces = iter(stream)
@@ -235,7 +261,8 @@ class SplitStream:
                         self.usage = self._usage(piece, failovers)
                         yield self.usage
                         return
-                    self.text += piece
+                    if isinstance(piece, Text):  # a tool call's pieces are no text
+                        self.text += piece
                     yield piece
             except WireError as e:
                 self.ids += stream.ids
@@ -252,7 +279,7 @@ class SplitStream:
                 pieces.close()
         raise WireError(Code.UNREACHABLE, f"the split model failed {MAX_PLANS} times: {'; '.join(errors)}")
 
-    def _start(self):
+    def _start(self) -> _PlanStream:
         # "placement": "experts" (a client-side option) puts MoE experts on the workers.
         payload = continued(self.payload, self.ids, self.generated)
         payload["split"] = wire_plan(self.plan, experts=self.payload.get("placement") == "experts")
@@ -260,7 +287,7 @@ class SplitStream:
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
                            started=self.started)
 
-    def _replan(self):
+    def _replan(self) -> None:
         """A new plan without the towers of the failed one that no longer answer."""
         model = self.payload["model"]
         towers = [self.entries[p.offer.key] for p in self.plan.parts]
@@ -270,16 +297,16 @@ class SplitStream:
                  ", ".join(e.name for e in towers if e.destination_hash in gone) or "nobody")
         self.plan, self.entries = make_plan(self.grid, model, exclude=gone)
 
-    def _usage(self, usage, failovers):
+    def _usage(self, usage: Usage, failovers: int) -> Usage:
         names = " + ".join(self.plan.towers[-1:] + self.plan.towers[:-1])
         return dataclasses.replace(usage, tower=names, failovers=usage.failovers + failovers,
                                    prompt_tokens=usage.prompt_tokens - len(self.ids),
                                    completion_tokens=usage.completion_tokens + self.generated)
 
     @property
-    def tower(self):
+    def tower(self) -> str | None:
         return self._current.tower if self._current else None
 
-    def cancel(self):
+    def cancel(self) -> None:
         if self._current is not None:
             self._current.cancel()

@@ -25,12 +25,23 @@ names every tower tried; no_tower means no tower was there.
 
 import secrets
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from links.stream import MAX_STREAM_ID, EndEvent, TextDecoder, TokenEvent, decoded
+from announce.caps import ModelCap
+from announce.table import TowerEntry
+from links.stream import MAX_STREAM_ID, EndEvent, StreamReceiver, TextDecoder, TokenEvent, decoded
 from links.usage import StreamUsage
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client.busy import BusyWait
+from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage, logprobs, tool_call
+from reticulum_grid.client.router import Choice
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.store.sync import Progress
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 #: Errors after which, before any output, the next tower is tried.
 RETRY_BEFORE_OUTPUT = {Code.BUSY, *LINK_LOST, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL, Code.UNKNOWN_ADAPTER,
@@ -54,7 +65,7 @@ SPECIFIC_FIRST = (Code.BUSY, Code.NOT_ALLOWED, Code.PROTOCOL_MISMATCH, Code.UNKN
 CLIENT_KEYS = ("placement", "split_policy")
 
 
-def continued(payload, ids, generated=None):
+def continued(payload: dict[str, Any], ids: Sequence[int], generated: int | None = None) -> dict[str, Any]:
     """``payload`` (an ai/inference request map) made to continue after the
     generated token ``ids`` (a copy without CLIENT_KEYS; the same when there
     are none); ``generated``: how many tokens those were generated as
@@ -68,23 +79,6 @@ def continued(payload, ids, generated=None):
         payload["max_tokens"] = max(0, (256 if asked is None else asked) - (len(ids) if generated is None else
                                                                            generated))
     return payload
-
-
-class Text(str):
-    """A piece of streamed text; ``logprobs``: its tokens' log probabilities
-    when the request asked for them ([{token, logprob, bytes, top: [...]}])."""
-    logprobs = ()
-
-
-@dataclass
-class ToolCallDelta:
-    """A piece of a tool call the model makes, in OpenAI's streaming shape:
-    ``index`` says which call; ``id`` and ``name`` come with its first piece,
-    ``arguments`` is the next fragment of its JSON arguments."""
-    index: int
-    id: str = ""
-    name: str = ""
-    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,11 +102,12 @@ class _Meter:
     """A stream's rate on this client's clock: tokens after the first message
     over the time since it (the first message carries the prompt's latency)."""
 
-    def __init__(self):
-        self.first_at = self.last_at = None
+    def __init__(self) -> None:
+        self.first_at: float | None = None
+        self.last_at: float | None = None
         self.after_first = 0
 
-    def tokens(self, count):
+    def tokens(self, count: int) -> None:
         now = time.perf_counter()
         if self.first_at is None:
             self.first_at = now
@@ -120,37 +115,12 @@ class _Meter:
             self.after_first += count
             self.last_at = now
 
-    def rate(self):
+    def rate(self) -> float | None:
         """Tokens/s, or None when too few tokens came to tell."""
-        if self.after_first < MEASURE_MIN_TOKENS or self.last_at <= self.first_at:
+        first, last = self.first_at, self.last_at  # both set once a token came after the first message
+        if self.after_first < MEASURE_MIN_TOKENS or first is None or last is None or last <= first:
             return None
-        return self.after_first / (self.last_at - self.first_at)
-
-
-@dataclass(frozen=True)
-class Usage(StreamUsage):
-    """Ends an inference stream: the tower's StreamUsage (links/usage.py:
-    tokens, ``tower_ttft_s``, tokens/s, ``queued_s``, cached and drafted
-    tokens) with what only this client knows. Times in seconds.
-
-    ``ttft_s`` is measured by the client, from execute() to the first text;
-    ``tower`` is the (last) tower's name as this client knows it (never its
-    own word); ``finish_reason`` is the tower's; ``failovers`` counts towers
-    that failed mid-stream and were replaced. Counts cover the whole stream,
-    over every tower that served it."""
-    ttft_s: float = 0.0
-    finish_reason: str = ""
-    failovers: int = 0
-
-    @classmethod
-    def of(cls, reported: StreamUsage, **measured: object) -> "Usage":
-        """``reported`` with the client's own figures (any Usage field) over it."""
-        return cls(**{**{f.name: getattr(reported, f.name) for f in fields(StreamUsage)}, **measured})
-
-    def summary(self) -> str:
-        """The line ``rngrid infer`` shows after the answer."""
-        return (f"{self.completion_tokens} tokens from {self.tower}, TTFT {self.ttft_s * 1000:.0f} ms, "
-                f"{self.tokens_per_s:.1f} tokens/s, finish: {self.finish_reason}")
+        return self.after_first / (last - first)
 
 
 class InferenceStream:
@@ -162,7 +132,9 @@ class InferenceStream:
     ``busy_wait``: a BusyWait (client/busy.py) for when every tower is busy;
     ``tower``: the tower asked for (re-ranking after a busy wait keeps to it)."""
 
-    def __init__(self, grid, payload, choices, progress=None, started=None, busy_wait=None, tower=None):
+    def __init__(self, grid: "Grid", payload: dict[str, Any], choices: Iterable[Choice],
+                 progress: Progress | None = None, started: float | None = None, busy_wait: BusyWait | None = None,
+                 tower: str | None = None) -> None:
         self.grid = grid
         self.payload = payload
         self.ask = Ask.of(payload)
@@ -172,18 +144,18 @@ class InferenceStream:
         self.busy_wait = busy_wait or BusyWait(grid, 0.0)
         self._tower = tower
         self.text = ""
-        self.usage = None
-        self.ids = []
+        self.usage: Usage | None = None
+        self.ids: list[int] = []
         self.generated = 0  # tokens generated so far (may differ from len(ids), see inference/generation.py)
         self._exact = True  # every piece came with ids another tower can continue from
-        self._current = None  # (connection, stream id) while a tower streams to us
-        self._first_at = None
+        self._current: tuple[TowerConnection, int] | None = None  # (connection, stream id) while a tower streams
+        self._first_at: float | None = None
         self._failovers = 0
-        self._errors = []  # (tower name, WireError) per failed attempt
-        self._tried = {}  # destination hash -> wall-clock time it failed
-        self._model_blob = None
+        self._errors: list[tuple[str, WireError]] = []  # (tower name, WireError) per failed attempt
+        self._tried: dict[bytes, float] = {}  # destination hash -> wall-clock time it failed
+        self._model_blob: bytes | None = None
 
-    def __iter__(self):
+    def __iter__(self) -> Generator["Text | ToolCallDelta | Usage", None, None]:
         decoder = TextDecoder()
         try:
             choices, looked_again = self.choices, False
@@ -205,7 +177,8 @@ class InferenceStream:
             if self._current is not None:
                 self.cancel()
 
-    def _attempt(self, entry, decoder):
+    def _attempt(self, entry: TowerEntry,
+                 decoder: TextDecoder) -> Generator["Text | ToolCallDelta | Usage", None, bool]:
         """Run (or continue) the stream on ``entry``, yielding its text; True once
         it ended with a Usage, False when the next tower should be tried."""
         if self._model_blob is not None and not self._can_continue(entry, self._model_blob):
@@ -215,13 +188,15 @@ class InferenceStream:
         except WireError as e:
             self._note_refusal(entry, e)
             return False
-        self._model_blob = self._model_blob or entry.caps.model(self.ask.model).short_id
+        self._model_blob = self._model_blob or cast(ModelCap, entry.caps.model(self.ask.model)).short_id  # synced
         before = (len(self.ids), self.generated)
         meter = _Meter()
         try:
-            rtt = max(self.grid.health.get(entry.destination_hash).rtt_s, self._current[0].link.rtt or 0.0)
+            # _start set _current and its connection's Link (cancel() may clear _current from another thread).
+            rtt = max(self.grid.health.get(entry.destination_hash).rtt_s,
+                      self._current[0].link.rtt or 0.0)  # type: ignore[index, union-attr]
             silence = max(STREAM_SILENCE_S, 10 * rtt)
-            for event in decoded(receiver.events(silence, self._current[0].router), decoder):
+            for event in decoded(receiver.events(silence, self._current[0].router), decoder):  # type: ignore[index]
                 if isinstance(event, TokenEvent):
                     yield from self._token(event, meter)
                     continue
@@ -229,7 +204,7 @@ class InferenceStream:
                 self.grid.health.ended(entry.destination_hash)
                 self.grid.health.succeeded(entry.destination_hash)
                 if meter.rate() is not None:
-                    self.grid.health.measured(entry.destination_hash, meter.rate())
+                    self.grid.health.measured(entry.destination_hash, cast(float, meter.rate()))
                 self.usage = self._usage(entry, event, before)
                 yield self.usage
                 return True
@@ -244,7 +219,7 @@ class InferenceStream:
                 self._failovers += 1
         return False
 
-    def _token(self, event: TokenEvent, meter: _Meter):
+    def _token(self, event: TokenEvent, meter: _Meter) -> Iterator["Text | ToolCallDelta"]:
         """Count one token chunk and yield its pieces: Text, then any ToolCallDelta."""
         if event.data or event.ids or event.extra:  # not decoded()'s tail
             meter.tokens(event.generated)
@@ -254,9 +229,9 @@ class InferenceStream:
         if event.text or event.extra.get("lp"):
             yield self._emit(event.text, event.extra.get("lp", ()))
         for call in event.extra.get("tc", ()):
-            yield _tool_call(call)
+            yield tool_call(call)
 
-    def _waited_for_slot(self):
+    def _waited_for_slot(self) -> bool:
         """When nothing came yet and the towers said busy: wait (client/busy.py);
         True to ask again (the busy answers are forgotten), False to give up.
         Raises WireError(cancelled) when cancel() stopped the wait."""
@@ -273,25 +248,25 @@ class InferenceStream:
         self._errors = [(name, e) for name, e in self._errors if e.code != Code.BUSY]
         return True
 
-    def _failed(self, entry, error):
+    def _failed(self, entry: TowerEntry, error: WireError) -> None:
         self._errors.append((entry.name, error))
         self._tried[entry.destination_hash] = time.time()
         self.grid.liveness.failed(entry, error)
 
-    def _worth_looking_again(self):
+    def _worth_looking_again(self) -> bool:
         """Look again when the stream lost its tower, or a tower was gone (not when
         every tower refused: asking again would get the same answers)."""
         return bool(self.generated) or any(e.code in LINK_LOST for _, e in self._errors)
 
-    def _emit(self, text, logprobs=()):
+    def _emit(self, text: str, probabilities: object = ()) -> Text:
         if self._first_at is None:
             self._first_at = time.perf_counter()
         self.text += text
         piece = Text(text)
-        piece.logprobs = _logprobs(logprobs)
+        piece.logprobs = logprobs(probabilities)
         return piece
 
-    def _start(self, entry):
+    def _start(self, entry: TowerEntry) -> tuple[StreamReceiver, TowerEntry]:
         """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
         model, adapter = self.ask.model, self.ask.adapter
         if entry.caps.model(model) is None:
@@ -313,7 +288,7 @@ class InferenceStream:
         self.grid.health.started(entry.destination_hash)
         return receiver, entry
 
-    def _note_refusal(self, entry, error):
+    def _note_refusal(self, entry: TowerEntry, error: WireError) -> None:
         if error.code not in RETRY_BEFORE_OUTPUT:
             raise error
         if error.code == Code.BUSY:
@@ -321,11 +296,11 @@ class InferenceStream:
         else:
             self._failed(entry, error)
 
-    def _can_continue(self, entry, model_blob):
+    def _can_continue(self, entry: TowerEntry, model_blob: bytes) -> bool:
         cap = entry.caps.model(self.ask.model)
         return cap is not None and cap.short_id == model_blob
 
-    def _check_continuable(self, entry, error):
+    def _check_continuable(self, entry: TowerEntry, error: WireError) -> None:
         why = ("stop strings" if self.payload.get("stop") else "tools" if _uses_tools(self.payload) else
                "text whose tokens the tower could not tell" if not self._exact else None)
         if why:
@@ -333,7 +308,7 @@ class InferenceStream:
                                         f"({len(self.text)} characters); a request with {why} "
                                         "cannot be continued elsewhere") from None
 
-    def _exhausted(self):
+    def _exhausted(self) -> WireError:
         """The error once no tower is left: the most telling code a tower gave
         (busy with the shortest retry hint, not_allowed, ...), naming every try."""
         model = self.ask.model
@@ -355,17 +330,17 @@ class InferenceStream:
                          retry_after=min(busy) if code == Code.BUSY else None)
 
     @property
-    def tower(self):
+    def tower(self) -> str | None:
         """Name of the tower streaming now (None when none is)."""
         return self._current[0].name if self._current else None
 
-    def _release(self):
+    def _release(self) -> None:
         if self._current is not None:
             conn, stream_id = self._current
             self._current = None
             conn.close_stream(stream_id)
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Stop generation on the tower (idempotent; may be called from another
         thread than the one iterating, which then gets WireError(cancelled))."""
         self.busy_wait.stop()  # a wait for a free slot ends at once
@@ -374,7 +349,7 @@ class InferenceStream:
             conn, stream_id = current
             conn.cancel(stream_id)
 
-    def _usage(self, entry, end: EndEvent, before):
+    def _usage(self, entry: TowerEntry, end: EndEvent, before: tuple[int, int]) -> Usage:
         """The stream's Usage from its EndEvent, counting the tokens of the
         towers ``before`` this one ((ids, generated) so far)."""
         reported, (ids_before, generated_before) = StreamUsage.from_map(end.usage), before
@@ -384,40 +359,5 @@ class InferenceStream:
                         finish_reason=end.finish_reason, failovers=self._failovers)
 
 
-def _uses_tools(payload):
+def _uses_tools(payload: dict[str, Any]) -> bool:
     return bool(payload.get("tools")) and payload.get("tool_choice") != "none"
-
-
-def _logprob(item, top=True):
-    """One token's probability from the tower, checked: {token, logprob (<= 0),
-    bytes: [0..255], top: [...]}; None when it is not that."""
-    if not isinstance(item, dict) or not isinstance(item.get("token"), str):
-        return None
-    lp, raw = item.get("logprob"), item.get("bytes")
-    number = isinstance(lp, (int, float)) and not isinstance(lp, bool) and lp == lp  # not NaN
-    lp = min(0.0, max(-1e9, float(lp))) if number else 0.0
-    raw = [b for b in raw if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255] \
-        if isinstance(raw, list) else []
-    out = {"token": item["token"], "logprob": float(lp), "bytes": raw}
-    if top:
-        alternatives = item.get("top") if isinstance(item.get("top"), list) else ()
-        out["top"] = [t for t in (_logprob(a, top=False) for a in alternatives[:20]) if t is not None]
-    return out
-
-
-def _logprobs(items):
-    """The tower's per-token probabilities ([{token, logprob, bytes, top}]), each checked."""
-    if not isinstance(items, (list, tuple)):
-        return []
-    return [lp for lp in map(_logprob, items) if lp is not None]
-
-
-def _tool_call(delta):
-    """A ToolCallDelta from the tower's (OpenAI-shaped) delta map, trusting no field."""
-    fn = delta.get("function") if isinstance(delta.get("function"), dict) else {}
-
-    def text(value):
-        return value if isinstance(value, str) else ""
-    index = delta.get("index")
-    return ToolCallDelta(index if isinstance(index, int) and not isinstance(index, bool) else 0, text(delta.get("id")),
-                         text(fn.get("name")), text(fn.get("arguments")))

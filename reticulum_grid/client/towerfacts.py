@@ -8,33 +8,50 @@ decoded once, by announce/capsfull.py.
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from announce.capsfull import CapsError, CapsFull
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, WireError
 from reticulum_grid.client.models import TowerModel
 
+if TYPE_CHECKING:
+    from reticulum_grid.client.parts import GridParts as _Parts
+else:
+    _Parts = object  # the mixin's base for the type checker only (client/parts.py)
+
 log = logging.getLogger("rngrid.client")
 
 
-class TowerFacts:
+class TowerFacts(_Parts):
     """caps/full methods of ``Grid``."""
 
-    def tower_models(self, entries=None, timeout=10.0):
+    def tower_models(self, entries: Sequence[TowerEntry] | None = None,
+                     timeout: float = 10.0) -> list[TowerModel]:
         """[models.TowerModel] of every model and adapter the live towers (or
         ``entries``) hold, from their caps/full, asked all at once."""
         entries = self.table.live() if entries is None else entries
         return [TowerModel.of(entry.name, blob) for entry, full in self.caps_full(entries, timeout)
                 for blob in full.blobs if blob.kind in ("model", "adapter") and blob.alias]
 
-    def caps_full(self, entries, timeout=10.0, timed=False):
+    @overload
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
+                  timed: Literal[False] = False) -> list[tuple[TowerEntry, CapsFull]]: ...
+
+    @overload
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0, *,
+                  timed: Literal[True]) -> list[tuple[TowerEntry, CapsFull, float]]: ...
+
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
+                  timed: bool = False) -> list[tuple[Any, ...]]:
         """[(entry, CapsFull)] of the towers that answer within ``timeout``
         seconds, asked all at once (each entry refreshed by its answer, see
         ask_full); ``timed`` adds each round trip (seconds). A tower that
         fails, or answers what does not decode, is left out (logged)."""
-        results = []
+        results: list[tuple[Any, ...]] = []
 
-        def ask(entry):
+        def ask(entry: TowerEntry) -> None:
             try:
                 started = time.monotonic()
                 entry, full = self.ask_full(entry, timeout, link_timeout=self.liveness.attempt_timeout(entry))

@@ -3,12 +3,23 @@
 A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 """
 
+import os
 import secrets
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
+from reticulum_grid.store.sync import Progress
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.parts import GridParts
+    _Parts = GridParts
+else:
+    _Parts = object  # the mixin's base for the type checker only (client/parts.py)
 
 
-def train_towers(grid, towers, base=None):
+def train_towers(grid: "GridParts", towers: str | Sequence[str], base: str | None = None) -> list[TowerEntry]:
     """Entries for a multi-tower job: ``towers`` is a list of names/hashes or
     ``"auto:N"`` (the N best towers granting us ``train`` that have a data-plane
     address). Raises WireError (no_tower, not_allowed, bad_request)."""
@@ -36,10 +47,10 @@ def train_towers(grid, towers, base=None):
     return entries
 
 
-class JobCommands:
+class JobCommands(_Parts):
     """Training-job methods of ``Grid``."""
 
-    def train_tower(self, tower=None, base=None):
+    def train_tower(self, tower: str | None = None, base: str | None = None) -> TowerEntry:
         """``tower`` by name, or (``auto``/None) the live tower granting us ``train``
         with the most free memory, towers already training last."""
         if tower and tower != "auto":
@@ -54,7 +65,9 @@ class JobCommands:
         return min(entries, key=lambda e: (e.caps.load.jobs > 0, base is not None and e.caps.model(base) is None,
                                            -e.caps.hardware.memory_free_mib))
 
-    def train(self, request, data_path=None, tower=None, progress=None, towers=None):
+    def train(self, request: dict[str, Any], data_path: str | os.PathLike[str] | None = None,
+              tower: str | None = None, progress: Progress | None = None,
+              towers: str | Sequence[str] | None = None) -> tuple[TowerEntry, str]:
         """Submit a ``genome/train`` job (see training/request.py). ``data_path``: a
         local JSONL file, sent to the tower(s) first. ``towers``: train on several
         towers at once, data-parallel: a list of names or hashes (the first
@@ -79,10 +92,10 @@ class JobCommands:
         request = {**request, "submit_id": secrets.randbelow(1 << 63)}
         return entries[0], self.connection(entries[0]).request("genome/train", request)["job_id"]
 
-    def job_tower(self, job_id, tower=None):
+    def job_tower(self, job_id: str, tower: str | None = None) -> TowerEntry:
         """The tower that runs ``job_id`` (asking every live tower when none is named)."""
         entries = [self.find_tower(tower)] if tower else self.towers(wait=5.0)
-        refused = []
+        refused: list[str] = []
         for entry in entries:
             try:
                 self.connection(entry).request("jobs/status", {"job_id": job_id})
@@ -97,9 +110,9 @@ class JobCommands:
                                               f"admin can run: rngrid allow {self.identity_hash} --role train")
         raise WireError(Code.UNKNOWN_JOB, f"no tower heard runs job {job_id!r}")
 
-    def jobs(self, tower=None):
+    def jobs(self, tower: str | None = None) -> list[tuple[str, dict[str, Any]]]:
         """[(tower name, job map)] of this client's jobs on every tower (or one)."""
-        out = []
+        out: list[tuple[str, dict[str, Any]]] = []
         for entry in ([self.find_tower(tower)] if tower else self.towers(wait=5.0)):
             try:
                 out += [(entry.name, job) for job in self.connection(entry).request("jobs/status", {})["jobs"]]
@@ -108,9 +121,9 @@ class JobCommands:
                     raise
         return out
 
-    def watch(self, job_id, tower=None):
+    def watch(self, job_id: str, tower: str | None = None) -> Iterator[dict[str, Any]]:
         """Iterator of a job's events until it ends; re-attaches from anywhere."""
         return self.connection(self.job_tower(job_id, tower)).watch_job(job_id)
 
-    def cancel_job(self, job_id, tower=None):
+    def cancel_job(self, job_id: str, tower: str | None = None) -> dict[str, Any]:
         return self.connection(self.job_tower(job_id, tower)).request("jobs/cancel", {"job_id": job_id})["job"]

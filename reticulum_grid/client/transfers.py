@@ -4,16 +4,24 @@ A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 """
 
 import logging
+import queue
 import secrets
+from typing import TYPE_CHECKING, Any, cast
 
-from links.channel import get_alive
+from announce.table import TowerEntry
+
+from links.channel import ChannelRouter, get_alive
 from links.chunks import MAX_PULL_SOURCES, TransferEnd, TransferProgress
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, WireError
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.store.blobstore import BlobInfo
 from reticulum_grid.store.names import KINDS, is_blob_id_prefix
 from reticulum_grid.store.sync import (
     MAX_TRANSFER_S,
     LinkSource,
+    Progress,
+    SyncReport,
     check_duration,
     fetch_blob,
     first_manifest,
@@ -21,16 +29,21 @@ from reticulum_grid.store.sync import (
     measured_bps,
 )
 
+if TYPE_CHECKING:
+    from reticulum_grid.client.parts import GridParts as _Parts
+else:
+    _Parts = object  # the mixin's base for the type checker only (client/parts.py)
+
 log = logging.getLogger("rngrid.client")
 #: A tower-side transfer silent this long (no progress, no heartbeat) is lost
 #: (seconds; on a slow link longer than the tower's own wait for our chunks).
 TRANSFER_IDLE_S = 60.0
 
 
-class BlobTransfers:
+class BlobTransfers(_Parts):
     """Pull, push and sync methods of ``Grid``."""
 
-    def holders(self, name, timeout=10.0):
+    def holders(self, name: str, timeout: float = 10.0) -> list[TowerEntry]:
         """Live towers that hold blob ``name`` (alias or blob id hex), from their
         caps, else from their caps/full."""
         live = self.towers(wait=timeout) if not self.table.live() else self.table.live()
@@ -39,7 +52,9 @@ class BlobTransfers:
             return found
         return [e for e, full in self.caps_full(live) if full.holds(name)]
 
-    def pull(self, name, from_tower=None, alias=None, progress=None, max_seconds=MAX_TRANSFER_S):
+    def pull(self, name: str, from_tower: str | None = None, alias: str | None = None,
+             progress: Progress | None = None,
+             max_seconds: float | None = MAX_TRANSFER_S) -> tuple[BlobInfo | None, SyncReport]:
         """Fetch blob ``name`` into this client's store from every tower that has
         it (or from ``from_tower``), in parallel. Returns (BlobInfo, SyncReport).
         Raises WireError(too_slow) when the links' measured rate says it would
@@ -54,10 +69,12 @@ class BlobTransfers:
             check_duration(reply["size"], measured_bps(connections), f"pull {name}", max_seconds)
         alias = alias or (None if is_blob_id_prefix(name) else name) or (reply.get("aliases") or [None])[0]
         kind = reply.get("kind") if reply.get("kind") in KINDS else "file"
-        return fetch_blob(self.store, blob_id, reply.get("manifest"), [LinkSource(c) for c in connections],
-                          alias=alias, kind=kind, progress=progress)
+        # The reply's manifest is unchecked here: the store checks it against blob_id.
+        return fetch_blob(self.store, blob_id, cast(bytes, reply.get("manifest")),
+                          [LinkSource(c) for c in connections], alias=alias, kind=kind, progress=progress)
 
-    def push(self, name, to_tower, alias=None, progress=None, max_seconds=MAX_TRANSFER_S):
+    def push(self, name: str, to_tower: str | TowerEntry, alias: str | None = None,
+             progress: Progress | None = None, max_seconds: float | None = MAX_TRANSFER_S) -> dict[str, Any]:
         """Send blob ``name`` from this client's store to a tower (needs the
         ``sync`` role there). Returns the tower's report map. Raises
         WireError(too_slow) as ``pull`` does."""
@@ -77,7 +94,8 @@ class BlobTransfers:
                                     "kind": info.kind, "xfer_id": xfer_id})
         return _await_transfer(conn, events, progress)
 
-    def tower_pull(self, entry, name, sources, alias=None, kind="model", progress=None):
+    def tower_pull(self, entry: TowerEntry, name: str, sources: list[TowerEntry], alias: str | None = None,
+                   kind: str = "model", progress: Progress | None = None) -> dict[str, Any]:
         """Have tower ``entry`` fetch blob ``name`` from the ``sources`` towers
         directly. Returns the tower's report map."""
         conn = self.connection(entry)
@@ -87,7 +105,8 @@ class BlobTransfers:
                                     "alias": alias, "kind": kind, "xfer_id": xfer_id})
         return _await_transfer(conn, events, progress)
 
-    def sync_to(self, entry, name, kind="model", progress=None):
+    def sync_to(self, entry: TowerEntry, name: str, kind: str = "model",
+                progress: Progress | None = None) -> TowerEntry:
         """Put blob ``name`` (a model or adapter) on tower ``entry``: from the towers
         that hold it (tower to tower), else, or when that fails, from this client's
         store. Returns the tower's refreshed table entry."""
@@ -114,10 +133,10 @@ class BlobTransfers:
         return self.ask_full(entry)[0]
 
 
-def _await_transfer(conn, events, progress):
+def _await_transfer(conn: TowerConnection, events: "queue.Queue[Any]", progress: Progress | None) -> dict[str, Any]:
     """Follow a tower-side transfer to its TransferEnd. Raises WireError."""
     while True:
-        idle_s = max(TRANSFER_IDLE_S, 3 * conn.router.patience_s())
+        idle_s = max(TRANSFER_IDLE_S, 3 * cast(ChannelRouter, conn.router).patience_s())  # up: watch_transfer's Link
         message = get_alive(events, conn.router, idle_s, "transfer progress")
         if message is None:
             raise WireError(Code.UNREACHABLE, "link to the tower closed during the transfer")

@@ -19,20 +19,30 @@ comes back as PCM on fast links and as Opus on radio-class ones, turned into
 the format asked for here.
 """
 
+import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import RNS
 
+from announce.table import TowerEntry
+
+from links.channel import ChannelRouter
 from links.stream import MAX_STREAM_ID, TokenEvent
 from links.wire import Code, WireError
 from reticulum_grid.client import router
 from reticulum_grid.client.stream import CONTINUE_AFTER, MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
+from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.store.sync import MAX_TRANSFER_S, SLOW_SETUP_BPS, check_duration
 from reticulum_grid.voice import audio
-from reticulum_grid.voice.request import INLINE_MAX_BYTES, SegmentReader, SpeechEnd, TranscriptEnd
+from reticulum_grid.voice.request import INLINE_MAX_BYTES, Segment, SegmentReader, SpeechEnd, TranscriptEnd
 from reticulum_grid.voice.tts import RATE
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.grid import Grid
 
 #: Seconds a transcript stream may be silent before its tower counts as gone
 #: (a Whisper window on a slow CPU takes seconds, and heartbeats keep coming).
@@ -46,7 +56,7 @@ class Transcript:
     last tower), ``failovers`` (towers replaced mid-stream), ``sent_bytes`` (audio
     bytes sent to that tower) and ``sent_as`` ("original" or "opus")."""
     text: str
-    segments: list
+    segments: list[Segment]
     end: TranscriptEnd
     failovers: int = 0
     sent_bytes: int = 0
@@ -64,23 +74,25 @@ class Speech:
     received_bytes: int = 0
     received_as: str = ""
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_bytes(self.data)
 
 
-def slow_link(conn):
+def slow_link(conn: TowerConnection) -> bool:
     """True when ``conn``'s Link (a TowerConnection's, established) is radio-class."""
     link = conn.link
     rate = link.get_establishment_rate() if link is not None else None
-    return bool(conn.router.on_radio() or (rate and rate < SLOW_SETUP_BPS)
+    # established: ensure_link set the router
+    return bool(cast(ChannelRouter, conn.router).on_radio() or (rate and rate < SLOW_SETUP_BPS)
                 or (link is not None and (link.mtu or 0) <= RNS.Reticulum.MTU))
 
 
-def rank(grid, kind, model=None, language=None, tower=None, audio_s=5.0, timeout=15.0):
+def rank(grid: "Grid", kind: str, model: str | None = None, language: str | None = None, tower: str | None = None,
+         audio_s: float = 5.0, timeout: float = 15.0) -> list[router.VoiceChoice]:
     """VoiceChoices for ``kind`` ("stt"/"tts"), best first, with live load
     refreshed. Raises WireError: no_tower when none was heard, unknown_model
     when no tower heard has such an engine."""
-    def ready(entries):
+    def ready(entries: list[TowerEntry]) -> list[router.VoiceChoice]:
         return router.rank_voice(entries, kind, model, language)
 
     entries = [grid.find_tower(tower, timeout)] if tower else grid.discover(ready, timeout)
@@ -100,15 +112,16 @@ def rank(grid, kind, model=None, language=None, tower=None, audio_s=5.0, timeout
 class _Attempts:
     """What failed so far in one request, for the final error."""
 
-    def __init__(self, what):
-        self.what, self.errors = what, []
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.errors: list[tuple[str, WireError]] = []
 
-    def failed(self, grid, entry, error, busy=False):
+    def failed(self, grid: "Grid", entry: TowerEntry, error: WireError, busy: bool = False) -> None:
         self.errors.append((entry.name, error))
         if not busy:
             grid.liveness.failed(entry, error)
 
-    def exhausted(self):
+    def exhausted(self) -> WireError:
         tried = "; ".join(f"{name}: {e.code}: {e.message}" for name, e in self.errors) or "none"
         codes = [e.code for _, e in self.errors]
         code = codes[0] if len(set(codes)) == 1 else Code.UNREACHABLE
@@ -117,7 +130,8 @@ class _Attempts:
                          retry_after=min(busy) if code == Code.BUSY and busy else None)
 
 
-def _stream(grid, entry, command, payload):
+def _stream(grid: "Grid", entry: TowerEntry, command: str,
+            payload: dict[str, Any]) -> Iterator[bytes | dict[str, Any]]:
     """Run one streamed voice command on ``entry``: yields each chunk's bytes,
     then the end's usage map (a dict) last. Leaving early (an error, a break,
     Ctrl-C) cancels the work on the tower. Raises WireError."""
@@ -132,7 +146,7 @@ def _stream(grid, entry, command, payload):
         size = len(payload.get("audio") or b"")
         per_byte = RNS.Transport.next_hop_per_byte_latency(entry.destination_hash) or 0.0
         conn.request(command, {**payload, "stream_id": stream_id}, bound + 3 * size * per_byte, link_timeout=bound)
-        silence = max(TRANSCRIPT_SILENCE_S, 10 * (conn.link.rtt or 0.0))
+        silence = max(TRANSCRIPT_SILENCE_S, 10 * (cast(RNS.Link, conn.link).rtt or 0.0))  # set up by open_stream
         for event in receiver.events(silence, conn.router):
             if isinstance(event, TokenEvent):
                 yield event.data
@@ -155,16 +169,21 @@ class TranscriptStream:
     file's bytes; ``options``: model, language, prompt, tower, force.
     ``tower``: the name of the tower transcribing now (or last)."""
 
-    def __init__(self, grid, data, model=None, language=None, prompt=None, tower=None, force=False):
+    def __init__(self, grid: "Grid", data: bytes | bytearray, model: str | None = None, language: str | None = None,
+                 prompt: str | None = None, tower: str | None = None, force: bool = False) -> None:
         self.grid, self.data, self.force = grid, bytes(data), force
-        self.payload = {k: v for k, v in (("model", model), ("language", language), ("prompt", prompt)) if v}
+        self.payload: dict[str, Any] = {k: v for k, v in (("model", model), ("language", language),
+                                                          ("prompt", prompt)) if v}
         self.audio_s = audio.probe(self.data)  # refuse what cannot be decoded before asking anyone
         self.choices = rank(grid, "stt", model, language, tower, self.audio_s)[:MAX_TOWERS]
-        self.segments, self.end, self.failovers = [], None, 0
-        self.sent_bytes, self.sent_as, self.tower = 0, "", None
-        self._encoded = {}
+        self.segments: list[Segment] = []
+        self.end: TranscriptEnd | None = None
+        self.failovers = 0
+        self.sent_bytes, self.sent_as = 0, ""
+        self.tower: str | None = None
+        self._encoded: dict[bool, tuple[bytes, str]] = {}
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Segment | TranscriptEnd | None]:
         attempts = _Attempts(f"transcribe with {self.payload.get('model') or 'any speech-to-text engine'}")
         for choice in self.choices:
             try:
@@ -179,14 +198,14 @@ class TranscriptStream:
                 self.failovers += output
         raise attempts.exhausted()
 
-    def _attempt(self, entry):
+    def _attempt(self, entry: TowerEntry) -> Iterator[Segment]:
         conn = self.grid.connection(entry)
         conn.ensure_link(self.grid.liveness.attempt_timeout(entry))
         data, sent_as = self._for_link(conn)
         payload = dict(self.payload)
         if self.segments:
             payload["offset_s"] = float(self.segments[-1].end_s)
-        offered = None
+        offered: bytes | None = None
         if len(data) <= INLINE_MAX_BYTES:
             payload["audio"] = data
         else:
@@ -205,16 +224,17 @@ class TranscriptStream:
             if offered is not None:
                 self._forget(conn, offered)
 
-    def _for_link(self, conn):
+    def _for_link(self, conn: TowerConnection) -> tuple[bytes, str]:
         slow = slow_link(conn)
         if slow not in self._encoded:
             self._encoded[slow] = audio.for_link(self.data, audio.RADIO_LINK_BPS if slow else None, self.audio_s)
         data, sent_as = self._encoded[slow]
         if slow and not self.force:
-            check_duration(len(data), conn.link.get_establishment_rate(), "the audio", MAX_TRANSFER_S)
+            check_duration(len(data), cast(RNS.Link, conn.link).get_establishment_rate(), "the audio",
+                           MAX_TRANSFER_S)  # slow_link read the established Link
         return data, sent_as
 
-    def _offer(self, conn, data, payload):
+    def _offer(self, conn: TowerConnection, data: bytes, payload: dict[str, Any]) -> bytes:
         store = self.grid.store
         path = self.grid.home / "audio" / f"{secrets.token_hex(8)}.audio"
         path.parent.mkdir(exist_ok=True)
@@ -225,22 +245,24 @@ class TranscriptStream:
         payload.update(blob_id=info.blob_id, manifest=store.manifest_bytes(info.blob_id))
         return info.blob_id
 
-    def _forget(self, conn, blob_id):
+    def _forget(self, conn: TowerConnection, blob_id: bytes) -> None:
         conn.offered.pop(blob_id, None)
         try:
             self.grid.store.remove(blob_id.hex())
         except WireError:
             pass
 
-    def transcript(self):
+    def transcript(self) -> Transcript:
         """The whole Transcript (reads the stream to its end). Raises WireError."""
         for _ in self:
             pass
-        return Transcript(" ".join(s.text for s in self.segments if s.text).strip(), list(self.segments), self.end,
-                          self.failovers, self.sent_bytes, self.sent_as)
+        # The iteration ends normally only after _attempt set the end.
+        return Transcript(" ".join(s.text for s in self.segments if s.text).strip(), list(self.segments),
+                          cast(TranscriptEnd, self.end), self.failovers, self.sent_bytes, self.sent_as)
 
 
-def speak(grid, text, model=None, voice=None, wpm=None, fmt="wav", tower=None):
+def speak(grid: "Grid", text: str, model: str | None = None, voice: str | None = None, wpm: int | None = None,
+          fmt: str = "wav", tower: str | None = None) -> Speech:
     """``text`` spoken by the best tower with a text-to-speech engine: a Speech
     in ``fmt`` (audio.FORMATS). Raises WireError."""
     if fmt not in audio.FORMATS:
@@ -281,7 +303,7 @@ def speak(grid, text, model=None, voice=None, wpm=None, fmt="wav", tower=None):
     raise attempts.exhausted()
 
 
-def execute(grid, command: str, payload, tower: str | None = None):
+def execute(grid: "Grid", command: str, payload: object, tower: str | None = None) -> "TranscriptStream | Speech":
     """``Grid.execute`` of ``audio/transcribe`` (a TranscriptStream) or
     ``audio/speech`` (a Speech): ``payload`` checked, then ``grid.transcribe``
     or ``grid.speak``. Raises WireError(bad_request)."""

@@ -70,7 +70,7 @@ Bad values raise ConfigError naming the key.
 """
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,36 +226,6 @@ def write_tower(path: str | os.PathLike[str], name: str, models: Mapping[str, An
     write_toml(Path(path), doc)
 
 
-def allow(path: str | os.PathLike[str], identity_hash_hex: str, roles: Iterable[str]) -> list[str]:
-    """Grant ``roles`` to an identity in a tower config, keeping its comments.
-
-    Returns the identity's roles after the change."""
-    identity_hash_hex = identity_hex(identity_hash_hex)
-    for role in roles:
-        if role not in ROLES:
-            raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
-    path = Path(path)
-    doc = tomlkit.parse(path.read_text())
-    table = doc.setdefault("allow", tomlkit.table())
-    current = list(table.get(identity_hash_hex, []))
-    table[identity_hash_hex] = current + [r for r in roles if r not in current]
-    write_toml(path, doc)
-    return list(table[identity_hash_hex])
-
-
-def revoke(path: str | os.PathLike[str], identity_hash_hex: str) -> bool:
-    """Remove an identity from a tower's allow-list. Returns True if it was there."""
-    identity_hash_hex = identity_hex(identity_hash_hex)
-    path = Path(path)
-    doc = tomlkit.parse(path.read_text())
-    table = doc.get("allow", {})
-    if identity_hash_hex not in table:
-        return False
-    del table[identity_hash_hex]
-    write_toml(path, doc)
-    return True
-
-
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomlkit.parse(path.read_text()).unwrap()
@@ -389,33 +359,3 @@ def parse_hostport(text: object) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{text!r} is not host:port")
     return host.strip("[]"), int(port)
-
-
-class LiveAllowList:
-    """A tower config's [allow] table, re-read when the file changes, so
-    ``rngrid allow`` takes effect without restarting the tower. A config that
-    stops parsing keeps the last good allow-list (and logs why)."""
-
-    def __init__(self, config: TowerConfig, on_error: Callable[[Exception], None] | None = None) -> None:
-        self._path = config.path
-        self._allow = config.allow
-        self._mtime = self._stat()
-        self._on_error = on_error
-
-    def _stat(self) -> int | None:
-        try:
-            return self._path.stat().st_mtime_ns
-        except OSError:
-            return None
-
-    def roles_of(self, identity_hash: bytes) -> set[str]:
-        mtime = self._stat()
-        if mtime != self._mtime:
-            self._mtime = mtime
-            try:
-                self._allow = load_tower(self._path).allow
-            except (ConfigError, OSError) as e:
-                if self._on_error:
-                    self._on_error(e)
-        roles = set(self._allow.get(identity_hash.hex(), ()))
-        return (set(ROLES) - set(TOWER_ROLES)) | roles if "admin" in roles else roles

@@ -12,7 +12,9 @@ capability module declares the handlers of its own (``commands()``), and
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, cast
 
 import RNS
 
@@ -28,21 +30,24 @@ from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
-from reticulum_grid.node.config import TOWER_ROLES, LiveAllowList
+from reticulum_grid.node.allowlist import LiveAllowList
+from reticulum_grid.node.config import TOWER_ROLES, TowerConfig
 from reticulum_grid.inference.facts import ModelFactsReader
 from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.split.tunnel import Tunnels
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
 from reticulum_grid.tower.replies import ReplyCache
 from reticulum_grid.tower.split import TowerSplit
 from reticulum_grid.tower.inference import TowerInference
+from reticulum_grid.tower.parts import TowerParts
 from reticulum_grid.tower.voice import TowerVoice
 
 log = logging.getLogger("rngrid.tower")
 
 
-def _versioned(data) -> dict | None:
+def _versioned(data: object) -> dict[str, Any] | None:
     """The request map in ``data`` without its protocol version (links/protocol.py),
     or None when ``data`` holds no map (the caller raises that after auth).
     Raises WireError(protocol_mismatch)."""
@@ -77,39 +82,39 @@ class LinkSession:
     """A client's Link: stream routes, chunk server and fetcher, and the cancel
     events of its streams."""
 
-    def __init__(self, link, tower):
+    def __init__(self, link: RNS.Link, tower: "Tower") -> None:
         self.link = link
-        self.streams = {}
+        self.streams: dict[int, threading.Event] = {}
         self.replies = ReplyCache()
         self.router = ChannelRouter(link)
         self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
         self.fetcher = ChunkFetcher(self.router)
         self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
-        self.tunnels = None  # split.tunnel.Tunnels once a coordinator opens one (tower/split.py)
+        self.tunnels: Tunnels | None = None  # once a coordinator opens one (tower/split.py)
         self._tower = tower
-        self._on_close = []
+        self._on_close: list[Callable[[], object]] = []
         link.set_link_closed_callback(self._closed)
 
-    def on_close(self, callback):
+    def on_close(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` when this Link closes."""
         self._on_close.append(callback)
 
     @property
-    def identity(self):
+    def identity(self) -> Any:  # the RNS.Identity the client identified as, or None
         return self.link.get_remote_identity()
 
-    def _authorize_read(self, blob_id):
+    def _authorize_read(self, blob_id: bytes) -> None:
         auth.require(self.identity, "sync", self._tower.allow.roles_of)
         if not self._tower.store.has(blob_id):
             raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not on this tower")
 
-    def cancel(self, stream_id):
+    def cancel(self, stream_id: int) -> None:
         event = self.streams.get(stream_id)
         if event is not None:
             log.info("stream %d: a cancel from the client", stream_id)
             event.set()
 
-    def _closed(self, link):
+    def _closed(self, link: RNS.Link) -> None:
         if self.streams:
             log.info("link closed with %d stream(s) running: stopping them", len(self.streams))
         for event in list(self.streams.values()):
@@ -123,9 +128,9 @@ class LinkSession:
 class Tower:
     """Start with ``start()``; stop with ``stop()``. ``config`` is a TowerConfig."""
 
-    def __init__(self, config):
+    def __init__(self, config: TowerConfig) -> None:
         self.config = config
-        self.sessions = {}
+        self.sessions: dict[bytes, LinkSession] = {}
         self.hardware = hardware.CachedProbe()
         self.tokens_per_s = 0.0
         self.store = BlobStore(config.directory / "blobs")
@@ -146,7 +151,7 @@ class Tower:
         self._lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------
-    def start(self):
+    def start(self) -> None:
         self.identity = identity.load_or_create(self.config.directory / "identity")
         net = self.config.network
         if net.listen and not net.rns_config:
@@ -164,15 +169,17 @@ class Tower:
         self.registry.load_configured()
         self.facts = ModelFactsReader(self.registry)
         self.facts.warm()  # caps/full answers with every model's memory need and layer count
-        self.jobs = TowerJobs(self)
-        self.inference = TowerInference(self)
-        self.voice = TowerVoice(self).start()
-        self.split = TowerSplit(self)
+        # The capabilities read the parts while serving commands, once start() made them all (tower/parts.py).
+        parts = cast(TowerParts, self)
+        self.jobs = TowerJobs(parts)
+        self.inference = TowerInference(parts)
+        self.voice = TowerVoice(parts).start()
+        self.split = TowerSplit(parts)
         self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
         self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
-        self.blobs = TowerBlobs(self)
+        self.blobs = TowerBlobs(parts)
         self.commands = merge_commands(self._commands(), self.inference.commands(), self.voice.commands(),
                                        self.blobs.commands(), self.jobs.commands(), self.split.commands())
         for path, command in self.commands.items():
@@ -185,12 +192,14 @@ class Tower:
         self.destination.set_default_app_data(self.announcer.app_data)
         RNS.Transport.register_announce_handler(PingListener(self.announcer))
         self.jobs.start(Notifier(self.identity, self.config.directory / "lxmf", self.config.name,
-                                 propagation_node=self.config.propagation_node, on_delivered=self.jobs.notified))
+                                 propagation_node=self.config.propagation_node,
+                                 # Notifier hands back the keys it was given: job ids (str).
+                                 on_delivered=self.jobs.notified))  # type: ignore[arg-type]
         self.announcer.start()
         log.info("tower %s up: destination %s, models %s", self.config.name,
                  RNS.prettyhexrep(self.destination.hash), ", ".join(self.registry.aliases()) or "none")
 
-    def stop(self):
+    def stop(self) -> None:
         if self.announcer:
             self.announcer.stop()
         if self.jobs:
@@ -205,7 +214,7 @@ class Tower:
             session.link.teardown()
         rnsnet.stop()
 
-    def record_tokens_per_s(self, value):
+    def record_tokens_per_s(self, value: float) -> None:
         self.tokens_per_s = value if not self.tokens_per_s else 0.8 * self.tokens_per_s + 0.2 * value
 
     # -- commands ---------------------------------------------------------
@@ -214,7 +223,7 @@ class Tower:
         round trip) and ``caps/full``."""
         return [bind("ping", lambda session, request: {}), bind("caps/full", self._caps_full)]
 
-    def _handler(self, command: Command):
+    def _handler(self, command: Command) -> Callable[..., bytes]:
         """An RNS request handler: auth, msgpack map in, reply map out, every
         failure answered with a coded error. A command answered once
         (``command.answered_once``) sent again gets its first reply, a refusal
@@ -222,7 +231,8 @@ class Tower:
         which asks to be sent again."""
         path, role, id_field = command.path, command.role, command.answered_once
 
-        def handle(_path, data, request_id, link_id, remote_identity, requested_at):
+        def handle(_path: str, data: object, request_id: bytes, link_id: bytes, remote_identity: Any,
+                   requested_at: float) -> bytes:
             if id_field is None or not isinstance(data, (bytes, bytearray)):  # not bytes: run() refuses it
                 return run(remote_identity, link_id, data)[0]
             session = self._session(link_id)
@@ -236,7 +246,7 @@ class Tower:
                 session.replies.put(key, reply)
             return reply
 
-        def run(remote_identity, link_id, data):
+        def run(remote_identity: Any, link_id: bytes, data: object) -> tuple[bytes, dict[str, Any] | None, str | None]:
             """(reply bytes, the request map once the command ran with it, else
             None; the error code or None)."""
             ran = None
@@ -248,7 +258,9 @@ class Tower:
                     wire.unpack_map(data)  # raises what is wrong with it
                 session = self._session(link_id)
                 ran = request
-                return wire.ok(**command.handler(session, request)), ran, None
+                # merge_commands refused a command without a handler; request is None only when
+                # unpack_map raised above.
+                return wire.ok(**command.handler(session, request)), ran, None  # type: ignore[misc, arg-type]
             except WireError as e:
                 log.info("%s refused: %s", path, e)
                 return wire.error(e.code, e.message, e.retry_after), ran, e.code
@@ -258,30 +270,31 @@ class Tower:
 
         return handle
 
-    def _slots_changed(self):
+    def _slots_changed(self) -> None:
         """A model's last slot was taken, or one freed: announce (as the floor
         allows), so clients waiting out a busy grid hear of it at once."""
         if self.announcer is not None:
             self.announcer.request("free slots changed")
 
-    def caps(self):
-        slots = self.registry.slots()
-        hardware = self.registry.truthful(self.hardware())  # cpu when llama.cpp kept a model off the GPU
+    def caps(self) -> capscodec.Caps:
+        tower = cast(TowerParts, self)  # announced once start() made every part
+        slots = tower.registry.slots()
+        hardware = tower.registry.truthful(self.hardware())  # cpu when llama.cpp kept a model off the GPU
         return capscodec.Caps(
             name=self.config.name,
             hardware=hardware,
-            models=self.registry.caps_models(),
+            models=tower.registry.caps_models(),
             adapters=tuple(capscodec.AdapterCap(alias, info.blob_id[:capscodec.SHORT_ID_BYTES])
                            for info in self.store.list() if info.kind == "adapter" for alias in info.aliases[:1]),
-            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=self.jobs.manager.running_count(),
+            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=tower.jobs.manager.running_count(),
                                 queue=sum(s.queue.waiting for s in slots)),
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
-            lend_mib=self.split.lend_mib(hardware),
-            voice=self.voice.caps(),
+            lend_mib=tower.split.lend_mib(hardware),
+            voice=tower.voice.caps(),
         )
 
-    def remote_alias(self, alias, kind):
+    def remote_alias(self, alias: str | None, kind: str) -> str | None:
         """``alias`` if a client may point it at a blob of ``kind`` here: not one
         of the config's models, not one naming another kind of blob. None stays
         None. Raises WireError (not_allowed, bad_request)."""
@@ -292,20 +305,22 @@ class Tower:
         self.store.check_alias_kind(alias, kind)
         return alias
 
-    def _caps_full(self, session, request):
+    def _caps_full(self, session: LinkSession, request: dict[str, Any]) -> dict[str, Any]:
+        tower = cast(TowerParts, self)  # a command: start() made every part
         caps = self.caps()
         you = None if session.identity is None else Caller(
             session.identity.hash.hex(), tuple(sorted(self.allow.roles_of(session.identity.hash))))
         return CapsFull(caps, self._blob_facts(you is not None and bool(you.roles)),
                         () if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
                         tuple(GpuInfo(g.index, g.name, g.total_mib, g.free_mib) for g in self.hardware.gpus),
-                        self.voice.details(),  # every configured voice engine, ready or not (and why)
+                        tower.voice.details(),  # every configured voice engine, ready or not (and why)
                         bool(self.config.dataplane), you).to_map()  # offered for training (not the address)
 
-    def _blob_facts(self, known):
+    def _blob_facts(self, known: bool) -> tuple[BlobFacts, ...]:
         """caps/full's rows: models and adapters for anyone (they are in the
         public caps anyway), datasets and files only for a ``known`` identity."""
-        loaded = {s.blob_id for s in self.registry.slots() if s.loaded}
+        tower = cast(TowerParts, self)  # for caps/full: start() made every part
+        loaded = {s.blob_id for s in tower.registry.slots() if s.loaded}
         rows = []
         for info in self.store.list():
             if not known and info.kind not in ("model", "adapter"):
@@ -313,24 +328,28 @@ class Tower:
             row = BlobFacts("", info.blob_id, info.size, info.kind, info.blob_id in loaded)
             if info.kind == "model":
                 try:
-                    slot = self.registry.slot(info.blob_id)
-                    row = replace(row, **self.registry.placement_info(slot), **self.facts.known(slot))
+                    slot = tower.registry.slot(info.blob_id)
+                    # facts.known holds BlobFacts fields by name (typed there as objects).
+                    row = replace(row, **tower.registry.placement_info(slot),
+                                  **tower.facts.known(slot))  # type: ignore[arg-type]
                 except Exception as e:  # one unreadable GGUF must not hide the rest
                     log.warning("model %s: cannot estimate its memory: %s", (info.aliases or [info.hex])[0], e)
             rows += [replace(row, alias=alias) for alias in info.aliases or [""]]
         return tuple(rows)
 
     # -- links ------------------------------------------------------------
-    def _session(self, link_id, link=None):
+    def _session(self, link_id: bytes, link: RNS.Link | None = None) -> LinkSession:
         with self._lock:
             session = self.sessions.get(link_id)
             if session is None:
-                link = link or next((l for l in self.destination.links if l.link_id == link_id), None)
+                # A Link arrives once start() made the destination.
+                link = link or next((l for l in self.destination.links  # type: ignore[union-attr]
+                                     if l.link_id == link_id), None)
                 if link is None:
                     raise WireError(Code.INTERNAL, "link not found")
                 session = self.sessions[link_id] = LinkSession(link, self)
             return session
 
-    def link_closed(self, link):
+    def link_closed(self, link: RNS.Link) -> None:
         with self._lock:
             self.sessions.pop(link.link_id, None)

@@ -29,15 +29,21 @@ import secrets
 import subprocess
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
 
 from links.commands import Command, bind
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.training import rendezvous as rdv, trainer
+from reticulum_grid.training.jobs import JobManager, Spec
+
+if TYPE_CHECKING:
+    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower")
 
-def _job_id(value):
+def _job_id(value: str) -> str | None:
     try:
         trainer.check_job_id(value)
     except ValueError as e:
@@ -65,27 +71,29 @@ JOIN_TIMEOUT_S = 20.0
 
 
 class TowerDP:
-    def __init__(self, tower, manager):
+    def __init__(self, tower: "TowerParts", manager: JobManager) -> None:
         self.tower = tower
         self.manager = manager
-        self.peers = {}
-        self.workers = {}  # job id -> worker process (this tower as a participant)
-        self.lost = {}  # job id -> why this tower's rank died
-        self._attempts = {}
+        self.peers: dict[str, TowerConnection] = {}
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}  # job id -> worker process (this tower as a participant)
+        self.lost: dict[str, str] = {}  # job id -> why this tower's rank died
+        self._attempts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def commands(self) -> list[Command]:
         return [bind("train/join", self.join)]
 
     # -- coordinator ------------------------------------------------------
-    def rendezvous(self, job_id, spec):
+    def rendezvous(self, job_id: str, spec: Spec) -> tuple[dict[str, Any], list[str]]:
         """(rank 0's ``dp`` map, history notes). Raises WireError."""
         dataplane = self.tower.config.dataplane
         if not dataplane:
             raise WireError(Code.UNSUPPORTED, "this tower has no [network] dataplane address")
         portable = {k: spec[k] for k in PORTABLE if k in spec}
         base = {"job_id": job_id, "owner": spec["owner"], "spec": portable}
-        ready, addresses, notes = [], [], []
+        ready: list[str] = []
+        addresses: list[Any] = []  # their data-plane addresses (strings check_bind_address accepted)
+        notes: list[str] = []
         for tower_hex in spec["towers"]:
             try:
                 reply = self._peer(tower_hex).request("train/join", {**base, "check": True}, timeout=JOIN_TIMEOUT_S,
@@ -112,7 +120,7 @@ class TowerDP:
                      + "".join(f", {t[:8]}" for t in ready))
         return dp, notes
 
-    def _peer(self, tower_hex):
+    def _peer(self, tower_hex: str) -> TowerConnection:
         conn = self.peers.get(tower_hex)
         if conn is None:
             conn = self.peers[tower_hex] = TowerConnection(self.tower.identity, bytes.fromhex(tower_hex),
@@ -120,7 +128,7 @@ class TowerDP:
         return conn
 
     # -- participant ------------------------------------------------------
-    def join(self, session, request):
+    def join(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         r = validate(request, JOIN)
         # The coordinator's identity is part of the job's name here: a peer reaches only its own jobs.
         job_id = f"{session.identity.hash.hex()}-{r['job_id']}"
@@ -157,7 +165,7 @@ class TowerDP:
         log.info("job %s: rank %d of %d, store at %s:%d", r["job_id"], r["rank"], r["world_size"], r["host"], r["port"])
         return {"ready": True}
 
-    def _local_spec(self, portable):
+    def _local_spec(self, portable: dict[str, Any]) -> Spec:
         """The coordinator's spec with this tower's own paths. Raises WireError."""
         store = self.tower.store
         spec = {k: portable[k] for k in PORTABLE if k in portable}
@@ -172,7 +180,7 @@ class TowerDP:
             spec[key.replace("_blob", "_path")] = str(info.path)
         return spec
 
-    def _spawn(self, job_id, spec):
+    def _spawn(self, job_id: str, spec: Spec) -> subprocess.Popen[bytes]:
         job_dir = self.tower.config.directory / "jobs" / "ranks" / job_id  # coordinator hex - checked job id
         job_dir.mkdir(parents=True, exist_ok=True)
         trainer.write_spec(job_dir, spec)
@@ -180,7 +188,7 @@ class TowerDP:
             return subprocess.Popen([sys.executable, "-m", "reticulum_grid.training.distributed", str(job_dir)],
                                     stdout=out, stderr=out, start_new_session=True)
 
-    def _follow(self, job_id, proc):
+    def _follow(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
         with self._lock:
             if code < 0 and self.workers.get(job_id) is proc:

@@ -13,51 +13,59 @@ restarted so on first use; the vectors are llama.cpp's, normalised (L2).
 """
 
 import struct
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from links.commands import Command, bind
 from links.wire import Code, WireError
 from links.usage import StreamUsage
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.generation import Generation, Piece
+from reticulum_grid.inference.runner import Runner
 from reticulum_grid.tower.streams import start_stream
+
+if TYPE_CHECKING:
+    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.parts import TowerParts
 
 #: Bytes of vectors per stream piece (the sender cuts pieces to the Link's MDU anyway).
 VECTOR_PIECE_BYTES = 16384
 
 
 class TowerInference:
-    def __init__(self, tower):
+    def __init__(self, tower: "TowerParts") -> None:
         self.tower = tower
 
     def commands(self) -> list[Command]:
         return [bind("ai/inference", self.inference), bind("ai/embeddings", self.embeddings)]
 
-    def inference(self, session, request):
+    def inference(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         if "split" in request:  # a model split over towers (tower/split.py)
             return self.tower.split.inference(session, request)
-        request = inference_request.parse(request)
+        parsed = inference_request.parse(request)
         registry = self.tower.registry
-        slot = registry.find(request.model)
-        adapter = self.adapter_path(request.adapter)
+        slot = registry.find(parsed.model)
+        adapter = self.adapter_path(parsed.adapter)
 
-        def prepare():
+        def prepare() -> Runner:
             # Loading, or a restart for an adapter, waits for the running streams: off the handler.
             return registry.runner(slot, adapter)
 
-        def generate(runner, result, cancel):
-            lora = [{"id": i, "scale": request.adapter_scale if path == adapter else 0.0}
+        def generate(runner: Runner, result: Generation, cancel: threading.Event) -> Iterator[Piece]:
+            lora = [{"id": i, "scale": parsed.adapter_scale if path == adapter else 0.0}
                     for i, path in enumerate(slot.adapters)]
-            yield from generation.generate(runner, request, cancel, result, lora)
+            yield from generation.generate(runner, parsed, cancel, result, lora)
 
-        return start_stream(session, request, slot.queue, generate, self._whole_model_usage, prepare=prepare)
+        return start_stream(session, parsed, slot.queue, generate, self._whole_model_usage, prepare=prepare)
 
-    def embeddings(self, session, request):
+    def embeddings(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         model, texts, stream_id = inference_request.parse_embeddings(request)
         registry = self.tower.registry
         slot = registry.find(model)
         job = _EmbeddingJob(stream_id, texts)
 
-        def generate(runner, result, cancel):
+        def generate(runner: Runner, result: Generation, cancel: threading.Event) -> Iterator[Piece]:
             reply = runner.call("POST", "/v1/embeddings", {"input": texts})
             vectors = [d["embedding"] for d in sorted(reply["data"], key=lambda d: d["index"])]
             data = b"".join(struct.pack(f"<{len(v)}f", *v) for v in vectors)
@@ -73,11 +81,11 @@ class TowerInference:
         return start_stream(session, job, slot.queue, generate, self._embeddings_usage,
                             prepare=lambda: registry.runner(slot, embeddings=True), name="rngrid-embed")
 
-    def _embeddings_usage(self, result, queued_s):
+    def _embeddings_usage(self, result: Generation, queued_s: float) -> dict[str, Any]:
         """The usage map of an embeddings stream: its usage, and the vectors' ``dims`` and ``count``."""
         return {**self.usage(result, queued_s).to_map(), **result.extra}
 
-    def adapter_path(self, name):
+    def adapter_path(self, name: str | None) -> str | None:
         """The path of the GGUF LoRA adapter ``name`` (None for none). Raises WireError(unknown_adapter)."""
         if not name:
             return None
@@ -90,7 +98,7 @@ class TowerInference:
             raise WireError(Code.UNKNOWN_ADAPTER, f"no GGUF LoRA adapter {name!r} on tower {self.tower.config.name}")
         return str(info.path)
 
-    def _whole_model_usage(self, result, queued_s):
+    def _whole_model_usage(self, result: Generation, queued_s: float) -> dict[str, Any]:
         if result.completion_tokens:  # announced: what this tower's model runs at
             self.tower.record_tokens_per_s(result.tokens_per_s)
         return self.usage(result, queued_s).to_map()
@@ -103,5 +111,5 @@ class TowerInference:
 class _EmbeddingJob:
     """What start_stream needs of an embeddings request."""
 
-    def __init__(self, stream_id, texts):
+    def __init__(self, stream_id: int, texts: list[str]) -> None:
         self.stream_id, self.texts = stream_id, texts

@@ -17,18 +17,27 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from links.channel import ChannelRouter
 from links.commands import Command, bind
 from links.jobevents import JobEvent
 from links.stream import MAX_STREAM_ID
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.store import gguf_info
 from reticulum_grid.training import request as train_request, trainer
-from reticulum_grid.training.jobs import JobManager
-from reticulum_grid.training.notify import delivery_hash
+from reticulum_grid.inference.registry import ModelSlot
+from reticulum_grid.store.blobstore import BlobInfo
+from reticulum_grid.training.jobs import Event, Job, JobManager, Spec
+from reticulum_grid.training.notify import Notifier, delivery_hash
 from reticulum_grid.tower.dp import TowerDP
+
+if TYPE_CHECKING:
+    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower")
 
@@ -48,20 +57,20 @@ class WatchSender:
     progress event that a newer one overtook while waiting is dropped, and
     progress goes at most once per PROGRESS_RTTS round trips."""
 
-    def __init__(self, router, watch_id):
+    def __init__(self, router: ChannelRouter, watch_id: int) -> None:
         self.router, self.watch_id = router, watch_id
-        self.queue = queue.Queue()
+        self.queue: queue.Queue[Event | None] = queue.Queue()
         self.sent = self.dropped = 0
-        self._held = []  # an event taken from the queue while thinning, sent next
+        self._held: list[Event | None] = []  # an event taken from the queue while thinning, sent next
         threading.Thread(target=self._run, name=f"rngrid-watch-{watch_id}", daemon=True).start()
 
-    def __call__(self, event):
+    def __call__(self, event: Event) -> None:
         self.queue.put(event)
 
-    def stop(self):
+    def stop(self) -> None:
         self.queue.put(None)
 
-    def _run(self):
+    def _run(self) -> None:
         next_progress = 0.0
         while True:
             event = self._next()
@@ -74,10 +83,10 @@ class WatchSender:
             if event.get("type") == "progress":
                 next_progress = time.monotonic() + PROGRESS_RTTS * (self.router.link.rtt or 0.0)
 
-    def _next(self):
+    def _next(self) -> Event | None:
         return self._held.pop() if self._held else self.queue.get()
 
-    def _newest_progress(self, event):
+    def _newest_progress(self, event: Event) -> Event:
         """``event`` or the newest progress event queued right behind it; the first
         other event queued is kept for the next send."""
         while True:
@@ -93,25 +102,25 @@ class WatchSender:
 
 
 class TowerJobs:
-    def __init__(self, tower):
+    def __init__(self, tower: "TowerParts") -> None:
         self.tower = tower
-        self.notifier = None
-        self._modules = {}
+        self.notifier: Notifier | None = None
+        self._modules: dict[bytes, set[str]] = {}
         self.manager = JobManager(tower.config.directory / "jobs", publish=self._publish, on_end=self._notify,
                                   on_change=self._changed, max_running=tower.config.training_jobs,
                                   rendezvous=self._rendezvous)
         self.dp = TowerDP(tower, self.manager)
 
-    def _rendezvous(self, job_id, spec):
+    def _rendezvous(self, job_id: str, spec: Spec) -> tuple[dict[str, Any], list[str]]:
         return self.dp.rendezvous(job_id, spec)
 
-    def start(self, notifier):
+    def start(self, notifier: Notifier) -> None:
         self.notifier = notifier
         self.manager.recover()
         for job in self.manager.unnotified():
             self._notify(job)
 
-    def _changed(self):
+    def _changed(self) -> None:
         if self.tower.announcer:
             self.tower.announcer.request("training jobs changed")
 
@@ -120,7 +129,7 @@ class TowerJobs:
         return [bind("genome/train", self.train), bind("jobs/status", self.status), bind("jobs/watch", self.watch),
                 bind("jobs/cancel", self.cancel), *self.dp.commands()]
 
-    def train(self, session, request):
+    def train(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         missing = [m for m in TRAIN_MODULES if importlib.util.find_spec(m) is None]
         if missing:
             raise WireError(Code.UNSUPPORTED, f"this tower cannot train ({', '.join(missing)} missing); "
@@ -131,7 +140,8 @@ class TowerJobs:
         dataset = self.tower.store.info(self.tower.store.resolve(request["dataset"]))
         if dataset is None:
             raise WireError(Code.UNKNOWN_BLOB, f"dataset {request['dataset']!r} is not complete on this tower")
-        spec = train_request.parse(request, self._base_modules(slot), dataset.path)
+        # A complete blob has a path.
+        spec = train_request.parse(request, self._base_modules(slot), dataset.path)  # type: ignore[arg-type]
         # The outputs are published under these aliases: refuse a clash now, not after training.
         self.tower.remote_alias(spec["output_alias"], "adapter")
         self.tower.remote_alias(spec["output_alias"] + train_request.PEFT_SUFFIX, "peft")
@@ -146,7 +156,7 @@ class TowerJobs:
         job_id = self.manager.submit(spec, identity.hash.hex(), identity.get_public_key(), notify.hex())
         return {"job_id": job_id}
 
-    def _several_towers(self, spec, identity, slot, dataset):
+    def _several_towers(self, spec: Spec, identity: Any, slot: ModelSlot, dataset: BlobInfo) -> None:
         """A one-tower job's spec stays as it was; one with ``towers`` gets what
         the participants need (owner, blob ids). Raises WireError."""
         own = self.tower.destination.hash.hex()
@@ -159,43 +169,43 @@ class TowerJobs:
                                               "it cannot coordinate a multi-tower job")
         spec.update(owner=identity.hash.hex(), base_blob=slot.blob_id.hex(), dataset_blob=dataset.hex)
 
-    def _base_modules(self, slot):
+    def _base_modules(self, slot: ModelSlot) -> set[str]:
         if slot.blob_id not in self._modules:
             self._modules[slot.blob_id] = gguf_info.architecture(slot.path)[2]
         return self._modules[slot.blob_id]
 
-    def status(self, session, request):
+    def status(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         r = validate(request, {"job_id": Field(str, check=max_len(64))})
         if r["job_id"]:
             return {"jobs": [self._owned(session, r["job_id"])]}
         owner = None if self._is_admin(session) else session.identity.hash.hex()
         return {"jobs": self.manager.list(owner)}
 
-    def watch(self, session, request):
+    def watch(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         r = validate(request, {"job_id": JOB_ID, "watch_id": Field(int, required=True,
                                                                     check=in_range(0, MAX_STREAM_ID))})
         job = self._owned(session, r["job_id"])
         sender = WatchSender(session.router, r["watch_id"])
         unwatch = self.manager.watch(r["job_id"], sender)
-        session.on_close(lambda: (unwatch(), sender.stop()))
+        session.on_close(lambda: (unwatch(), sender.stop()))  # type: ignore[func-returns-value]  # a tuple: both run
         return {"job": job}
 
-    def cancel(self, session, request):
+    def cancel(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         r = validate(request, {"job_id": JOB_ID})
         self._owned(session, r["job_id"])
         return {"job": self.manager.cancel(r["job_id"])}
 
-    def _owned(self, session, job_id):
+    def _owned(self, session: "LinkSession", job_id: str) -> Job:
         job = self.manager.get(job_id)
         if job["owner"] != session.identity.hash.hex() and not self._is_admin(session):
             raise WireError(Code.NOT_ALLOWED, f"job {job_id} belongs to another identity")
         return job
 
-    def _is_admin(self, session):
+    def _is_admin(self, session: "LinkSession") -> bool:
         return "admin" in self.tower.allow.roles_of(session.identity.hash)
 
     # -- results ----------------------------------------------------------
-    def _publish(self, job_id, job_dir, spec):
+    def _publish(self, job_id: str, job_dir: Path, spec: Spec) -> tuple[str, str]:
         store = self.tower.store
         alias = spec["output_alias"]
         gguf = store.add_file(job_dir / trainer.ADAPTER_GGUF, alias=alias, kind="adapter", copy=True)
@@ -203,7 +213,7 @@ class TowerJobs:
                               copy=True)
         return gguf.hex, peft.hex
 
-    def _notify(self, job):
+    def _notify(self, job: Job) -> None:
         if self.notifier is None or not job["notify"]:
             return
         title = f"rngrid job {job['id']} {job['state']}"
@@ -218,5 +228,5 @@ class TowerJobs:
         self.notifier.send(job["id"], bytes.fromhex(job["notify"]), title, "\n".join(lines), fields,
                            public_key=self.manager.owner_key(job["id"]))
 
-    def notified(self, job_id):
+    def notified(self, job_id: str) -> None:
         self.manager.mark_notified(job_id)

@@ -11,6 +11,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 #: Replies kept per Link (the newest), and for how long (seconds): a client
 #: resends within its request timeout (30 s by default, minutes on LoRa).
@@ -19,31 +20,32 @@ KEEP_S = 900.0
 
 
 class ReplyCache:
-    def __init__(self, max_replies=MAX_REPLIES, keep_s=KEEP_S, clock=time.monotonic):
-        self._replies = OrderedDict()  # key -> (time, reply bytes)
+    def __init__(self, max_replies: int = MAX_REPLIES, keep_s: float = KEEP_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._replies: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()  # key -> (time, reply bytes)
         self._max, self._keep_s, self._clock = max_replies, keep_s, clock
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(path, data):
+    def key(path: str, data: bytes | bytearray) -> bytes:
         """The cache key of request bytes ``data`` on command ``path``."""
         return hashlib.blake2b(path.encode() + b"\0" + data, digest_size=16).digest()
 
-    def get(self, key):
+    def get(self, key: bytes) -> bytes | None:
         """The reply first given to this request, or None."""
         with self._lock:
             self._expire()
             hit = self._replies.get(key)
             return None if hit is None else hit[1]
 
-    def put(self, key, reply):
+    def put(self, key: bytes, reply: bytes) -> None:
         with self._lock:
             self._replies[key] = (self._clock(), reply)
             self._replies.move_to_end(key)
             while len(self._replies) > self._max:
                 self._replies.popitem(last=False)
 
-    def _expire(self):
+    def _expire(self) -> None:
         now = self._clock()
         while self._replies:
             _, (at, _) = next(iter(self._replies.items()))

@@ -22,16 +22,24 @@ cancel and continue_tokens work as for a whole model.
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 import RNS
 
+from announce.caps import Hardware
+
+from links.channel import ChannelRouter
 from links.commands import Command, bind
 from links.wire import LINK_LOST, Code, Field, WireError, max_len, validate
 from reticulum_grid.inference import request as inference_request
 from reticulum_grid.inference.admission import ModelQueue
+from reticulum_grid.inference.generation import Generation, Piece
+from reticulum_grid.inference.registry import ModelSlot
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
+from reticulum_grid.node.dataplane import Forwarder
 from reticulum_grid.split import direct, experts
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.probe import LinkProbe
@@ -40,29 +48,38 @@ from reticulum_grid.split.supervisor import SplitModel
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
 
+if TYPE_CHECKING:
+    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.parts import TowerParts
+
 log = logging.getLogger("rngrid.tower.split")
 
 MAX_PARTS = 8
 #: Memory a tower keeps for itself when it lends the rest (MiB, or 10% of the total if more).
 HEADROOM_MIB = 1024
+#: One part of a split plan: (the tower's destination hash, its first layer, the layer after its last).
+Part = tuple[bytes, int, int]
+#: What a split model is built for: (the model's blob id, the plan's parts, expert placement).
+Want = tuple[bytes, tuple[Part, ...], bool]
 
 
 class TowerSplit:
-    def __init__(self, tower):
+    def __init__(self, tower: "TowerParts") -> None:
         self.tower = tower
         directory = tower.config.directory
         self.worker = RpcWorker(directory / "rpc-worker.log", threads=tower.config.shard_threads,
                                 lend_mib=self._cpu_lend_mib)
         self.queue = ModelQueue(tower.config.queue_depth)
         self.probe = LinkProbe(tower.identity)
-        self.model = None
-        self.links = []  # (TowerConnection, TunnelListener) of the loaded split model
+        self.model: SplitModel | None = None
+        # (TowerConnection, TunnelListener or Forwarder) of the loaded split model
+        self.links: list[tuple[TowerConnection, Forwarder | TunnelListener | None]] = []
         self._lock = threading.Lock()
 
     def commands(self) -> list[Command]:
         return [bind("shard/tunnel", self.tunnel), bind("split/probe", self.probe_links)]
 
-    def probe_links(self, session, request):
+    def probe_links(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         """split/probe (split/probe.py): this tower's round trips to other towers."""
         towers = validate(request, {"towers": Field(list, required=True, check=max_len(2 * MAX_PARTS))})["towers"]
         if any(not isinstance(t, bytes) or len(t) != 16 for t in towers):
@@ -71,19 +88,19 @@ class TowerSplit:
         return {"rtts": {k.hex(): round(v, 5) for k, v in rtts.items()}, "pending": [k.hex() for k in pending],
                 "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers}}
 
-    def stop(self):
+    def stop(self) -> None:
         self._drop_model()
         self.worker.stop()
         self.probe.close()
 
-    def _cpu_lend_mib(self):
+    def _cpu_lend_mib(self) -> int | None:
         """The RPC server's memory cap (MiB) on a CPU tower; None on a GPU tower."""
         hardware = self.tower.hardware()
         if hardware.backend != "cpu":
             return None
         return self.lend_mib(hardware) or None
 
-    def lend_mib(self, hardware):
+    def lend_mib(self, hardware: Hardware) -> int:
         """MiB this tower lends to split models: free memory (VRAM, else RAM)
         minus a headroom, capped by ``[shard] lend_mib``; 0 without RPC."""
         if not engine.available(engine.RPC_SERVER):
@@ -93,7 +110,7 @@ class TowerSplit:
         return spare if cap is None else min(cap, spare)
 
     # -- worker end -------------------------------------------------------
-    def tunnel(self, session, request):
+    def tunnel(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         coordinator = validate(request, {"dataplane": Field(str, check=max_len(64))})["dataplane"]
         if not engine.available(engine.RPC_SERVER):
             raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER}: run `make llama` there")
@@ -107,7 +124,7 @@ class TowerSplit:
             session.on_close(session.tunnels.close_all)
         else:
             tunnels.target_port = port
-        reply = {"tower": self.tower.config.name}
+        reply: dict[str, Any] = {"tower": self.tower.config.name}
         own = self.tower.config.dataplane
         if own and coordinator:  # the RPC bytes go straight over the data plane (direct.py)
             front, reply["dataplane"] = direct.offer(own, coordinator, port)
@@ -115,30 +132,31 @@ class TowerSplit:
         return reply
 
     # -- coordinator end --------------------------------------------------
-    def inference(self, session, request):
+    def inference(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         split = request.pop("split")
-        request = inference_request.parse(request)
-        if request.adapter:
+        parsed = inference_request.parse(request)
+        if parsed.adapter:
             raise WireError(Code.UNSUPPORTED, "a split model runs without LoRA adapters")
-        slot = self.tower.registry.find(request.model)
+        slot = self.tower.registry.find(parsed.model)
         parts = self._parse_parts(split, gguf_info.facts(slot.path).blocks)
         want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
 
-        def generate(model, result, cancel):
-            yield from model.generate(request, cancel, result)
+        def generate(model: SplitModel, result: Generation, cancel: threading.Event) -> Iterator[Piece]:
+            yield from model.generate(parsed, cancel, result)
 
-        def usage(result, queued_s):
+        def usage(result: Generation, queued_s: float) -> dict[str, Any]:
             return replace(self.tower.inference.usage(result, queued_s),
                            split=tuple(key.hex() for key, _, _ in parts)).to_map()
 
-        return start_stream(session, request, self.queue, generate, usage, prepare=lambda: self._ensure_model(
+        return start_stream(session, parsed, self.queue, generate, usage, prepare=lambda: self._ensure_model(
             slot, want), on_error=self._stream_failed, name="rngrid-split")
 
-    def _parse_parts(self, split, n_layers):
+    def _parse_parts(self, split: object, n_layers: int) -> list[Part]:
         parts = split.get("parts") if isinstance(split, dict) else None
         if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
             raise WireError(Code.BAD_REQUEST, f"split.parts must list 1..{MAX_PARTS} parts")
-        out, first = [], 0
+        out: list[Part] = []
+        first = 0
         for part in parts:
             if not isinstance(part, dict) or not isinstance(part.get("key"), bytes) or len(part["key"]) != 16:
                 raise WireError(Code.BAD_REQUEST, "each split part needs a 16-byte destination hash 'key'")
@@ -154,11 +172,11 @@ class TowerSplit:
             raise WireError(Code.BAD_REQUEST, "a tower appears twice in the split plan")
         return out
 
-    def _ensure_model(self, slot, want):
+    def _ensure_model(self, slot: ModelSlot, want: Want) -> SplitModel:
         """The split model for ``want`` (blob, parts, experts), built if needed."""
         with self._lock:
             if self.model is not None and self.model.key == want and self.model.alive and all(
-                    c.link is not None and c.router.link_usable() for c, _ in self.links):
+                    c.link is not None and cast(ChannelRouter, c.router).link_usable() for c, _ in self.links):
                 return self.model
             self._drop_model()
             _, parts, expert_mode = want
@@ -171,16 +189,17 @@ class TowerSplit:
                 raise
             return self.model
 
-    def _build(self, slot, want, parts, expert_mode):
+    def _build(self, slot: ModelSlot, want: Want, parts: tuple[Part, ...], expert_mode: bool) -> SplitModel:
         # The tunnel listeners accept the split model's own connections only (tunnel.py).
-        building = {}
+        building: dict[str, SplitModel] = {}
 
-        def owners():  # the split runner's llama-server (under its guard)
+        def owners() -> list[int]:  # the split runner's llama-server (under its guard)
             model = building.get("model")
             pid = model.runner.pid if model is not None else None
             return [pid] if pid else []
 
-        endpoints, own = [], self.tower.config.dataplane
+        endpoints: list[str] = []
+        own = self.tower.config.dataplane
         for key, _, _ in parts[:-1]:
             self._check_worker(key)
             conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
@@ -189,7 +208,9 @@ class TowerSplit:
                 reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
             except WireError as e:
                 raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
-            listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(conn.router), owners)
+            # conn.request set up the Link (and its router).
+            listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(cast(ChannelRouter, conn.router)),
+                                                                         owners)
             self.links[-1] = (conn, listener)
             endpoints.append(listener.endpoint)
             log.info("split worker %s: RPC %s", key.hex()[:16],
@@ -200,21 +221,21 @@ class TowerSplit:
                                                threads=slot.settings.threads, experts=expert_mode,
                                                gpu=self._own_gpu(), draft=self.draft_for(slot))
         started = time.perf_counter()
-        model.start(moved=lambda: sum(direct.moved(listener) for _, listener in self.links))
+        model.start(moved=lambda: sum(_moved(carrier) for _, carrier in self.links))
         seconds = time.perf_counter() - started
-        for (key, _, _), (_, listener) in zip(parts, self.links):
-            self.probe.record_rate(key, direct.moved(listener), seconds)
+        for (key, _, _), (_, carrier) in zip(parts, self.links):
+            self.probe.record_rate(key, _moved(carrier), seconds)
         log.info("split model loaded in %.2f s over %d worker(s); %d bytes crossed to and from them",
-                 seconds, len(endpoints), sum(direct.moved(l) for _, l in self.links))
+                 seconds, len(endpoints), sum(_moved(l) for _, l in self.links))
         return model
 
-    def _own_gpu(self):
+    def _own_gpu(self) -> str:
         """This tower's first GPU as llama.cpp names it ("CUDA0"), "" on a CPU tower."""
         from reticulum_grid.node import hardware
         gpus = hardware.gpu_devices() if self.tower.hardware().backend != "cpu" else []
         return engine.list_devices()[gpus[0].index].name if gpus else ""
 
-    def draft_for(self, slot):
+    def draft_for(self, slot: ModelSlot) -> str:
         """The draft model's path for ``slot``'s split model: ``[models.X] draft``,
         else the smallest model this tower holds with the same vocabulary at a
         quarter of the size or less (gguf_info.vocabulary_id); "" for none."""
@@ -237,7 +258,7 @@ class TowerSplit:
                 continue
         return min(candidates, key=lambda s: s.size).path if candidates else ""
 
-    def _check_worker(self, key):
+    def _check_worker(self, key: bytes) -> None:
         """Raise WireError(not_allowed) unless the tower at destination ``key`` is
         trusted here with ``shard`` (it would receive this tower's layers)."""
         worker = RNS.Identity.recall(key)
@@ -246,7 +267,7 @@ class TowerSplit:
             raise WireError(Code.NOT_ALLOWED, f"tower {key.hex()} is not trusted by {self.tower.config.name} to hold "
                                               f"layers of its models; its admin can run: rngrid allow {who} --role shard")
 
-    def _drop_model(self):
+    def _drop_model(self) -> None:
         if self.model is not None:
             self.model.close()
             self.model = None
@@ -256,8 +277,13 @@ class TowerSplit:
             conn.close()
         self.links = []
 
-    def _stream_failed(self, error):
+    def _stream_failed(self, error: WireError) -> None:
         log.info("split stream failed: %s", error)
         if error.code in LINK_LOST | {Code.RUNNER_LOST}:  # a worker went away: rebuild next time
             with self._lock:
                 self._drop_model()
+
+
+def _moved(listener: Forwarder | TunnelListener | None) -> int:
+    """direct.moved of a built split model's link: each has its listener by then."""
+    return direct.moved(cast("Forwarder | TunnelListener", listener))

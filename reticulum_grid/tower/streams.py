@@ -6,18 +6,36 @@ mapping of every way it can end to the stream's end or error message.
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from links.stream import StreamSender
 from links.wire import Code, WireError
-from reticulum_grid.inference.admission import Cancelled
-from reticulum_grid.inference.generation import AdapterError, ContextLengthExceeded, Generation
+from reticulum_grid.inference.admission import Cancelled, ModelQueue, Ticket
+from reticulum_grid.inference.generation import AdapterError, ContextLengthExceeded, Generation, Piece
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.runner import RunnerError
 
+if TYPE_CHECKING:
+    from reticulum_grid.tower.daemon import LinkSession
+
 log = logging.getLogger("rngrid.tower")
+#: A stream's usage map from its Generation and the seconds it was queued.
+UsageMap = Callable[[Generation, float], dict[str, Any]]
+#: generate(what prepare() gave, or None without one; the Generation to fill; the cancel event).
+Generate = Callable[[Any, Generation, threading.Event], Iterable[Piece]]
 
 
-def start_stream(session, request, queue, generate, usage, prepare=None, on_error=None, name="rngrid-gen"):
+class StreamRequest(Protocol):
+    """What start_stream needs of a parsed request: the stream id it answers on."""
+    @property
+    def stream_id(self) -> int: ...
+
+
+def start_stream(session: "LinkSession", request: StreamRequest, queue: ModelQueue,
+                 generate: Generate, usage: UsageMap,
+                 prepare: Callable[[], object] | None = None, on_error: Callable[[WireError], None] | None = None,
+                 name: str = "rngrid-gen") -> dict[str, Any]:
     """Admit ``request`` (a parsed inference request) to ``queue`` and run it on
     a thread of its own; returns the reply ``{"stream_id", "queued"}`` at once.
 
@@ -37,7 +55,9 @@ def start_stream(session, request, queue, generate, usage, prepare=None, on_erro
     return {"stream_id": request.stream_id, "queued": ticket.ahead}
 
 
-def _run(session, request, queue, ticket, cancel, prepare, generate, usage, on_error):
+def _run(session: "LinkSession", request: StreamRequest, queue: ModelQueue, ticket: Ticket, cancel: threading.Event,
+         prepare: Callable[[], object] | None, generate: Generate, usage: UsageMap,
+         on_error: Callable[[WireError], None] | None) -> None:
     sender = StreamSender(session.router, request.stream_id)
     started = time.perf_counter()
     try:
@@ -72,7 +92,7 @@ def _run(session, request, queue, ticket, cancel, prepare, generate, usage, on_e
         session.streams.pop(request.stream_id, None)
 
 
-def coded(e):
+def coded(e: BaseException) -> WireError:
     """The WireError a failure of the engine becomes."""
     if isinstance(e, WireError):
         return e
@@ -93,8 +113,8 @@ def coded(e):
     return WireError(Code.INTERNAL, f"{type(e).__name__}: {e}")
 
 
-def _extra(piece):
-    extra = {}
+def _extra(piece: Piece) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
     if piece.n != len(piece.ids):
         extra["n"] = piece.n
     if piece.logprobs:

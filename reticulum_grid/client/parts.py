@@ -1,0 +1,61 @@
+"""What the mixins of ``Grid`` (client/grid.py) use of it, for the type
+checker: the Grid's state and the methods one mixin calls on another. At run
+time the mixins derive from ``object`` alone; under the type checker they
+derive from GridParts, so each reads ``self.table``, ``self.caps_full(...)``
+and the rest with their types. Grid itself provides every member."""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+
+from announce.capsfull import CapsFull
+from announce.table import TowerEntry, TowerTable
+from reticulum_grid.client.router import HealthBook
+from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.store.blobstore import BlobStore
+from reticulum_grid.store.sync import Progress
+
+if TYPE_CHECKING:
+    from reticulum_grid.client.liveness import Liveness
+
+
+class GridParts(Protocol):
+    home: Path
+    identity: Any  # an RNS.Identity (RNS ships no types)
+    store: BlobStore
+    table: TowerTable
+    health: HealthBook
+    liveness: "Liveness"
+    connections: dict[bytes, TowerConnection]
+    needs: dict[str, int]
+    model_facts: dict[str, dict[str, int]]
+    served: dict[bytes, int]
+    dataplanes: dict[bytes, bool]
+
+    @property
+    def identity_hash(self) -> str: ...
+
+    def towers(self, wait: float = 5.0, quiet_s: float = 1.5) -> list[TowerEntry]: ...
+
+    def find_tower(self, name_or_hash: str, timeout: float = 15.0) -> TowerEntry: ...
+
+    def connection(self, entry: TowerEntry) -> TowerConnection: ...
+
+    def local_blob(self, name: str) -> bytes | None: ...
+
+    @overload
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
+                  timed: Literal[False] = False) -> list[tuple[TowerEntry, CapsFull]]: ...
+
+    @overload
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0, *,
+                  timed: Literal[True]) -> list[tuple[TowerEntry, CapsFull, float]]: ...
+
+    def ask_full(self, entry: TowerEntry, timeout: float = 30.0,
+                 link_timeout: float = 15.0) -> tuple[TowerEntry, CapsFull]: ...
+
+    def sync_to(self, entry: TowerEntry, name: str, kind: str = "model",
+                progress: Progress | None = None) -> TowerEntry: ...
+
+    def push(self, name: str, to_tower: str | TowerEntry, alias: str | None = None,
+             progress: Progress | None = None, max_seconds: float | None = ...) -> dict[str, Any]: ...

@@ -1,0 +1,78 @@
+"""A tower's ``[allow]`` table: granting and revoking roles in its config file
+(comments kept), and the live view the tower checks each request against."""
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import tomlkit
+
+from reticulum_grid.node.config import (
+    ROLES,
+    TOWER_ROLES,
+    ConfigError,
+    TowerConfig,
+    identity_hex,
+    load_tower,
+    write_toml,
+)
+
+
+def allow(path: str | os.PathLike[str], identity_hash_hex: str, roles: Iterable[str]) -> list[str]:
+    """Grant ``roles`` to an identity in a tower config, keeping its comments.
+
+    Returns the identity's roles after the change."""
+    identity_hash_hex = identity_hex(identity_hash_hex)
+    for role in roles:
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text())
+    table = doc.setdefault("allow", tomlkit.table())
+    current = list(table.get(identity_hash_hex, []))
+    table[identity_hash_hex] = current + [r for r in roles if r not in current]
+    write_toml(path, doc)
+    return list(table[identity_hash_hex])
+
+
+def revoke(path: str | os.PathLike[str], identity_hash_hex: str) -> bool:
+    """Remove an identity from a tower's allow-list. Returns True if it was there."""
+    identity_hash_hex = identity_hex(identity_hash_hex)
+    path = Path(path)
+    doc = tomlkit.parse(path.read_text())
+    table = doc.get("allow", {})
+    if identity_hash_hex not in table:
+        return False
+    del table[identity_hash_hex]
+    write_toml(path, doc)
+    return True
+
+
+class LiveAllowList:
+    """A tower config's [allow] table, re-read when the file changes, so
+    ``rngrid allow`` takes effect without restarting the tower. A config that
+    stops parsing keeps the last good allow-list (and logs why)."""
+
+    def __init__(self, config: TowerConfig, on_error: Callable[[Exception], None] | None = None) -> None:
+        self._path = config.path
+        self._allow = config.allow
+        self._mtime = self._stat()
+        self._on_error = on_error
+
+    def _stat(self) -> int | None:
+        try:
+            return self._path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def roles_of(self, identity_hash: bytes) -> set[str]:
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            try:
+                self._allow = load_tower(self._path).allow
+            except (ConfigError, OSError) as e:
+                if self._on_error:
+                    self._on_error(e)
+        roles = set(self._allow.get(identity_hash.hex(), ()))
+        return (set(ROLES) - set(TOWER_ROLES)) | roles if "admin" in roles else roles

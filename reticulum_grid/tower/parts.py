@@ -1,0 +1,59 @@
+"""What a tower's capabilities (blobs, jobs, dp, inference, split, voice), and
+the daemon's own command handlers, use of the ``Tower`` (tower/daemon.py),
+for the type checker. ``Tower`` makes its parts in ``start()`` (None until
+then); they are read only while serving commands and announcing, once
+``start()`` made them all, so here they are not optional. The announcer stays
+optional: a capability's callbacks may run while ``start()`` still builds it."""
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from announce.announcer import Announcer
+from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.node.allowlist import LiveAllowList
+from reticulum_grid.node.config import TowerConfig
+from reticulum_grid.node.hardware import CachedProbe
+from reticulum_grid.store.blobstore import BlobStore
+
+if TYPE_CHECKING:
+    from reticulum_grid.inference.facts import ModelFactsReader
+    from reticulum_grid.tower.inference import TowerInference
+    from reticulum_grid.tower.jobs import TowerJobs
+    from reticulum_grid.tower.split import TowerSplit
+    from reticulum_grid.tower.voice import TowerVoice
+
+
+class TowerParts(Protocol):
+    config: TowerConfig
+    store: BlobStore
+    allow: LiveAllowList
+    hardware: CachedProbe
+    announcer: Announcer | None
+
+    @property
+    def identity(self) -> Any: ...  # an RNS.Identity (RNS ships no types)
+
+    @property
+    def destination(self) -> Any: ...  # an RNS.Destination
+
+    @property
+    def registry(self) -> ModelRegistry: ...
+
+    @property
+    def inference(self) -> "TowerInference": ...
+
+    @property
+    def split(self) -> "TowerSplit": ...
+
+    @property
+    def jobs(self) -> "TowerJobs": ...
+
+    @property
+    def voice(self) -> "TowerVoice": ...
+
+    @property
+    def facts(self) -> "ModelFactsReader": ...
+
+    def remote_alias(self, alias: str | None, kind: str) -> str | None: ...
+
+    def record_tokens_per_s(self, value: float) -> None: ...
+
