@@ -47,6 +47,8 @@ class Hub:
         identity gets ``roles`` unless ``allow`` is given. ``blobs``: (path, alias,
         kind, copy) tuples put in the tower's store before it starts. The hub and
         the CLI runs of ``rngrid()`` trust it unless ``trusted`` is False (a stranger)."""
+        # Two towers of one name would share a folder, an identity and a store (a pull then met the other's).
+        assert name not in {t.name for t in self.towers}, f"a tower {name!r} was started already in this session"
         if allow is None:
             allow = {self.grid.identity_hash: list(roles)}
         models = models if models is not None else {DEFAULT_ALIAS: default_model_path()}

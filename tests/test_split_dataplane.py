@@ -30,7 +30,7 @@ LEND = {"lend_mib": 200, "threads": 1}
 def dp_grid(hub, model_path, tmp_path_factory):
     home = tmp_path_factory.mktemp("dp-client")
     client_id = load_or_create(home / "identity").hash.hex()
-    names = ["dp-a", "dp-b", "dp-c"]
+    names = ["sdp-a", "sdp-b", "sdp-c"]
     ids = {n: hub.tower_identity(n) for n in names}
 
     def tower(name, connect, holds_model=False):
@@ -43,13 +43,13 @@ def dp_grid(hub, model_path, tmp_path_factory):
         hub.towers.append(made)
         return made
 
-    a = tower("dp-a", [], holds_model=True).start()
-    b = tower("dp-b", [a.address]).start()
-    c = tower("dp-c", [a.address, b.address]).start()
+    a = tower("sdp-a", [], holds_model=True).start()
+    b = tower("sdp-b", [a.address]).start()
+    c = tower("sdp-c", [a.address, b.address]).start()
     trust_local_towers(home)  # the client process trusts these towers
     hub.grid.caps_full([hub.wait_tower(n) for n in names], timeout=60)
     client = Client(home, [a.address, b.address, c.address])
-    yield {"dp-a": a, "dp-b": b, "dp-c": c}, client
+    yield {"sdp-a": a, "sdp-b": b, "sdp-c": c}, client
     client.close()
     for made in (a, b, c):
         made.stop()
@@ -85,17 +85,17 @@ def test_the_split_runs_over_the_data_plane_with_identical_text(dp_grid, referen
     client.send(max_tokens=48)
     text, usage, error, plan = client.result()
     assert error is None, error
-    assert plan[-1] == "dp-a" and len(plan) == 2
+    assert plan[-1] == "sdp-a" and len(plan) == 2
     assert text == reference(48)
-    assert "RPC over the data plane" in towers["dp-a"].log(), "the coordinator used the data plane"
-    assert "through the RNS tunnel" not in towers["dp-a"].log()
+    assert "RPC over the data plane" in towers["sdp-a"].log(), "the coordinator used the data plane"
+    assert "through the RNS tunnel" not in towers["sdp-a"].log()
     worker = towers[plan[0]]
     assert fronts(worker), "the worker listens on its data-plane address for this plan"
 
 
 def test_the_front_refuses_a_connection_without_the_answer(dp_grid):
     towers, client = dp_grid
-    for name in ("dp-b", "dp-c"):
+    for name in ("sdp-b", "sdp-c"):
         for host, port in fronts(towers[name]):
             for answer in (b"", b"\0" * 32):
                 with socket.create_connection((host, port), timeout=10) as s:
@@ -107,16 +107,16 @@ def test_the_front_refuses_a_connection_without_the_answer(dp_grid):
                     started = time.monotonic()
                     assert closed(s), "the front closes a connection that does not answer right"
                     assert time.monotonic() - started < 7
-    assert "over the data plane" in towers["dp-a"].log(), "the data-plane test above ran"
+    assert "over the data plane" in towers["sdp-a"].log(), "the data-plane test above ran"
 
 
 def test_a_peer_without_shard_gets_no_data_plane_front(dp_grid, hub):
     towers, _ = dp_grid
-    before = fronts(towers["dp-c"])
+    before = fronts(towers["sdp-c"])
     with pytest.raises(WireError) as refused:
-        hub.grid.connection(hub.wait_tower("dp-c")).request("shard/tunnel", {"dataplane": "127.0.0.1"})
+        hub.grid.connection(hub.wait_tower("sdp-c")).request("shard/tunnel", {"dataplane": "127.0.0.1"})
     assert refused.value.code == Code.NOT_ALLOWED and "shard" in refused.value.message
-    assert fronts(towers["dp-c"]) == before, "no front was opened for it"
+    assert fronts(towers["sdp-c"]) == before, "no front was opened for it"
 
 
 def test_a_killed_worker_fails_over_with_identical_text_on_the_data_plane(dp_grid, reference):
@@ -128,6 +128,6 @@ def test_a_killed_worker_fails_over_with_identical_text_on_the_data_plane(dp_gri
     worker.kill()
     text, usage, error, new_plan = client.result()
     assert error is None, error
-    assert usage["failovers"] >= 1 and plan[0] not in new_plan and "dp-a" in new_plan
+    assert usage["failovers"] >= 1 and plan[0] not in new_plan and "sdp-a" in new_plan
     assert first + text == reference(160)
-    assert towers["dp-a"].log().count("RPC over the data plane") >= 2, "the new plan went over the data plane too"
+    assert towers["sdp-a"].log().count("RPC over the data plane") >= 2, "the new plan went over the data plane too"

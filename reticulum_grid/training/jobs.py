@@ -259,7 +259,7 @@ class JobManager:
             # spawned (torch helpers), and a Ctrl-C meant for the tower does not.
             return subprocess.Popen([sys.executable, "-m", module, str(job_dir)],
                                     stdout=subprocess.PIPE, stderr=worker_log, start_new_session=True,
-                                    env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                                    env={**os.environ, "HF_HUB_OFFLINE": "1", trainer.TOWER_PID_ENV: str(os.getpid())})
 
     def _start_distributed(self, job_id: str, _proc: None, spec: Spec) -> None:
         """Enlist the other towers (seconds: they are asked over RNS), then run rank 0."""

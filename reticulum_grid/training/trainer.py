@@ -81,11 +81,17 @@ class Events:
         self._out.write(json.dumps({"event": kind, **fields}) + "\n")
 
 
+#: The tower's pid, set in a worker's environment by the tower that starts it (jobs.py).
+TOWER_PID_ENV = "RNGRID_TOWER_PID"
+
+
 def die_with_parent(interval_s: float = 0.5) -> None:
     """End this worker's process group when the tower that started it is gone
     (killed with SIGKILL, it cannot stop us): the orphan would train on, holding
-    memory, while the restarted tower resumes the job in a new worker."""
-    parent = os.getppid()
+    memory, while the restarted tower resumes the job in a new worker. The
+    tower's pid comes from its environment: a tower killed while this worker
+    was still starting has already left it to another parent."""
+    parent = int(os.environ.get(TOWER_PID_ENV) or os.getppid())
 
     def watch() -> None:
         while os.getppid() == parent:
