@@ -37,7 +37,8 @@ def time_stream(pieces, is_text, max_tokens, label, started=None):
             last = time.perf_counter()
             first = first or last
         else:
-            usage = getattr(piece, "usage", None) or piece
+            # A usage itself (client Usage, a runner's Generation), or a piece that carries one.
+            usage = piece if hasattr(piece, "completion_tokens") else getattr(piece, "usage", None)
     done = getattr(usage, "completion_tokens", None)
     if done != max_tokens:
         raise RuntimeError(f"{label} run ended after {done} of {max_tokens} tokens")

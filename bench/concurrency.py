@@ -95,6 +95,18 @@ def together(run, n, round_, max_tokens):
     return n * max_tokens / wall, [tokens_per_s(max_tokens, t[0], t[-1]) for t in results]
 
 
+def _pair(sides, order, n, round_, max_tokens, tries=3):
+    """{side: together(...)} for both sides with the same prompts. A prompt the
+    model ends early (an end token inside a batch: every stream must count
+    max_tokens) is replaced, on both sides, by the next set of prompts."""
+    for attempt in range(tries):
+        try:
+            return {side: together(sides[side], n, round_ + 1000 * attempt, max_tokens) for side in order}
+        except RuntimeError as e:
+            print(f"# {n} streams, prompts {round_ + 1000 * attempt}: {e}; the next prompts instead", flush=True)
+    raise RuntimeError(f"{tries} sets of prompts ended early at {n} streams")
+
+
 def throughput(args, tmp):
     """Run the comparison and print it; returns the figures (the module doc's), per N and side."""
     model = args.model or default_model_path()
@@ -118,8 +130,8 @@ def throughput(args, tmp):
         for round_ in range(args.rounds):
             for n in args.counts:
                 order = ("grid", "direct") if round_ % 2 == 0 else ("direct", "grid")
-                for side in order:
-                    figures[(side, n)].append(together(sides[side], n, 1 + round_ * 10 + n, args.max_tokens))
+                for side, measured in _pair(sides, order, n, 1 + round_ * 10 + n, args.max_tokens).items():
+                    figures[(side, n)].append(measured)
         print(f"model={alias} slots={args.slots} threads={args.threads or 'default'} "
               f"max_tokens={args.max_tokens} rounds={args.rounds} (medians, ranges)")
         aggregate, out = {}, {"model": Path(model).name, "slots": args.slots, "max_tokens": args.max_tokens,
