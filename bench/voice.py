@@ -31,16 +31,9 @@ from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.voice import audio, models
 from reticulum_grid.voice.stt import SpeechToText, TranscriptInfo
 from tests.requirements import bench_needs
-from tests.voice_support import spoken, wait_voice
+from tests.voice_support import TOWERS, spoken, wait_voice
 
-TEXT = " ".join([
-    "The first tower stands in the north valley and listens to the radio every night.",
-    "The second tower stands near the river and keeps the maps of the whole region.",
-    "The third tower sits on the hill above the village and answers every call it hears.",
-    "The fourth tower is new and still learns the names of the roads and the bridges.",
-    "When the weather turns bad the towers share their reports with the base camp.",
-    "Each report names the wind, the rain and the temperature at seven in the morning.",
-])
+TEXT = " ".join(TOWERS[:6])  # ~30 s spoken
 
 
 class _Hub:

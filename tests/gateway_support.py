@@ -1,6 +1,10 @@
 """Shared by the gateway tests: a tower process with its own model alias, the
 gateway served in-process on a free loopback port, and the tower's live load."""
 
+import contextlib
+import shutil
+import subprocess
+import sys
 import time
 
 import tomlkit
@@ -8,7 +12,7 @@ import tomlkit
 from announce.caps import decode_full
 from reticulum_grid.gateway.server import BackgroundServer
 from reticulum_grid.inference.default_model import default_model_path
-from reticulum_grid.node.localgrid import TowerProcess, free_port
+from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
 
 
 def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, **sections):
@@ -56,3 +60,33 @@ def wait_streaming(hub, tower, timeout=10.0):
             return True
         time.sleep(0.05)
     return False
+
+
+def laptop(hub, tmp_path):
+    """A client home for another process: the hub's identity (the same person)
+    trusting the same towers."""
+    home = tmp_path / "laptop"
+    home.mkdir()
+    shutil.copy(hub.grid.home / "identity", home / "identity")
+    trust_local_towers(home, follow=False)
+    return home
+
+
+@contextlib.contextmanager
+def serve_process(home, tower):
+    """`rngrid serve` as a user runs it (its own process, RNS and Grid) on a
+    free loopback port, connected to ``tower``; yields the port once it listens."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
+                             f"127.0.0.1:{port}", "--connect", tower.address], stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_port(port, 60), "rngrid serve did not listen"
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        proc.stderr.close()

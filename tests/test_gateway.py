@@ -2,7 +2,6 @@
 package and raw HTTP, in front of a real tower process and the real model."""
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,8 +17,7 @@ from reticulum_grid.gateway.openai_reply import Reply
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
 from reticulum_grid.gateway.server import BindRefused, check_bind
 from reticulum_grid.node.allowlist import allow, revoke
-from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
-from tests.gateway_support import serve, start_tower, wait_idle, wait_streaming
+from tests.gateway_support import laptop, serve, serve_process, start_tower, wait_idle, wait_streaming
 
 MODEL = "gw-smol"  # only this module's tower has this alias
 N_CTX = 512
@@ -288,18 +286,11 @@ def test_api_key_is_checked_on_every_request(hub, tower):
 
 
 def test_rngrid_serve_command(hub, tower, tmp_path):
-    home = tmp_path / "laptop"
-    home.mkdir()
-    shutil.copy(hub.grid.home / "identity", home / "identity")  # the same person on another process
-    trust_local_towers(home, follow=False)  # ... who trusts the same towers
+    home = laptop(hub, tmp_path)
     refused = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
                               "0.0.0.0:1"], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "API key" in refused.stderr
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
-                             f"127.0.0.1:{port}", "--connect", tower.address], stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_port(port, 60), "rngrid serve did not listen"
+    with serve_process(home, tower) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         deadline = time.monotonic() + 30
         while not any(m.id == MODEL for m in client.models.list()):  # the tower's announce reaches the new client
@@ -307,14 +298,6 @@ def test_rngrid_serve_command(hub, tower, tmp_path):
             time.sleep(0.2)
         reply = client.completions.create(model=MODEL, prompt=COUNT, max_tokens=6, temperature=0)
         assert reply.usage.completion_tokens == 6 and reply.model_extra["rngrid"]["tower"] == "gw-a"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        proc.stderr.close()
 
 
 def test_web_pages_cannot_use_the_gateway_behind_the_users_back(hub, gateway, tower):

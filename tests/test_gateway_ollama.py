@@ -5,9 +5,6 @@ and format, embed, pull, and the errors and cancel of the OpenAI side."""
 
 import json
 import math
-import shutil
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,8 +12,7 @@ import ollama
 import pytest
 
 from reticulum_grid.client import Usage
-from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
-from tests.gateway_support import serve, start_tower, wait_idle, wait_streaming
+from tests.gateway_support import laptop, serve, serve_process, start_tower, wait_idle, wait_streaming
 
 MODEL = "gw-olla"  # only this module's tower has this alias
 N_CTX = 1024
@@ -207,15 +203,7 @@ def test_a_client_that_leaves_stops_the_tower_within_a_second(hub, tower, client
 
 def test_rngrid_serve_in_its_own_process_speaks_ollama(hub, tower, tmp_path, monkeypatch):
     """`rngrid serve` as a user runs it (its own process, RNS and Grid), the ollama package pointed at it."""
-    home = tmp_path / "laptop"
-    home.mkdir()
-    shutil.copy(hub.grid.home / "identity", home / "identity")  # the same person on another process
-    trust_local_towers(home, follow=False)  # ... who trusts the same towers
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
-                             f"127.0.0.1:{port}", "--connect", tower.address], stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_port(port, 60), "rngrid serve did not listen"
+    with serve_process(laptop(hub, tmp_path), tower) as port:
         monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{port}")
         client = ollama.Client(timeout=120)
         deadline = time.monotonic() + 60
@@ -225,11 +213,3 @@ def test_rngrid_serve_in_its_own_process_speaks_ollama(hub, tower, tmp_path, mon
         reply = client.chat(model=MODEL, messages=CHAT, options={"temperature": 0, "num_predict": 6})
         assert reply.done and reply.eval_count == 6 and reply.message.content
         assert any(m.model == f"{MODEL}:latest" for m in client.ps().models)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        proc.stderr.close()

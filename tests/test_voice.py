@@ -15,21 +15,13 @@ from reticulum_grid.voice.audio import STT_RATE, decode
 from reticulum_grid.voice.stt import SpeechToText, TranscriptInfo
 from tests.conftest import rngrid
 from tests.requirements import needs
-from tests.voice_support import SENTENCE, VOICE, spoken, wait_voice, wer
+from tests.voice_support import SENTENCE, TOWERS, VOICE, spoken, wait_voice, wer
 
 pytestmark = [needs("espeak-ng", "the known sentence is spoken by espeak-ng"),
               needs("faster-whisper", "speech to text runs on faster-whisper")]
 
 #: ~40 s of speech: two of Whisper's 30 s windows, so a transcript has segments before its end.
-LONG = " ".join([
-    "The first tower stands in the north valley and listens to the radio every night.",
-    "The second tower stands near the river and keeps the maps of the whole region.",
-    "The third tower sits on the hill above the village and answers every call it hears.",
-    "The fourth tower is new and still learns the names of the roads and the bridges.",
-    "When the weather turns bad the towers share their reports with the base camp.",
-    "Each report names the wind, the rain and the temperature at seven in the morning.",
-    "The base camp reads them all and sends a short summary back before noon.",
-])
+LONG = " ".join(TOWERS)
 
 
 @pytest.fixture(scope="module")

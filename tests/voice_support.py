@@ -8,6 +8,17 @@ from reticulum_grid.voice.tts import TextToSpeech
 
 #: Spoken by espeak-ng and transcribed by Whisper base (measured: every word right, WAV and Opus 12 kbit/s).
 SENTENCE = "Please send the weather report to the base camp before noon."
+#: A long text about towers, a sentence an item: its first six spoken are ~30 s
+#: (bench/voice.py), all seven ~40 s (two of Whisper's 30 s windows).
+TOWERS = [
+    "The first tower stands in the north valley and listens to the radio every night.",
+    "The second tower stands near the river and keeps the maps of the whole region.",
+    "The third tower sits on the hill above the village and answers every call it hears.",
+    "The fourth tower is new and still learns the names of the roads and the bridges.",
+    "When the weather turns bad the towers share their reports with the base camp.",
+    "Each report names the wind, the rain and the temperature at seven in the morning.",
+    "The base camp reads them all and sends a short summary back before noon.",
+]
 #: Both engines, as a tower's [voice] tables.
 VOICE = {"whisper-base": {"kind": "stt", "threads": 1}, "espeak-ng": {"kind": "tts"}}
 
