@@ -81,11 +81,19 @@ demo: setup
 typecheck: setup
 	$(BIN)/python -m mypy
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test module whole
+# in one of them (its towers, fixtures and order as written): most of a test's
+# time is waiting on towers, links and runners, so two workers share 2 cores
+# well. The 50 slowest tests are listed at the end. TEST_WORKERS=0 runs it in
+# this process alone; PYTEST_ARGS adds options (e.g. PYTEST_ARGS="-k split").
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: setup typecheck gpu-pack
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=50 $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench.stream
+	$(BIN)/python -m bench.concurrency
 	$(BIN)/python -m bench.sync
 	$(BIN)/python -m bench.route
 	$(BIN)/python -m bench.split

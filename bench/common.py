@@ -8,14 +8,25 @@ import statistics
 import time
 
 
-def tokens_per_s(tokens, first_s, last_s):
+def tokens_per_s(tokens, first_s, last_s, first_tokens=1):
     """The tokens/s of every benchmark here: ``tokens`` generated, the first text
-    seen at ``first_s`` and the last at ``last_s`` (seconds on one clock), counted
-    as the caller sees them: (tokens - 1) / (last - first). The first token's time
-    is TTFT's, so it is not counted again; the end message is not text."""
-    if tokens < 2 or last_s <= first_s:
-        raise ValueError(f"no rate from {tokens} tokens between {first_s} and {last_s} s")
-    return (tokens - 1) / (last_s - first_s)
+    seen at ``first_s`` carrying ``first_tokens`` of them, and the last at ``last_s``
+    (seconds on one clock), counted as the caller sees them: (tokens - first_tokens)
+    / (last - first). The first piece's time is TTFT's, so its tokens are not
+    counted again (a piece may carry several: a slow link coalesces them); the
+    end message is not text."""
+    if tokens - first_tokens < 1 or last_s <= first_s:
+        raise ValueError(f"no rate from {tokens} tokens ({first_tokens} in the first piece) between {first_s} and "
+                         f"{last_s} s")
+    return (tokens - first_tokens) / (last_s - first_s)
+
+
+def tokens_so_far(pieces, piece):
+    """Tokens generated up to and including ``piece``, the first text of ``pieces``:
+    a runner's piece says how many it carries (``n``), a Grid stream counts them
+    (``generated``, from the token ids the tower sent); else one."""
+    n = getattr(piece, "n", None)
+    return n if isinstance(n, int) and n > 0 else max(1, getattr(pieces, "generated", 1))
 
 
 def spread(values, scale=1.0):
@@ -24,25 +35,28 @@ def spread(values, scale=1.0):
     return f"{statistics.median(values):.1f} (range {min(values):.1f}-{max(values):.1f})"
 
 
-def time_stream(pieces, is_text, max_tokens, label, started=None):
-    """Consume ``pieces`` (a stream started just now, or at perf_counter
-    ``started``) and return (TTFT s, tokens/s, last piece). ``is_text(piece)`` says whether a piece is generated text; the
-    last piece must carry ``completion_tokens`` (a usage) equal to ``max_tokens``,
-    so both sides of a comparison count the same tokens (``tokens_per_s``).
-    Raises RuntimeError otherwise."""
-    started = started or time.perf_counter()
+def time_stream(pieces, is_text, max_tokens, label, started=None, clock=time.perf_counter):
+    """Consume ``pieces`` (a stream started just now, or at ``started`` on
+    ``clock``) and return (TTFT s, tokens/s, last piece). ``is_text(piece)`` says
+    whether a piece is generated text; the tokens of the first are counted by
+    ``tokens_so_far``; the last piece must carry ``completion_tokens`` (a usage)
+    equal to ``max_tokens``, so both sides of a comparison count the same tokens
+    (``tokens_per_s``). Raises RuntimeError otherwise."""
+    started = started or clock()
     first = last = usage = None
+    first_tokens = 1
     for piece in pieces:
         if is_text(piece):
-            last = time.perf_counter()
-            first = first or last
+            last = clock()
+            if first is None:
+                first, first_tokens = last, tokens_so_far(pieces, piece)
         else:
             # A usage itself (client Usage, a runner's Generation), or a piece that carries one.
             usage = piece if hasattr(piece, "completion_tokens") else getattr(piece, "usage", None)
     done = getattr(usage, "completion_tokens", None)
     if done != max_tokens:
         raise RuntimeError(f"{label} run ended after {done} of {max_tokens} tokens")
-    return first - started, tokens_per_s(max_tokens, first, last), usage
+    return first - started, tokens_per_s(max_tokens, first, last, first_tokens), usage
 
 
 def report_pairs(base, other, names, ratio_key, args, model):

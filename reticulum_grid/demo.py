@@ -16,7 +16,7 @@ from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 
-def run_demo(prompt, max_tokens, out, err):
+def run_demo(prompt, max_tokens, out, err, temperature=0.7):
     with tempfile.TemporaryDirectory(prefix="rngrid-demo-") as tmp:
         client_home = Path(tmp) / "client"
         client_id = identity.load_or_create(client_home / "identity").hash.hex()
@@ -28,7 +28,7 @@ def run_demo(prompt, max_tokens, out, err):
         trust_local_towers(client_home)
         tower.start()
         try:
-            _client(prompt, max_tokens, client_home, tower, out, err)
+            _client(prompt, max_tokens, temperature, client_home, tower, out, err)
         finally:
             # RNS saves its tables at exit: do it now, while its directory still
             # exists, and detach before the tower goes so nothing tries to reconnect.
@@ -37,7 +37,7 @@ def run_demo(prompt, max_tokens, out, err):
             err.print("tower stopped.")
 
 
-def _client(prompt, max_tokens, client_home, tower, out, err):
+def _client(prompt, max_tokens, temperature, client_home, tower, out, err):
     grid = Grid(home=client_home, connect=[tower.address])
     started = time.monotonic()
     entry = grid.route(DEFAULT_ALIAS, timeout=120)
@@ -50,7 +50,7 @@ def _client(prompt, max_tokens, client_home, tower, out, err):
     err.print(table)
     err.print(f"you: {prompt}")
     err.print(f"{DEFAULT_ALIAS}@{entry.name}: ", end="")
-    stream = grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "max_tokens": max_tokens, "temperature": 0.7,
+    stream = grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "max_tokens": max_tokens, "temperature": temperature,
                                            "messages": [{"role": "user", "content": prompt}]})
     for piece in stream:
         if isinstance(piece, Usage):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomlkit
 
 # Nothing a test starts (towers, trainer workers) ever asks a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,10 +43,11 @@ class Hub:
         self.towers = []
 
     def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, blobs=(), trusted=True,
-                    **sections):
+                    n_ctx=None, **sections):
         """Start a tower process connected to the hub (or to ``connect``); the hub's
         identity gets ``roles`` unless ``allow`` is given. ``blobs``: (path, alias,
-        kind, copy) tuples put in the tower's store before it starts. The hub and
+        kind, copy) tuples put in the tower's store before it starts; ``n_ctx``: every
+        model's context window (tokens). The hub and
         the CLI runs of ``rngrid()`` trust it unless ``trusted`` is False (a stranger)."""
         # Two towers of one name would share a folder, an identity and a store (a pull then met the other's).
         assert name not in {t.name for t in self.towers}, f"a tower {name!r} was started already in this session"
@@ -54,11 +56,28 @@ class Hub:
         models = models if models is not None else {DEFAULT_ALIAS: default_model_path()}
         tower = TowerProcess(self.root, name, models, allow=allow, connect=connect or [self.address],
                              trusted=trusted, **sections)
+        if n_ctx is not None:
+            doc = tomlkit.parse(tower.config_path.read_text())
+            for model in doc["models"].values():
+                model["n_ctx"] = n_ctx
+            tower.config_path.write_text(tomlkit.dumps(doc))
         store = BlobStore(tower.dir / "blobs")
         for path, alias, kind, copy in blobs:
             store.add_file(path, alias=alias, kind=kind, copy=copy)
         self.towers.append(tower)
         return tower.start()
+
+    def stop_towers(self, towers):
+        """Stop ``towers`` (SIGTERM to all, then wait for each) and drop them from the
+        hub's table, so no later test routes to a tower that is gone."""
+        for tower in towers:
+            if tower.proc and tower.proc.poll() is None:
+                tower.proc.terminate()
+        for tower in towers:
+            tower.stop()
+            for entry in [*self.grid.table.live(), *self.grid.table.strangers()]:
+                if entry.name == tower.name:
+                    self.grid.table.remove(entry.destination_hash)
 
     def tower_identity(self, name):
         """The identity hash (hex) the tower ``name`` will have (created now)."""
@@ -75,8 +94,13 @@ def pytest_configure(config):
     leftovers.become_subreaper()
 
 
+@pytest.hookimpl(trylast=True)  # under pytest-xdist, after its workers have ended
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run when any process it started is still alive (then end them)."""
+    """Fail the run when any process it started is still alive (then end them).
+    An xdist worker leaves the check to the controller: a subreaper, it inherits
+    whatever a worker left behind."""
+    if hasattr(session.config, "workerinput"):
+        return
     left = leftovers.leftovers()
     if left:
         for pid in left:
@@ -90,6 +114,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_hubs = []  # the session's hub, once a test asked for it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def towers_stop_with_their_module():
+    """Every tower a module started through the hub, in a fixture or a test, stops
+    when the module ends: the next module runs without its load."""
+    started = len(_hubs[0].towers) if _hubs else 0
+    yield
+    if _hubs:
+        _hubs[0].stop_towers(_hubs[0].towers[started:])
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
@@ -98,10 +135,18 @@ def hub(tmp_path_factory):
     trust_local_towers(root / "client")  # the hub trusts every tower the tests start as trusted
     grid = Grid(home=root / "client", rns_config=rnsdir)
     hub = Hub(grid, f"127.0.0.1:{port}", root)
+    _hubs.append(hub)
     yield hub
     grid.close()
-    for tower in hub.towers:
-        tower.stop()
+    hub.stop_towers(hub.towers)
+
+
+@pytest.fixture(scope="session")
+def machine():
+    """This machine's hardware as a tower here announces it (node/hardware.py): tests
+    compare a tower's backend with it and never assume a CPU."""
+    from reticulum_grid.node import hardware
+    return hardware.probe()
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +159,15 @@ def reference(model_path, tmp_path_factory):
     """The same GGUF in a runner of its own, every text from a fresh context (tests/reference.py)."""
     from tests.reference import Reference
     ref = Reference(model_path, tmp_path_factory.mktemp("reference") / "runner.log")
+    yield ref
+    ref.close()
+
+
+@pytest.fixture(scope="session")
+def split_reference(model_path, tmp_path_factory):
+    """The reference with a split runner's settings (one slot, one thread), one for every split module."""
+    from tests.reference import Reference
+    ref = Reference(model_path, tmp_path_factory.mktemp("split-reference") / "runner.log", parallel=1, threads=1)
     yield ref
     ref.close()
 

@@ -2,31 +2,25 @@
 gateway served in-process on a free loopback port, and the tower's live load."""
 
 import contextlib
+import re
 import shutil
 import subprocess
 import sys
 import time
 
-import tomlkit
 
 from announce.caps import decode_full
 from reticulum_grid.gateway.server import BackgroundServer
 from reticulum_grid.inference.default_model import default_model_path
-from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_towers, wait_port
+from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
 
 
 def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, **sections):
     """A tower serving the default model as ``alias`` (only it has that alias, so
     routing is deterministic even when other test modules' towers are live);
     ``settings``: more of its ``[models.ALIAS]`` keys (e.g. {"embeddings": True})."""
-    tower = TowerProcess(hub.root, name, {alias: {"path": default_model_path(), **(settings or {})}},
-                         allow={hub.grid.identity_hash: list(roles)}, connect=[hub.address], **sections)
-    if n_ctx:
-        doc = tomlkit.parse(tower.config_path.read_text())
-        doc["models"][alias]["n_ctx"] = n_ctx
-        tower.config_path.write_text(tomlkit.dumps(doc))
-    hub.towers.append(tower)
-    tower.start()
+    tower = hub.start_tower(name, {alias: {"path": default_model_path(), **(settings or {})}}, roles=roles,
+                            n_ctx=n_ctx, **sections)
     hub.wait_tower(name)
     return tower
 
@@ -41,18 +35,18 @@ def live_load(hub, tower):
     return decode_full(hub.grid.connection(entry).request("caps/full", {})["caps"]).load
 
 
-def wait_idle(hub, tower, timeout=5.0):
-    """Seconds until the tower runs and queues nothing (None after ``timeout``)."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
+def wait_idle(hub, tower, timeout=10.0):
+    """True once the tower runs and queues nothing (False after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         load = live_load(hub, tower)
         if load.streams == 0 and load.queue == 0:
-            return time.monotonic() - started
+            return True
         time.sleep(0.05)
-    return None
+    return False
 
 
-def wait_streaming(hub, tower, timeout=10.0):
+def wait_streaming(hub, tower, timeout=30.0):
     """True once the tower runs a stream."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,6 +54,27 @@ def wait_streaming(hub, tower, timeout=10.0):
             return True
         time.sleep(0.05)
     return False
+
+
+STOPPED = re.compile(r"stream \d+: stopped for the client after (\d+) token")
+
+
+def stops(tower):
+    """Tokens each stream had produced when ``tower`` stopped it for its client
+    (a cancel or a closed link), from the tower's own log, oldest first."""
+    return [int(n) for n in STOPPED.findall(tower.log())]
+
+
+def wait_stopped(tower, before, timeout=30.0):
+    """The token counts of the streams the tower stopped for their client after
+    the first ``before`` (see stops()); empty if none within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = stops(tower)[before:]
+        if got:
+            return got
+        time.sleep(0.05)
+    return []
 
 
 def laptop(hub, tmp_path):

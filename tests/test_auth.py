@@ -18,7 +18,8 @@ from tests.conftest import rngrid
 def tower(hub):
     t = hub.start_tower("auth-a")
     hub.wait_tower(t.name)
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 def test_unknown_identity_refused_explicitly(tower, tmp_path):

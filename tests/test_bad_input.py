@@ -17,7 +17,9 @@ from reticulum_grid.node.connection import wait_until
 
 @pytest.fixture(scope="module")
 def tower(hub):
-    return hub.start_tower("bad-a")
+    t = hub.start_tower("bad-a")
+    yield t
+    hub.stop_towers([t])
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,8 @@ Eight requests at once through the gateway, a line of four: the three that
 find the line full are told "busy"; the gateway's Grid waits for the earliest
 of the tower's retry hint (the time until a place in its line opens) and the
 tower announcing a free slot, then asks again within its deadline. None is
-refused, and the slot never idles while they wait: the whole run takes the
-sum of the eight generation times (the tower's own figures: time to the first
-token plus the tokens over its tokens/s), within 10 %. That tower announces
+refused, and the slot never idles while they wait: by the tower's own record,
+each turn's request was in line before the turn ahead of it ended. That tower announces
 no more often than a default tower (every 5 s at most), so the hint has to be
 right. And a free-slot announce wakes a waiting request long before a hint
 that overestimates."""
@@ -14,7 +13,6 @@ that overestimates."""
 import logging
 import re
 import threading
-import time
 
 import openai
 
@@ -23,6 +21,7 @@ from tests.gateway_support import serve
 MODEL = "busy-one"  # only this module's towers have these aliases
 WOKEN_MODEL = "busy-woken"
 TOKENS = 96
+TURN = re.compile(r"stream \d+: \d+ token\(s\), admitted ([0-9.]+), turn ([0-9.]+)-([0-9.]+)")
 
 
 def busy_waits(caplog):
@@ -54,24 +53,30 @@ def test_eight_requests_on_a_one_slot_tower_all_run_back_to_back(hub, model_path
                 errors.append(e)
 
         threads = [threading.Thread(target=run, args=(k,)) for k in range(11, 19)]
-        started = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join(240)
-        total_s = time.perf_counter() - started
     assert not errors and len(replies) == 8, errors
     told_busy = busy_waits(caplog)
     generation_s = [r.model_extra["rngrid"]["tower_ttft_s"] + r.usage.completion_tokens /
                     r.model_extra["rngrid"]["tokens_per_s"] for r in replies.values()]
-    print(f"8 requests of {TOKENS} tokens on one slot: {total_s:.2f} s in all, generation {sum(generation_s):.2f} s "
-          f"(ratio {total_s / sum(generation_s):.3f}); {len(told_busy)} busy waits, hints {told_busy} s; "
-          f"tokens {[r.usage.completion_tokens for r in replies.values()]}")
+    turns = sorted(turns_of(tower))[1:]  # the warm-up's first
+    print(f"8 requests of {TOKENS} tokens on one slot: generation {sum(generation_s):.2f} s; "
+          f"{len(told_busy)} busy waits, hints {told_busy} s; turns (admitted, start, end) {turns}")
     assert all(r.usage.completion_tokens == TOKENS for r in replies.values())
-    assert total_s <= 1.10 * sum(generation_s), (total_s, generation_s)
+    assert len(turns) == 8, turns
+    # Back to back, by the tower's record: each turn's request was already in line when the turn before it ended.
+    idle = [(prev, nxt) for prev, nxt in zip(turns, turns[1:]) if nxt[0] > prev[2]]
+    assert not idle, f"the slot idled while requests waited: {idle}"
     assert told_busy, "no request was told busy: the test did not fill the line"
-    # A hint says when a place in the line opens: within one generation, never the whole line's time.
-    assert max(told_busy) <= 1.5 * max(generation_s), (told_busy, generation_s)
+    # A hint says when a place in the line opens: about one generation, never the whole line's five.
+    assert max(told_busy) <= 3 * max(generation_s), (told_busy, generation_s)
+
+
+def turns_of(tower):
+    """(admitted, turn start, turn end) of each stream the tower ended normally (its log, wall-clock s)."""
+    return [tuple(map(float, m)) for m in TURN.findall(tower.log())]
 
 
 def test_a_free_slot_announce_wakes_a_waiting_request(hub, model_path, caplog):
@@ -88,11 +93,11 @@ def test_a_free_slot_announce_wakes_a_waiting_request(hub, model_path, caplog):
         running = iter(hub.grid.execute("ai/inference", {"model": WOKEN_MODEL, "prompt": "Numbers: 1, 2, 3,",
                                                          "max_tokens": 8, "temperature": 0.0}))
         next(running)  # the slot is taken
-        started = time.perf_counter()
         reply = client.completions.create(model=WOKEN_MODEL, prompt="Numbers: 7, 8, 9,", max_tokens=4, temperature=0)
-        waited_s = time.perf_counter() - started
         list(running)
     [hint_s] = busy_waits(caplog)
-    print(f"told busy with a {hint_s:.1f} s hint; answered after {waited_s:.2f} s")
+    woken = [r.getMessage() for r in caplog.records if "announced a free slot: asking again now" in r.getMessage()]
+    print(f"told busy with a {hint_s:.1f} s hint; {woken}")
     assert reply.usage.completion_tokens == 4
-    assert hint_s >= 3.0 and waited_s < hint_s - 1.5, (hint_s, waited_s)
+    assert hint_s >= 3.0, hint_s  # the tower's first guess: far longer than the 8-token stream
+    assert woken == [f"a tower with {WOKEN_MODEL} announced a free slot: asking again now"], woken

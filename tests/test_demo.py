@@ -1,14 +1,20 @@
 """The README's first command: `rngrid demo` streams a real answer on loopback."""
 
+import re
 import subprocess
 import sys
 
 
-def test_demo_streams_and_reports(tmp_path):
+def test_demo_streams_and_reports(tmp_path, reference):
     result = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(tmp_path), "demo",
-                             "--max-tokens", "24", "--prompt", "Say hello."],
+                             "--max-tokens", "24", "--prompt", "Say hello.", "--temperature", "0"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip(), "the answer goes to stdout"
-    assert "TTFT" in result.stderr and "tokens/s" in result.stderr and "tower stopped" in result.stderr
     assert "Traceback" not in result.stderr
+    # The model's own answer (greedy, as a fresh llama.cpp context gives it) on stdout, and its figures.
+    expected, _, generation = reference.run(24, messages=[{"role": "user", "content": "Say hello."}])
+    assert result.stdout.strip() == expected.strip(), (result.stdout, expected)
+    report = re.search(r"TTFT \d+ ms \(tower \d+ ms\), [0-9.]+ tokens/s, (\d+) tokens, finish: (\w+)", result.stderr)
+    assert report, result.stderr
+    assert int(report[1]) == generation.completion_tokens and report[2] == generation.finish_reason, result.stderr
+    assert "tower stopped" in result.stderr

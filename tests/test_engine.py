@@ -43,7 +43,8 @@ def engine_tower(hub, model_path, tmp_path_factory):
                 for i in (1, 2)]
     tower = hub.start_tower("eng-a", models={DEFAULT_ALIAS: {"path": model_path, "parallel": 4}}, blobs=adapters)
     hub.wait_tower(tower.name)
-    return tower
+    yield tower
+    hub.stop_towers([tower])
 
 
 def run(hub, tower, **payload):

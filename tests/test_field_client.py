@@ -18,6 +18,7 @@ import pytest
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.client.grid import LIVE_MAX_AGE_S
+from reticulum_grid.client.liveness import SILENT_AFTER_S
 from reticulum_grid.client.rows import tower_row
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.connection import wait_until
@@ -115,9 +116,11 @@ def test_a_frozen_tower_costs_seconds_and_is_marked_silent(hub, pair):
         time.sleep(LIVE_MAX_AGE_S + 0.2)  # the live readings are old now: the next request asks both again
         text, usage, seconds = run(hub)
         assert usage.tower == "fc-B" and text
-        # The frozen one gets about a second (after B answered) before it ranks last as silent.
-        assert seconds < healthy_s + 2.0, f"a frozen tower cost {seconds:.1f} s, {healthy_s:.1f} s without " \
-                                          "(it cost 6-17 s before)"
+        # The frozen one gets about a second (SILENT_AFTER_S, after B answered) before it ranks last as
+        # silent: the request never waits on it (no failover), and ten of those seconds bound its cost.
+        assert usage.failovers == 0, usage
+        assert seconds < healthy_s + 10 * SILENT_AFTER_S, f"a frozen tower cost {seconds:.1f} s, {healthy_s:.1f} s " \
+                                                           "without (it cost 6-17 s before)"
         health = hub.grid.health.get(_hash(hub, a))
         assert health.state == "silent" and health.backed_off(), (health, seconds)
         assert tower_row(hub.wait_tower(a.name), health)["state"] == "silent"
@@ -140,12 +143,12 @@ def test_a_dead_tower_costs_seconds_and_leaves_the_table(hub, pair):
             wait = hub.grid.health.get(a_hash).backoff_until - time.monotonic()
             time.sleep(max(0.0, wait) + 1.1)
             _, usage, seconds = run(hub)
-            assert usage.tower == "fc-B"
+            assert usage.tower == "fc-B" and usage.failovers == 0, usage  # never waited on the dead one
             times.append(seconds)
             hub.grid.table.wait_for(lambda _: hub.grid.table.get(a_hash) is None, 4.0)
         assert hub.grid.table.get(a_hash) is None, "a dead tower leaves the table"
-        assert max(times) < healthy_s + 3.0, f"requests took {times} s with a dead tower, {healthy_s:.1f} s " \
-                                             "without (15 s each before)"
+        assert max(times) < healthy_s + 10 * SILENT_AFTER_S, f"requests took {times} s with a dead tower, " \
+                                                            f"{healthy_s:.1f} s without (15 s each before)"
         assert a_hash not in {e.destination_hash for e in hub.grid.table.live()}
     finally:
         a.start()

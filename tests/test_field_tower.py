@@ -6,14 +6,12 @@ import os
 import time
 
 import pytest
-import tomlkit
 
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.node.config import ConfigError, ModelConfig
-from reticulum_grid.node.localgrid import TowerProcess
 from reticulum_grid.store.blobstore import BlobStore
 from links import manifest as mf
 
@@ -24,15 +22,7 @@ TINY_CTX = 128
 
 
 def start_tower(hub, name, models, n_ctx=None, roles=("infer",), **sections):
-    tower = TowerProcess(hub.root, name, models, allow={hub.grid.identity_hash: list(roles)},
-                         connect=[hub.address], **sections)
-    if n_ctx is not None:
-        doc = tomlkit.parse(tower.config_path.read_text())
-        for model in doc["models"].values():
-            model["n_ctx"] = n_ctx
-        tower.config_path.write_text(tomlkit.dumps(doc))
-    hub.towers.append(tower)
-    tower.start()
+    tower = hub.start_tower(name, models, roles=roles, n_ctx=n_ctx, **sections)
     hub.wait_tower(name)
     return tower
 
@@ -62,17 +52,22 @@ def tiny(hub, model_path, tmp_path_factory):
     tower = start_tower(hub, "field-tiny", {"tiny": model_path}, n_ctx=TINY_CTX, roles=("infer", "sync", "train"),
                         limits={"unreferenced_s": 6})
     tower.leftovers = {"orphan": orphan_hex, "kept": kept_hex, "partial": manifest.blob_id.hex()}
-    return tower
+    yield tower
+    hub.stop_towers([tower])
 
 
 @pytest.fixture(scope="module")
 def warm(hub):
-    return start_tower(hub, "field-warm", {DEFAULT_ALIAS: _model()})
+    tower = start_tower(hub, "field-warm", {DEFAULT_ALIAS: _model()})
+    yield tower
+    hub.stop_towers([tower])
 
 
 @pytest.fixture(scope="module")
 def cold(hub):
-    return start_tower(hub, "field-cold", {DEFAULT_ALIAS: _model()})
+    tower = start_tower(hub, "field-cold", {DEFAULT_ALIAS: _model()})
+    yield tower
+    hub.stop_towers([tower])
 
 
 def _model():

@@ -25,7 +25,9 @@ SPIDER = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {
 
 @pytest.fixture(scope="module")
 def tower(hub):
-    return start_tower(hub, "gw-agents", MODEL, settings={"embeddings": True})
+    tower = start_tower(hub, "gw-agents", MODEL, settings={"embeddings": True})
+    yield tower
+    hub.stop_towers([tower])
 
 
 @pytest.fixture(scope="module")

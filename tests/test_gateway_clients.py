@@ -27,7 +27,9 @@ return row && {step: row.dataset.step, width: parseFloat(getComputedStyle(row.qu
 
 @pytest.fixture(scope="module")
 def tower(hub):
-    return start_tower(hub, "gw-b", MODEL, roles=("infer", "train", "sync"))
+    tower = start_tower(hub, "gw-b", MODEL, roles=("infer", "train", "sync"))
+    yield tower
+    hub.stop_towers([tower])
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_node_client_inference(gateway, tower, hub):
                             capture_output=True, text=True, timeout=60,
                             env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL="no-such-model"))
     assert failed.returncode == 1 and failed.stderr.count("unknown_model") == 1, failed.stderr  # the code, once
-    assert wait_idle(hub, tower) is not None
+    assert wait_idle(hub, tower)
 
 
 @pytest.fixture
@@ -156,8 +158,9 @@ def test_dashboard_in_chromium(browser, gateway, tower, running_job, tmp_path):
     wait_for(lambda: job() and int(job()["step"]) >= 1, 30, "the job is not shown")
     first = job()
     wait_for(lambda: int(job()["step"]) > int(first["step"]), 120, "the job's bar did not move")
-    time.sleep(0.5)  # the bar's width is animated
-    assert float(job()["width"]) > float(first["width"]) and "loss" in job()["info"], (first, job())
+    # The bar's width is animated: it grows once the step did.
+    wait_for(lambda: float(job()["width"]) > float(first["width"]), 10, f"the job's bar did not grow: {first}")
+    assert "loss" in job()["info"], job()
     browser.save_screenshot(str(tmp_path / "dashboard.png"))
     if os.environ.get("RNGRID_DOCS_SCREENSHOT"):  # `make screenshot` refreshes the README's picture
         browser.save_screenshot(os.environ["RNGRID_DOCS_SCREENSHOT"])

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from announce.caps import decode_full
-from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.inference.default_model import default_model_path
 from tests.requirements import needs
 
 pytestmark = [pytest.mark.gpu, needs("gpu", "these are the GPU paths")]

@@ -12,6 +12,7 @@ from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.node.connection import wait_until
 from tests.conftest import rngrid
+from tests.gateway_support import live_load, wait_idle
 from tests.leftovers import end
 
 LONG_PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
@@ -26,7 +27,8 @@ def tower(hub, model_path):
     t = hub.start_tower("inf-a", models={DEFAULT_ALIAS: {"path": model_path, "parallel": 1}},
                         limits={"queue_depth": 0})
     hub.wait_tower(t.name)
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 def run(hub, tower, **payload):
@@ -34,22 +36,6 @@ def run(hub, tower, **payload):
     pieces = list(stream)
     assert isinstance(pieces[-1], Usage)
     return "".join(pieces[:-1]), pieces[-1]
-
-
-def live_load(hub, tower):
-    from announce.caps import decode_full
-    entry = hub.wait_tower(tower.name)
-    return decode_full(hub.grid.connection(entry).request("caps/full", {})["caps"]).load
-
-
-def wait_idle(hub, tower, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        load = live_load(hub, tower)
-        if load.streams == 0 and load.queue == 0:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_stream_is_incremental(hub, tower):

@@ -89,14 +89,15 @@ def test_job_status_over_lora_fast(lora):
                          "--checkpoint-every", "100", "--json", "--rns-config", str(lora.client_rns), timeout=240)
     events = json_lines(result.stdout)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert any(e.get("job_id") for e in events)
+    job_id = next(e["job_id"] for e in events if e.get("job_id"))
     end = [e for e in events if e.get("type") == "end"]
     assert end and end[-1]["state"] == "succeeded", events
     # the terminal state also comes as an LXMF message once this client announces itself
     inbox = lora.rngrid("inbox", "--wait", "90", "--count", "1", "--json", "--rns-config", str(lora.client_rns),
                         timeout=150)
     notes = json_lines(inbox.stdout)
-    assert notes and "succeeded" in json.dumps(notes[0]), inbox.stderr[-3000:]
+    assert notes, inbox.stderr[-3000:]
+    assert notes[0]["title"] == f"rngrid job {job_id} succeeded" and notes[0]["trusted"] is True, notes[0]
 
 
 def test_pull_too_long_for_the_link_is_refused_with_the_estimate(lora):
@@ -179,8 +180,21 @@ def test_stream_over_tailnet(tailnet, reference):
     for run in result["runs"]:
         assert run["text"] == expected
     warm = result["runs"][1]
-    # A warm request pays the 40 ms round trip a few times, not per token (48 would be 1.9 s):
+    # A warm request pays the 40 ms round trip a few times (~4: 0.16 s), not per token (48: 1.9 s):
     # what it took beyond the tower's own prompt and generation time (the baseline, however
-    # loaded this machine is; the tower never waits for the link while it generates).
+    # loaded this machine is; the tower never waits for the link while it generates). The bound
+    # is ten times the few round trips, still below one per token.
     tower_s = warm["tower_ttft_s"] + warm["completion_tokens"] / warm["tower_tokens_per_s"]
-    assert warm["ttft_s"] >= 0.04 and warm["elapsed_s"] - tower_s < 0.04 * 48 / 2, (warm, tower_s)
+    assert warm["ttft_s"] >= 0.04 and warm["elapsed_s"] - tower_s < 10 * 4 * 0.04, (warm, tower_s)
+
+
+def test_cli_inference_across_the_lab_hosts(tailnet, reference):
+    """`rngrid infer` as a user runs it, in the client's host, answered by the tower two shaped hosts away."""
+    result = tailnet.rngrid("infer", "-m", DEFAULT_ALIAS, "--max-tokens", "24", "--temperature", "0", "--json",
+                            "--rns-config", str(tailnet.client_rns), QUESTION, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json_lines(result.stdout)
+    usage = [r["usage"] for r in rows if "usage" in r]
+    assert usage and usage[0]["tower"] == "lab-tower", rows[-2:]
+    assert "".join(r["text"] for r in rows if "text" in r) == reference.chat([{"role": "user", "content": QUESTION}],
+                                                                              24)

@@ -87,7 +87,9 @@ class NextVersionConnection(TowerConnection):
 
 @pytest.fixture(scope="module")
 def tower(hub):
-    return hub.start_tower("proto-a")
+    t = hub.start_tower("proto-a")
+    yield t
+    hub.stop_towers([t])
 
 
 def test_a_tower_answers_a_client_on_another_protocol_with_a_clear_error(hub, tower, tmp_path):

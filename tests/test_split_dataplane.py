@@ -7,13 +7,12 @@ Towers dp-a (holds the GGUF) and dp-b each lend 200 MiB, the model needs
 (tests/split_client.py) as in test_split.py."""
 
 import socket
-import time
 
 import psutil
 import pytest
 
 from links.wire import Code, WireError
-from reticulum_grid.node.dataplane import NONCE_BYTES
+from reticulum_grid.node.dataplane import AUTH_TIMEOUT_S, NONCE_BYTES
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.split import direct
@@ -55,12 +54,10 @@ def dp_grid(hub, model_path, tmp_path_factory):
         made.stop()
 
 
-@pytest.fixture(scope="module")
-def reference(model_path, tmp_path_factory):
-    from tests.reference import Reference
-    ref = Reference(model_path, tmp_path_factory.mktemp("dp-ref") / "runner.log", parallel=1, threads=1)
-    yield lambda max_tokens: ref.chat(PROMPT, max_tokens)
-    ref.close()
+@pytest.fixture
+def reference(split_reference):
+    """What one process makes of PROMPT at temperature 0, as text, per max_tokens."""
+    return lambda max_tokens: split_reference.chat(PROMPT, max_tokens)
 
 
 def closed(sock):
@@ -98,15 +95,13 @@ def test_the_front_refuses_a_connection_without_the_answer(dp_grid):
     for name in ("sdp-b", "sdp-c"):
         for host, port in fronts(towers[name]):
             for answer in (b"", b"\0" * 32):
-                with socket.create_connection((host, port), timeout=10) as s:
-                    s.settimeout(10)
+                # Silent, the front waits AUTH_TIMEOUT_S for an answer; the socket waits ten times that.
+                with socket.create_connection((host, port), timeout=10 * AUTH_TIMEOUT_S) as s:
                     hello = s.recv(len(direct.GREETING) + NONCE_BYTES)
                     assert hello.startswith(direct.GREETING)
                     if answer:
                         s.sendall(answer + b"\x0e" * 64)  # a wrong answer, then an RPC HELLO's worth of bytes
-                    started = time.monotonic()
                     assert closed(s), "the front closes a connection that does not answer right"
-                    assert time.monotonic() - started < 7
     assert "over the data plane" in towers["sdp-a"].log(), "the data-plane test above ran"
 
 

@@ -7,6 +7,7 @@ import time
 import blake3
 import pytest
 
+from links.chunks import TransferEnd
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
@@ -32,7 +33,8 @@ def sources(hub, big):
     b = hub.start_tower("src-b", models={}, roles=("infer", "sync"), blobs=spec)
     for t in (a, b):
         hub.wait_tower(t.name)
-    return a, b
+    yield a, b
+    hub.stop_towers([a, b])
 
 
 def test_pull_64mb_blob_and_compare_blake3(hub, sources, big):
@@ -199,6 +201,15 @@ def test_cli_models_pull_and_push(hub, sources, big, tmp_path):
     assert [r["aliases"] for r in listed] == [["big"]] and note.exists()
 
 
+def transfer_end(events, timeout=30.0):
+    """The TransferEnd among a watched transfer's messages (queue.Empty after ``timeout`` seconds without one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        message = events.get(timeout=max(0.1, deadline - time.monotonic()))
+        if isinstance(message, TransferEnd):
+            return message
+
+
 def test_a_remote_push_cannot_replace_or_hide_a_configured_model(hub, sources):
     from links import manifest as mf
     tower = hub.start_tower("guarded", roles=("infer", "sync"))
@@ -208,9 +219,12 @@ def test_a_remote_push_cannot_replace_or_hide_a_configured_model(hub, sources):
         conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(), "alias": DEFAULT_ALIAS,
                                     "kind": "model", "xfer_id": 1})
     assert e.value.code == Code.NOT_ALLOWED
-    # Re-offering the model's own manifest as a dataset must not re-kind it.
+    # Re-offering the model's own manifest as a dataset must not re-kind it: once the tower ends that
+    # transfer (its TransferEnd), the blob is still the model.
+    events = conn.watch_transfer(2)
     conn.request("blobs/push", {"blob_id": m.blob_id, "manifest": m.pack(), "kind": "dataset", "xfer_id": 2})
-    time.sleep(1)
+    ended = transfer_end(events)
+    print(f"the re-offered model's transfer ended: {ended}")
     blobs = conn.request("caps/full", {})["blobs"]
     assert [(b["alias"], b["kind"]) for b in blobs] == [(DEFAULT_ALIAS, "model")]
     assert list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hi", "max_tokens": 3},

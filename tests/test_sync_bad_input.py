@@ -22,7 +22,8 @@ def small(tmp_path_factory):
 def tower(hub, small):
     t = hub.start_tower("sync-bad", models={}, roles=("infer", "sync"), blobs=[(small, "small", "dataset", False)])
     hub.wait_tower(t.name)
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 @pytest.fixture(scope="module")

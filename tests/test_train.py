@@ -4,6 +4,7 @@ by llama.cpp."""
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,13 +25,18 @@ QUESTION = [{"role": "user", "content": "What is the secret word?"}]
 JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "secret-lora", "rank": 8, "alpha": 16.0,
        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
        "learning_rate": 4e-3, "max_steps": 16, "seq_len": 96, "batch_size": 4, "seed": 1, "checkpoint_every": 5}
+#: The same job as `rngrid train` options.
+CLI_JOB = ["--base", JOB["base"], "--data", str(DATA), "--output", JOB["output_alias"], "--rank", "8", "--alpha", "16",
+           "--target-modules", ",".join(JOB["target_modules"]), "--lr", "4e-3", "--max-steps", "16", "--seq-len", "96",
+           "--batch-size", "4", "--seed", "1", "--checkpoint-every", "5"]
 
 
 @pytest.fixture(scope="module")
 def tower(hub):
     t = hub.start_tower("trainer-a", roles=("infer", "sync", "train"), lxmf={"propagation_node": True})
     hub.wait_tower(t.name)
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 def same_identity_home(hub, tmp_path, name):
@@ -51,22 +57,32 @@ def answer(hub, tower, **extra):
 
 @pytest.fixture(scope="module")
 def finished_job(hub, tower, tmp_path_factory):
-    """One real job, watched by a client that is killed half-way and by a new
-    one that re-attaches; an inbox in another process waits for the result."""
+    """One real job as a user runs it: `rngrid train --tower auto` on a laptop,
+    Ctrl-C once it shows progress (the job goes on without it), then `rngrid
+    jobs watch` in a new process to the end; an inbox in another process
+    waits for the result."""
     tmp = tmp_path_factory.mktemp("train")
     inbox = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(same_identity_home(hub, tmp, "inbox")),
                               "inbox", "--wait", "240", "--count", "1", "--json", "--connect", tower.address],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     laptop = None
     try:  # a failure on the way must not leave the inbox or the laptop running
-        entry, job_id = hub.grid.train(dict(JOB), data_path=DATA, tower=tower.name)
-        laptop = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home",
-                                   str(same_identity_home(hub, tmp, "laptop")), "jobs", "--connect", tower.address,
-                                   "watch", job_id, "--json"], stdout=subprocess.PIPE, text=True)
-        first = json.loads(next(line for line in laptop.stdout if '"progress"' in line))
-        laptop.kill()  # the laptop leaves mid-job
-        laptop.wait()
-        events = list(hub.grid.watch(job_id, tower=tower.name))  # a new client re-attaches
+        home = same_identity_home(hub, tmp, "laptop")
+        laptop = subprocess.Popen(
+            [sys.executable, "-m", "reticulum_grid", "--home", str(home), "train", "--tower", "auto", *CLI_JOB,
+             "--json", "--connect", tower.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # A shell starts background jobs with SIGINT ignored: give the CLI a terminal's disposition.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        lines = (json.loads(line) for line in laptop.stdout if line.startswith("{"))
+        sent = next(line for line in lines if "job_id" in line and "tower" in line)
+        first = next(line for line in lines if line.get("type") == "progress")
+        laptop.send_signal(signal.SIGINT)  # Ctrl-C: the laptop stops watching
+        interrupted = laptop.communicate(timeout=30)[1]
+        watched = subprocess.run([sys.executable, "-m", "reticulum_grid", "--home", str(home), "jobs", "--connect",
+                                  tower.address, "watch", sent["job_id"], "--json"], capture_output=True, text=True,
+                                 timeout=300)
+        assert watched.returncode == 0, watched.stderr[-3000:]
+        events = [json.loads(line) for line in watched.stdout.splitlines() if line.startswith("{")]
         try:
             note, _ = inbox.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -74,7 +90,17 @@ def finished_job(hub, tower, tmp_path_factory):
             note = inbox.communicate()[0]
     finally:
         end(inbox, laptop)
-    return {"job_id": job_id, "events": events, "first": first, "notes": [json.loads(x) for x in note.splitlines()]}
+    return {"job_id": sent["job_id"], "tower": sent["tower"], "events": events, "first": first,
+            "interrupted": (laptop.returncode, interrupted), "notes": [json.loads(x) for x in note.splitlines()]}
+
+
+def test_the_cli_picks_the_tower_and_ctrl_c_leaves_the_job_running(tower, finished_job):
+    """`rngrid train --tower auto` chose the one tower granting train; Ctrl-C ended only the
+    laptop's watch, and `rngrid jobs watch` saw the same job to its end."""
+    assert finished_job["tower"] == tower.name
+    code, stderr = finished_job["interrupted"]
+    assert code == 130 and f"stopped watching; job {finished_job['job_id']} keeps running" in stderr, stderr
+    assert finished_job["events"][-1]["state"] == "succeeded"
 
 
 def test_progress_events_arrive_in_order(finished_job):

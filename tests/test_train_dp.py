@@ -19,7 +19,9 @@ from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import wait_port
+from reticulum_grid.client.training import train_towers
 from reticulum_grid.training import distributed, rendezvous
+from tests.conftest import rngrid
 
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
 SPEC = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "learning_rate": 4e-3,
@@ -181,17 +183,14 @@ def pair(hub):
     roles = ["infer", "sync", "train"]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", ONE_THREAD["OMP_NUM_THREADS"])  # the towers' workers inherit it
-        return start_pair(hub, roles)
-
-
-def start_pair(hub, roles):
-    a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, dataplane=DATAPLANE)
-    # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
-    b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
-                        connect=[hub.address, a.address], dataplane=DATAPLANE)
+        a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, dataplane=DATAPLANE)
+        # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
+        b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
+                            connect=[hub.address, a.address], dataplane=DATAPLANE)
     hub.wait_tower(a.name)
     hub.wait_tower(b.name)
-    return a, b
+    yield a, b
+    hub.stop_towers([a, b])
 
 
 def rank_workers(tower):
@@ -273,3 +272,19 @@ def test_a_participant_without_train_is_refused(hub, pair):
         as_a.request("train/join", {**join, "job_id": "0123456789ab", "owner": "ab" * 16}, timeout=20)
     assert e.value.code == Code.NOT_ALLOWED and "owner" in e.value.message
     as_a.close()
+
+
+def test_auto_n_takes_only_trusted_towers_that_grant_train(hub, pair, tmp_path):
+    """`--towers auto:N` picks among the towers this client trusts that grant it train and
+    have a data plane: a stranger offering both is heard and never counted."""
+    a, b = pair
+    stranger = hub.start_tower("dp-stranger", roles=("infer", "sync", "train"), dataplane=DATAPLANE, trusted=False)
+    assert hub.grid.wait_for(lambda _: any(e.name == stranger.name for e in hub.grid.table.strangers()), 60)
+    assert sorted(e.name for e in train_towers(hub.grid, "auto:2")) == ["dp-a", "dp-b"]
+    home = tmp_path / "laptop"
+    home.mkdir()
+    (home / "identity").write_bytes((hub.grid.home / "identity").read_bytes())
+    asked = rngrid("train", "--towers", "auto:3", "--base", DEFAULT_ALIAS, "--data", str(DATA), "--output", "never",
+                   "--connect", a.address, "--connect", b.address, "--connect", stranger.address, home=home)
+    assert asked.returncode == 1, asked.stderr
+    assert "no_tower: 2 tower(s) heard grant this identity train" in asked.stderr, asked.stderr

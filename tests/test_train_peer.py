@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 import RNS
 
@@ -82,9 +82,17 @@ def test_a_client_with_train_cannot_enlist_a_tower(hub, tower):
         hub.grid.execute("train/join", request, tower=t.name)
     print(f"train/join from a client holding infer+train+sync: {e.value.code}: {e.value.message[:120]}")
     assert e.value.code == Code.NOT_ALLOWED and "train-peer" in e.value.message
-    time.sleep(3)
+    # A rank starts inside the handler, before its reply: after a refusal, the tower's record and its
+    # processes show whether one did (no waiting for something that may come later).
+    assert "escaped_job: rank" not in t.log() and not ranks(t), ranks(t)
     assert not (t.dir.parent / "escaped_job").exists() and not list(t.dir.parent.glob("**/escaped_job"))
     assert attacker.connections == 0, "a rank connected to the attacker's process"
+
+
+def ranks(tower):
+    """Command lines of the training ranks the tower process runs."""
+    children = psutil.Process(tower.proc.pid).children(recursive=True)
+    return [" ".join(c.cmdline()) for c in children if "reticulum_grid.training.distributed" in c.cmdline()]
 
 
 def test_a_training_peer_gets_job_ids_checked_and_only_its_own_jobs(hub, tower):

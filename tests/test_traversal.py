@@ -65,12 +65,15 @@ def test_names_with_path_parts_are_refused_by_the_tower(conn, small, evil):
 @pytest.mark.parametrize("evil", EVIL)
 def test_names_with_path_parts_are_refused_by_the_client_store(hub, tower, small, tmp_path, evil):
     store = BlobStore(tmp_path / "store")
-    with pytest.raises(WireError):
+    with pytest.raises(WireError) as added:
         store.add_file(small, alias=evil, kind="dataset", copy=True)
-    with pytest.raises(WireError):
+    assert added.value.code == Code.BAD_REQUEST and f"alias {evil!r} must be" in added.value.message, added.value
+    with pytest.raises(WireError) as resolved:
         store.resolve(evil)
-    with pytest.raises(WireError):
+    assert resolved.value.code == Code.UNKNOWN_BLOB, resolved.value
+    with pytest.raises(WireError) as pulled:
         hub.grid.pull("small", from_tower=tower.name, alias=evil)
+    assert pulled.value.code == Code.BAD_REQUEST and f"alias {evil!r} must be" in pulled.value.message, pulled.value
     added = rngrid("models", "add", str(small), "--alias", evil, home=tmp_path / "cli")
     assert added.returncode != 0 and "alias" in added.stderr, added.stderr
 

@@ -29,7 +29,8 @@ def tower(hub):
     # queue_depth 0: a second request while one runs is "busy".
     t = hub.start_tower("voice-a", models={}, roles=("voice",), voice=VOICE, limits={"queue_depth": 0})
     wait_voice(hub, "voice-a")
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 @pytest.fixture(scope="module")

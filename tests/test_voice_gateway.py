@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def tower(hub):
     t = hub.start_tower("voice-gw", models={}, roles=("voice",), voice=VOICE)
     wait_voice(hub, "voice-gw")
-    return t
+    yield t
+    hub.stop_towers([t])
 
 
 @pytest.fixture(scope="module")

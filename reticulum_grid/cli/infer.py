@@ -225,11 +225,13 @@ def _print_split(placement, rpc, single):
 @main.command()
 @click.option("--prompt", default="Explain in two sentences what a mesh network is.", show_default=True)
 @click.option("--max-tokens", default=200, show_default=True, type=click.IntRange(1))
-def demo(prompt, max_tokens):
+@click.option("--temperature", default=0.7, show_default=True, type=click.FloatRange(0, 2),
+              help="0: the same answer every time (greedy).")
+def demo(prompt, max_tokens, temperature):
     """Start a tower and a client on loopback and stream a real answer."""
     from reticulum_grid.demo import run_demo
     try:
-        run_demo(prompt, max_tokens, out, err)
+        run_demo(prompt, max_tokens, out, err, temperature)
     except WireError as e:
         fail(f"{e.code}: {e.message}")
     except KeyboardInterrupt:

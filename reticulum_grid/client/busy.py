@@ -82,5 +82,7 @@ class BusyWait:
         freed = self.grid.table.wait_for(woken, pause)
         if self.stopped.is_set():
             return False
+        if freed:
+            log.info("a tower with %s announced a free slot: asking again now", model)
         # Cut short by the deadline with nothing freed: asking again would only hear busy.
         return bool(freed) or pause < left

@@ -31,11 +31,13 @@ class Cancelled(Exception):
 
 
 class Ticket:
-    """A place in line; ``ahead`` is how many requests were before it."""
-    __slots__ = ("ahead",)
+    """A place in line; ``ahead`` is how many requests were before it;
+    ``admitted_at``: when it was given (wall clock, seconds)."""
+    __slots__ = ("ahead", "admitted_at")
 
     def __init__(self, ahead: int) -> None:
         self.ahead = ahead
+        self.admitted_at = time.time()
 
 
 #: Shortest retry hint (seconds): a stream running past its expected end

@@ -64,18 +64,27 @@ def _run(session: "LinkSession", request: StreamRequest, queue: ModelQueue, tick
         try:
             prepared = prepare() if prepare else None
             with queue.turn(ticket, cancel):
-                turn_at = time.perf_counter()
+                turn_at, turn_wall = time.perf_counter(), time.time()
                 result = Generation()
+                sent = 0
                 for piece in generate(prepared, result, cancel):
                     sender.push(piece.data, piece.ids, _extra(piece))
+                    sent += piece.n
                 generation_s = time.perf_counter() - turn_at
+            released_at = time.time()
         except BaseException:
             queue.forget(ticket)
             raise
         if result.finish_reason == "cancelled":
+            # The tower's own record of a stop (tests prove cancellation by it, not by a clock).
+            log.info("stream %d: stopped for the client after %d token(s), %.2f s", request.stream_id, sent,
+                     generation_s)
             sender.fail(Code.CANCELLED, "cancelled by the client")
         else:
             sender.end(result.finish_reason, usage(result, turn_at - started))
+            # The tower's record of its slot's use (wall-clock s): tests read the order of turns from it.
+            log.info("stream %d: %d token(s), admitted %.3f, turn %.3f-%.3f", request.stream_id, sent,
+                     ticket.admitted_at, turn_wall, released_at)
         queue.record(generation_s)  # the retry hint counts generation, never waiting
     except Cancelled:
         sender.fail(Code.CANCELLED, "cancelled while queued")
