@@ -59,6 +59,13 @@ def time_stream(pieces, is_text, max_tokens, label, started=None, clock=time.per
     return first - started, tokens_per_s(max_tokens, first, last, first_tokens), usage
 
 
+def with_end(pieces, result):
+    """``pieces`` (a runner's generation.Piece stream), then ``result`` (its
+    Generation, which carries completion_tokens): what time_stream reads."""
+    yield from pieces
+    yield result
+
+
 def report_pairs(base, other, names, ratio_key, args, model):
     """Print medians and ranges of paired (TTFT s, tokens/s) runs; the last lines are
     ``added_ttft_ms=`` and ``<ratio_key>=`` (median of the per-pair ``other/base`` tokens/s)."""

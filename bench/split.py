@@ -12,9 +12,13 @@ client and "single" on the coordinator's host; tests/lab/splitlab.py).
 ``--path dataplane`` (default) gives both lenders a data-plane address, so
 RPC goes straight between them; ``--path rns`` leaves it to the RNS tunnel.
 
-Runs alternate (single, split) at temperature 0 with a fixed max_tokens;
-both must produce exactly that many tokens (bench.common.tokens_per_s). Also:
-TTFT of a short and of a ~1,000-token prompt on both; with ``--draft`` the
+Runs alternate (single, split) at temperature 0 with a fixed max_tokens, one
+slot on every side; both must produce exactly that many tokens
+(bench.common.tokens_per_s). On loopback a third side runs in the same pairs:
+llama.cpp alone, its llama-server --rpc over a ggml-rpc-server on 127.0.0.1
+holding the plan's worker layers, no grid between (``llama_vs_single``, and
+``split_vs_llama``: what the grid's split keeps of llama.cpp's). Also: TTFT of a
+short and, in alternating pairs too, of a ~1,000-token prompt on each side; with ``--draft`` the
 coordinator holds a draft model (the same weights under another name: every
 draft it makes is accepted, so this is the ceiling of speculative decoding),
 and split runs are repeated with speculation on, reporting the acceptance
@@ -42,11 +46,13 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
-from bench.common import time_stream
+from bench.common import time_stream, with_end
 from reticulum_grid.client import Grid, Usage
 from reticulum_grid.client.split import SplitStream, make_plan
+from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
@@ -86,13 +92,19 @@ def timed(stream, max_tokens):
     return time_stream(stream, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "run")
 
 
-def measure(grid, args):
-    """The paired runs on ``grid`` (towers single, coord, worker heard); a dict of figures."""
+def measure(grid, args, alone=None):
+    """The paired runs on ``grid`` (towers single, coord, worker heard); a dict of figures.
+    ``alone(placement)``, on loopback: a context manager giving llama.cpp's own split of
+    the same layers, run(k, max_tokens, long) -> (TTFT s, tokens/s, usage), a third side."""
     grid.wait_for(lambda entries: len(entries) >= 3, 120)
     grid.route(ALIAS, tower="single", timeout=120)
     grid.caps_full(grid.towers(), timeout=60)  # each tower reads the GGUF's metadata once
     placement, entries = make_plan(grid, ALIAS)
+    with alone(placement) if alone else contextlib.nullcontext() as llama:
+        return _pairs(grid, args, placement, entries, llama)
 
+
+def _pairs(grid, args, placement, entries, llama):
     def single(k, n=args.max_tokens, long=False):
         return timed(grid.execute("ai/inference", payload(k, n, long), tower="single"), n)
 
@@ -101,23 +113,32 @@ def measure(grid, args):
 
     single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
     out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
-    pairs = {"single": [], "split": [], "draft": []}
-    sides = [("single", single), ("split", split)] + ([("draft", lambda k: split(k, speculative=True))]
-                                                      if args.draft else [])
+    sides = [("single", single), ("split", split)]
+    sides += [("draft", lambda k, n=args.max_tokens, long=False: split(k, n, long, speculative=True))] if args.draft \
+        else []
+    sides += [("llama", llama)] if llama else []
+    pairs = {name: [] for name, _ in sides}
     for k in range(args.runs):
         for name, run in (sides if k % 2 == 0 else sides[::-1]):
             pairs[name].append(run(100 + 137 * k))
     for name, runs in pairs.items():
-        if runs:
-            out[f"{name}_tokens_per_s"] = statistics.median(r[1] for r in runs)
-            out[f"{name}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
-    out["split_vs_single"] = statistics.median(b[1] / a[1] for a, b in zip(pairs["single"], pairs["split"]))
+        out[f"{name}_tokens_per_s"] = statistics.median(r[1] for r in runs)
+        out[f"{name}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
+    ratio = lambda over, under: statistics.median(b[1] / a[1] for a, b in zip(pairs[under], pairs[over]))
+    out["split_vs_single"] = ratio("split", "single")
+    if llama:  # llama.cpp's own split: what the grid's split keeps of it
+        out["llama_vs_single"], out["split_vs_llama"] = ratio("llama", "single"), ratio("split", "llama")
     if args.draft:
         usages = [r[2] for r in pairs["draft"]]
         out["draft_acceptance"] = sum(u.draft_accepted for u in usages) / max(1, sum(u.draft_tokens for u in usages))
-        out["split_draft_vs_single"] = statistics.median(b[1] / a[1] for a, b in zip(pairs["single"], pairs["draft"]))
-    long_single = [single(900 + k, 8, long=True)[0] for k in range(2)]
-    long_split = [split(950 + k, 8, long=True)[0] for k in range(2)]
+        out["split_draft_vs_single"] = ratio("draft", "single")
+    # A ~1,000-token prompt's TTFT, in pairs as above: each side on the same prompts, alternating.
+    long = {name: [] for name, _ in sides if name != "draft"}
+    for k in range(2):
+        for name, run in (sides if k % 2 == 0 else sides[::-1]):
+            if name in long:
+                long[name].append(run(900 + k, 8, long=True)[0])
+    long_single, long_split = long["single"], long["split"]
     out["added_ttft_ms"] = out["split_ttft_ms"] - out["single_ttft_ms"]
     # What the client planned with (split/estimate.py), against what it got.
     rtt = placement.workers[0].offer.rtt_s
@@ -127,7 +148,39 @@ def measure(grid, args):
     if rtt > 0:  # the seconds a token costs beyond one tower's, in the worker's round trips
         out["round_trips_per_token"] = (1 / out["split_tokens_per_s"] - 1 / out["single_tokens_per_s"]) / rtt
     out["added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
+    if llama:
+        out["llama_added_ttft_1k_ms"] = (statistics.median(long["llama"]) - statistics.median(long_single)) * 1000
     return out
+
+
+@contextlib.contextmanager
+def llama_alone(model, placement, threads, root):
+    """llama.cpp's own split of ``placement``'s layers, no grid between: its
+    llama-server (--rpc) over ggml-rpc-servers on 127.0.0.1, one per worker part,
+    run the way a coordinator runs it (split/supervisor.py, one slot). Gives
+    run(k, max_tokens, long) -> (TTFT s, tokens/s, Generation)."""
+    from reticulum_grid.node.hardware import first_gpu_name
+    from reticulum_grid.split.rpcworker import RpcWorker
+    from reticulum_grid.split.supervisor import SplitModel
+    servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads) for i in range(len(placement.workers))]
+    split = None
+    try:
+        split = SplitModel("alone", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.workers],
+                           Path(root) / "alone-split.log", threads=threads, gpu=first_gpu_name()).start(timeout=300)
+
+        def run(k, n, long=False):
+            request = inference_request.parse({**payload(k, n, long), "model": "m", "stream_id": 0})
+            result = generation.Generation()
+            pieces = split.generate(request, threading.Event(), result)
+            return time_stream(with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
+                               n, "llama.cpp")
+
+        yield run
+    finally:
+        if split is not None:
+            split.close()
+        for server in servers:
+            server.stop()
 
 
 def loopback(args, tmp):
@@ -138,8 +191,9 @@ def loopback(args, tmp):
     ids = {n: identity.load_or_create(Path(tmp) / n / "identity").hash.hex() for n in ("coord", "worker")}
     (coord_mib, worker_mib), threads = args.lends, args.threads
     plane = "127.0.0.1" if args.path == "dataplane" else ""
-    single = TowerProcess(tmp, "single", {ALIAS: model}, allow={client_id: ["infer"]}, shard={"lend_mib": 0},
-                          threads=threads)
+    # One slot, as the split runner has: both sides decode one stream the same way.
+    single = TowerProcess(tmp, "single", {ALIAS: {"path": model, "parallel": 1}}, allow={client_id: ["infer"]},
+                          shard={"lend_mib": 0}, threads=threads)
     # The coordinator holds the model for split plans (and names its draft), loading nothing whole.
     held = {ALIAS: {"path": model, "parallel": 1, "preload": False, **({"draft": "lab-draft"} if args.draft else {})}}
     coord = TowerProcess(tmp, "coord", held, allow={client_id: ["infer"], ids["worker"]: ["shard"]},
@@ -155,7 +209,8 @@ def loopback(args, tmp):
     towers.append(worker.start())
     try:
         grid = Grid(home=home, connect=[t.address for t in towers])
-        figures = measure(grid, args)
+        alone = (lambda placement: llama_alone(model, placement, threads, tmp)) if args.alone else None
+        figures = measure(grid, args, alone)
         grid.close()
         return figures, coord.log()
     finally:
@@ -194,13 +249,14 @@ def load_figures(coord_log):
 
 
 def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
-        path="dataplane", draft=False):
+        path="dataplane", draft=False, alone=True):
     """The comparison; returns its figures (measure's and load_figures' keys;
     the plan as text). ``lends``: (coordinator, worker) MiB, default_lends
-    when None; ``root``: the towers' folder (default a temporary one)."""
+    when None; ``root``: the towers' folder (default a temporary one);
+    ``alone``: llama.cpp's own split as a third side (loopback only)."""
     args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
                               threads=threads, lends=lends or default_lends(draft), profile=profile, path=path,
-                              draft=draft)
+                              draft=draft, alone=alone)
     with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
     return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.common import grid_run, report_pairs, time_stream
+from bench.common import grid_run, report_pairs, time_stream, with_end
 from reticulum_grid.client import Grid
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
@@ -42,13 +42,8 @@ def runner_run(runner, prompt, max_tokens):
                                        "temperature": 0.0, "stream_id": 0})
     result = generation.Generation()
     pieces = generation.generate(runner, request, threading.Event(), result)
-    return time_stream(_with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
+    return time_stream(with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
                        max_tokens, "runner")[:2]
-
-
-def _with_end(pieces, result):
-    yield from pieces
-    yield result  # carries completion_tokens
 
 
 def main():

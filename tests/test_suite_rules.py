@@ -26,7 +26,6 @@ TIMEOUT_BOUNDS = {
     ("test_lab_links.py", "test_stream_over_tailnet"): "ten times a few round trips, below one per token",
     ("test_inference_units.py", "test_a_load_watched_for_progress_without_a_quiet_bound_waits_out_its_timeout"):
         "a 1 s load timeout, 30 s at most",
-    ("test_split.py", "test_killed_worker_fails_over_with_identical_text"): "failover with a reload, 60 s at most",
     ("test_split.py", "test_no_plan_is_a_clear_error_then_a_joining_tower_is_used"): "a refusal, 30 s at most",
     ("test_split_experts.py", "test_frozen_worker_is_stopped_within_the_bound"): "the split's timeout, 10 s at most",
     ("test_split_experts.py", "test_a_load_that_moves_nothing_is_stopped"): "a 2 s quiet bound, 10 s at most",

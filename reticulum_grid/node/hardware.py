@@ -110,6 +110,12 @@ def gpu_devices() -> list[Gpu]:
     return out
 
 
+def first_gpu_name() -> str:
+    """This machine's first GPU as llama.cpp names it ("CUDA0"), "" without one."""
+    listed = _listed()
+    return listed[0].name if listed else ""
+
+
 _devices: list[Device] | None = None
 
 

@@ -232,8 +232,7 @@ class TowerSplit:
     def _own_gpu(self) -> str:
         """This tower's first GPU as llama.cpp names it ("CUDA0"), "" on a CPU tower."""
         from reticulum_grid.node import hardware
-        gpus = hardware.gpu_devices() if self.tower.hardware().backend != "cpu" else []
-        return engine.list_devices()[gpus[0].index].name if gpus else ""
+        return hardware.first_gpu_name() if self.tower.hardware().backend != "cpu" else ""
 
     def draft_for(self, slot: ModelSlot) -> str:
         """The draft model's path for ``slot``'s split model: ``[models.X] draft``,
