@@ -14,7 +14,10 @@ slower or faster meanwhile affects both sides alike.
 Printed: each pair's s/step, the median ratio grid/local with its range, and
 the median ratio of neighbouring local runs (local i / local i+1) with its
 range: the noise floor. A train_step_ratio inside the noise floor's range is
-no measurable overhead.
+no measurable overhead. Beside it, what a user waits for: the job's wall time
+from submitting it (the dataset pushed, dispatch, the worker's start and model
+load, every event) to its end event, against the local process's from start
+to exit (``train_wall_ratio``).
 
 Last line: ``train_step_ratio=<median grid s/step / local s/step>``. Goal (issue 4): <= 1.05.
 """
@@ -26,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from reticulum_grid.client import Grid
@@ -52,17 +56,29 @@ def local_run(steps, job_dir):
     spec = {**SPEC, "max_steps": steps, "base_path": str(default_model_path()), "dataset_path": str(DATA),
             "output_alias": "bench-local"}
     (job_dir / trainer.SPEC).write_text(json.dumps(spec))
+    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "reticulum_grid.training.trainer", str(job_dir)], check=True,
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wall_s = time.perf_counter() - started
     events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return [e["elapsed_s"] for e in events if e.get("event") == "step"]
+    return [e["elapsed_s"] for e in events if e.get("event") == "step"], wall_s
 
 
 def grid_run(grid, entry, steps, k):
-    """The same steps as a job on the tower: the step timestamps its worker recorded."""
+    """The same steps as a job on the tower: the step timestamps its worker
+    recorded, and the seconds from submitting the job to its end event."""
+    started = time.perf_counter()
     _, job_id = grid.train({"base": DEFAULT_ALIAS, "dataset": "", "output_alias": f"bench-lora-{k}",
                             "max_steps": steps, **SPEC}, data_path=DATA, tower=entry.name)
-    return [e["elapsed_s"] for e in grid.watch(job_id, entry.name) if e["type"] == "progress"]
+    elapsed = []
+    for event in grid.watch(job_id, entry.name):
+        if event["type"] == "progress":
+            elapsed.append(event["elapsed_s"])
+        elif event["type"] == "end":
+            if event["state"] != "succeeded":
+                raise SystemExit(f"job {job_id} ended {event['state']}: {event.get('error')}")
+            break
+    return elapsed, time.perf_counter() - started
 
 
 def spread(values):
@@ -75,7 +91,7 @@ def main():
     parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
     assert args.steps > WARMUP + 1 and args.pairs >= 2
-    local, remote = [], []
+    local, remote, local_wall, remote_wall = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-train-") as tmp:
         tmp = Path(tmp)
         home = tmp / "client"
@@ -87,9 +103,12 @@ def main():
             grid = Grid(home=home, connect=[tower.address])
             entry = grid.find_tower("bench-trainer", timeout=120)
             for k in range(args.pairs):
-                local.append(seconds_per_step(local_run(args.steps, tmp / f"local-{k}")))
-                remote.append(seconds_per_step(grid_run(grid, entry, args.steps, k)))
-                print(f"pair {k + 1}: local {local[-1]:.3f} s/step, grid {remote[-1]:.3f} s/step", flush=True)
+                for steps, walls, (elapsed, wall_s) in ((local, local_wall, local_run(args.steps, tmp / f"local-{k}")),
+                                                        (remote, remote_wall, grid_run(grid, entry, args.steps, k))):
+                    steps.append(seconds_per_step(elapsed))
+                    walls.append(wall_s)
+                print(f"pair {k + 1}: local {local[-1]:.3f} s/step in {local_wall[-1]:.1f} s, grid {remote[-1]:.3f} "
+                      f"s/step in {remote_wall[-1]:.1f} s from submit to end", flush=True)
             grid.close()
         finally:
             rnsnet.stop()
@@ -101,6 +120,8 @@ def main():
     print(f"grid s/step:  {spread(remote)}")
     print(f"noise floor (local i / local i+1): {spread(floor)}")
     print(f"grid/local per pair: {spread(ratios)}")
+    print(f"wall s, local start to exit: {spread(local_wall)}; grid submit to end: {spread(remote_wall)}")
+    print(f"train_wall_ratio={statistics.median(g / l for g, l in zip(remote_wall, local_wall)):.3f}")
     print(f"train_step_ratio={statistics.median(ratios):.3f}")
 
 
