@@ -92,6 +92,12 @@ class Hub:
 
 def pytest_configure(config):
     leftovers.become_subreaper()
+    # Each pytest-xdist worker gets its share of the cores for what its tests start: torch's
+    # OpenMP threads spin-wait, and two workers each spinning on every core made a training
+    # step 7x slower (20 s against 3 s). Towers run llama.cpp on one thread already.
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 
 @pytest.hookimpl(trylast=True)  # under pytest-xdist, after its workers have ended
@@ -156,9 +162,11 @@ def model_path():
 
 @pytest.fixture(scope="session")
 def reference(model_path, tmp_path_factory):
-    """The same GGUF in a runner of its own, every text from a fresh context (tests/reference.py)."""
+    """The same GGUF in a runner of its own, every text from a fresh context (tests/reference.py);
+    one llama.cpp thread, as every test tower has: spinning thread barriers of runners that share
+    the cores (another xdist worker's too) made a 64-token reference take 100 s."""
     from tests.reference import Reference
-    ref = Reference(model_path, tmp_path_factory.mktemp("reference") / "runner.log")
+    ref = Reference(model_path, tmp_path_factory.mktemp("reference") / "runner.log", threads=1)
     yield ref
     ref.close()
 
