@@ -6,6 +6,7 @@ listens on its own free port for other clients. Nothing but 127.0.0.1 is used,
 RNS never starts with its default config, and every wait is bounded.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests import leftovers  # noqa: E402
 
+from links.wire import WireError
 from reticulum_grid.node import rnsnet
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.client import Grid
@@ -124,13 +126,23 @@ _hubs = []  # the session's hub, once a test asked for it
 
 
 @pytest.fixture(scope="module", autouse=True)
-def towers_stop_with_their_module():
+def module_leaves_nothing_behind():
     """Every tower a module started through the hub, in a fixture or a test, stops
-    when the module ends: the next module runs without its load."""
-    started = len(_hubs[0].towers) if _hubs else 0
+    when the module ends, and every blob it put in the hub's own store is removed:
+    the next module (whatever a pytest-xdist worker runs next) starts without its
+    load, and finds in the hub's store only what was there before."""
+    started, held = (len(_hubs[0].towers), _held(_hubs[0])) if _hubs else (0, set())
     yield
     if _hubs:
         _hubs[0].stop_towers(_hubs[0].towers[started:])
+        for name in _held(_hubs[0]) - held:  # a new alias, or a new blob with all its aliases
+            with contextlib.suppress(WireError):
+                _hubs[0].grid.store.remove(name)
+
+
+def _held(hub):
+    """The aliases and blob ids (hex) in the hub's own store."""
+    return {name for info in hub.grid.store.list() for name in (*info.aliases, info.hex)}
 
 
 @pytest.fixture(scope="session")
