@@ -116,7 +116,7 @@ def _pairs(grid, args, placement, entries, llama):
     sides = [("single", single), ("split", split)]
     sides += [("draft", lambda k, n=args.max_tokens, long=False: split(k, n, long, speculative=True))] if args.draft \
         else []
-    sides += [("llama", llama)] if llama else []
+    sides += [("llama", lambda k, n=args.max_tokens, long=False: llama(k, n, long))] if llama else []
     pairs = {name: [] for name, _ in sides}
     for k in range(args.runs):
         for name, run in (sides if k % 2 == 0 else sides[::-1]):
