@@ -165,7 +165,7 @@ def llama_alone(model, placement, threads, root):
     servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads) for i in range(len(placement.workers))]
     split = None
     try:
-        split = SplitModel("alone", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.workers],
+        split = SplitModel("alone", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.parts],
                            Path(root) / "alone-split.log", threads=threads, gpu=first_gpu_name()).start(timeout=300)
 
         def run(k, n, long=False):
