@@ -42,8 +42,9 @@ GROUPS = {
              r"\d+ of 600 replies lost")},
     "resource_advertise": {
         RNSFIX + "test_resource_responses_need_no_retry":
+            # Stalled: retried after ~3 s, or (seen on a busy machine) never done within the round trip's 30 s.
             ("race 2: a part request that beats the Resource's registration stalls it ~3 s",
-             r"round trip \d+: \[.*(requesting retry|retrying resource advertisement)")},
+             r"round trip \d+: \[.*(requesting retry|retrying resource advertisement)|assert None == .*round_trip\(")},
     # One test covers both: a proof can beat the PacketReceipt (3) or its callback (4).
     "receipt_after_transmit,late_delivery_callback": {
         RNSFIX + "test_channel_messages_need_no_resend":
