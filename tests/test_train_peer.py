@@ -18,13 +18,13 @@ import sys
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import RNS
 
 from links.wire import Code, WireError
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.training import checkpoint
+from tests.test_train_dp import rank_workers  # the tower's training ranks, found the same way
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "secret.jsonl"
@@ -84,15 +84,9 @@ def test_a_client_with_train_cannot_enlist_a_tower(hub, tower):
     assert e.value.code == Code.NOT_ALLOWED and "train-peer" in e.value.message
     # A rank starts inside the handler, before its reply: after a refusal, the tower's record and its
     # processes show whether one did (no waiting for something that may come later).
-    assert "escaped_job: rank" not in t.log() and not ranks(t), ranks(t)
+    assert "escaped_job: rank" not in t.log() and not rank_workers(t), rank_workers(t)
     assert not (t.dir.parent / "escaped_job").exists() and not list(t.dir.parent.glob("**/escaped_job"))
     assert attacker.connections == 0, "a rank connected to the attacker's process"
-
-
-def ranks(tower):
-    """Command lines of the training ranks the tower process runs."""
-    children = psutil.Process(tower.proc.pid).children(recursive=True)
-    return [" ".join(c.cmdline()) for c in children if "reticulum_grid.training.distributed" in c.cmdline()]
 
 
 def test_a_training_peer_gets_job_ids_checked_and_only_its_own_jobs(hub, tower):
