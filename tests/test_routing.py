@@ -67,7 +67,9 @@ def test_training_tower_is_avoided(hub, grid, tmp_path):
         ranked = hub.grid.rank(AB)
         assert [c.entry.name for c in ranked] == ["tower-B", "tower-A"] and ranked[1].reasons["training"]
         for _ in range(3):
-            assert run(hub, AB)[1].tower == "tower-B"
+            usage = run(hub, AB)[1]
+            b = hub.grid.health.get(hub.grid.table.find("tower-B").destination_hash)
+            assert usage.tower == "tower-B", f"failovers {usage.failovers}; B's health: {b}"
     finally:
         hub.grid.cancel_job(job, tower="tower-A")
 
