@@ -106,7 +106,7 @@ bench: setup
 	$(BIN)/python -m bench.faults
 	$(BIN)/python -m bench.voice --lab
 
-# Refresh the README's dashboard picture (docs/dashboard.png) from the browser test.
+# Refresh the dashboard picture (docs/dashboard.png, shown by README.md and docs/http-api.md) from the browser test.
 screenshot: setup
 	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/test_gateway_clients.py -k dashboard -q
 

@@ -5,10 +5,10 @@ their handlers to these entries (``Command.bind``; tower/daemon.py merges
 them and refuses a path twice, one outside this table, or one left without a
 handler); the client reads the wire properties (which commands it may send
 again, node/connection.py); the gateway's ``/v1/grid/execute``, ``rngrid
-execute`` and the README list the ``user`` ones (tests/test_commands.py
+execute`` and docs/protocol.md list the ``user`` ones (tests/test_commands.py
 checks that they agree). Adding a command: an entry here, a handler in its
-capability's ``commands()``, the README's line; the gateway and the CLI take
-a plain request/reply command as it is.
+capability's ``commands()``, then ``python scripts/docs_tables.py`` for the
+docs' table; the gateway and the CLI take a plain request/reply command as it is.
 
 Audiences: ``user`` commands are what an application calls (``Grid.execute``,
 ``/v1/grid/execute``, ``rngrid execute``); ``client`` commands are steps the
@@ -32,7 +32,7 @@ class Command:
     """One request path on a tower's destination.
 
     ``role``: what the caller needs (links/auth.py). ``summary``: one line
-    for people (help text, the README). ``answered_once``: the name of the
+    for people (help text, docs/protocol.md). ``answered_once``: the name of the
     random id field its requests carry; a repeat of the same bytes on a Link
     gets the first reply and starts nothing new (tower/replies.py), so it may
     be sent again. ``resendable``: it changes nothing on the tower, so a lost

@@ -1,7 +1,8 @@
 """reticulum_grid: a GPU grid over the Reticulum Network Stack.
 
-``from reticulum_grid import Grid`` is the client API (see README). Packages by
-capability: node, store, inference, training, tower, client; `cli` on top.
+``from reticulum_grid import Grid`` is the client API (docs/python.md). Packages,
+one per capability, from the bottom: node, store, inference, training, split,
+voice, tower, client, gateway, cli. What each may import: docs/architecture.md.
 """
 
 

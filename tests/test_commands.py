@@ -1,8 +1,9 @@
 """One table of commands (links/commands.py), and everything that lists or
 serves them agreeing with it: the tower's capabilities, the client's resend
 rule, Grid.execute, /v1/grid/execute, `rngrid execute` and `rngrid allow`'s
-help, the README and the TypeScript client. Adding a command in one place
-and not the others fails here, naming what is missing."""
+help, the docs (docs/protocol.md, cli.md, http-api.md) and the TypeScript
+client. Adding a command in one place and not the others fails here, naming
+what is missing."""
 
 import re
 from pathlib import Path
@@ -94,16 +95,18 @@ def test_rngrid_execute_lists_every_command_and_allow_every_role():
         assert f"{role}: {', '.join(paths)}" in roles, (role, roles)
 
 
-def test_the_readme_lists_every_command():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Every command"):]
+def test_the_docs_list_every_command():
+    protocol = (ROOT / "docs" / "protocol.md").read_text()
+    section = protocol[protocol.index("## Every command"):]
     rows = dict(re.findall(r"^\| `([a-z]+/?[a-z]*)` \| ([^|]+) \|", section, re.M))
-    assert list(rows) == list(COMMANDS), f"README's table of commands differs from links/commands.py: {list(rows)}"
+    assert list(rows) == list(COMMANDS), f"docs/protocol.md's table of commands differs from links/commands.py: {list(rows)}"
     for path, role in rows.items():
         wanted = " or ".join(f"`{r}`" for r in COMMANDS[path].roles) or "anyone"
         assert role.strip() == wanted, (path, role)
-    execute = readme[readme.index("`POST /v1/grid/execute`"):][:800]
-    row = next(line for line in readme.splitlines() if line.startswith("| `rngrid execute"))
+    http = (ROOT / "docs" / "http-api.md").read_text()
+    execute = http[http.index("`POST /v1/grid/execute`"):][:800]
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    row = next(line for line in cli.splitlines() if line.startswith("| `rngrid execute"))
     assert not [p for p in gateway.known() if f"`{p}`" not in execute or f"`{p}`" not in row]
 
 

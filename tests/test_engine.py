@@ -84,7 +84,7 @@ def test_four_concurrent_requests_all_complete(hub, engine_tower, reference):
     assert not errors and len(results) == 4, errors
     for prompt, (pieces, usage) in results.items():
         assert usage.completion_tokens == 40 and "\ufffd" not in text_of(pieces)
-    # Alone (one stream in the runner's batch), each is the text a fresh context gives (README: Engine).
+    # Alone (one stream in the runner's batch), each is the text a fresh context gives (docs/engine.md).
     for prompt in prompts:
         assert text_of(run(hub, engine_tower, prompt=prompt, max_tokens=40)[0]) == reference.completion(prompt, 40)
 

@@ -162,7 +162,7 @@ def test_dashboard_in_chromium(browser, gateway, tower, running_job, tmp_path):
     wait_for(lambda: float(job()["width"]) > float(first["width"]), 10, f"the job's bar did not grow: {first}")
     assert "loss" in job()["info"], job()
     browser.save_screenshot(str(tmp_path / "dashboard.png"))
-    if os.environ.get("RNGRID_DOCS_SCREENSHOT"):  # `make screenshot` refreshes the README's picture
+    if os.environ.get("RNGRID_DOCS_SCREENSHOT"):  # `make screenshot` refreshes docs/dashboard.png
         browser.save_screenshot(os.environ["RNGRID_DOCS_SCREENSHOT"])
     print(f"screenshot: {tmp_path / 'dashboard.png'}; answer {text!r}")
 

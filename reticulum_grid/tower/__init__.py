@@ -1,6 +1,6 @@
-"""The tower daemon: a composition of inference, training and store, one handler module per command group.
+"""The tower daemon: a composition of the capabilities below, one handler module per command group.
 
-Uses `inference`, `training`, `store`, `node`, `announce` and `links`.
+Uses `split`, `inference`, `training`, `voice`, `store`, `node`, `announce` and `links`.
 """
 
 from reticulum_grid.tower.daemon import Tower

@@ -1,7 +1,7 @@
 """LXMF messaging: towers notify job owners, clients read them (``rngrid inbox``).
 
 Pinned lxmf 0.6.3 on rns 0.9.4 reaches only LXMF clients on the same stack
-(AES-128 links; see README). Two 0.6.3 quirks handled here: it replaces the
+(AES-128 links; see docs/licensing.md). Two 0.6.3 quirks handled here: it replaces the
 process's SIGINT/SIGTERM handlers (we put ours back), and it skips a newly
 queued outbound message until its 4 s job loop, so ``process_outbound()`` is
 called right after ``handle_outbound()`` (~3 ms instead of up to 4 s).
