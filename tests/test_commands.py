@@ -99,7 +99,7 @@ def test_the_docs_list_every_command():
     protocol = (ROOT / "docs" / "protocol.md").read_text()
     section = protocol[protocol.index("## Every command"):]
     rows = dict(re.findall(r"^\| `([a-z]+/?[a-z]*)` \| ([^|]+) \|", section, re.M))
-    assert list(rows) == list(COMMANDS), f"docs/protocol.md's table of commands differs from links/commands.py: {list(rows)}"
+    assert list(rows) == list(COMMANDS), f"docs/protocol.md's command table != links/commands.py: {list(rows)}"
     for path, role in rows.items():
         wanted = " or ".join(f"`{r}`" for r in COMMANDS[path].roles) or "anyone"
         assert role.strip() == wanted, (path, role)
