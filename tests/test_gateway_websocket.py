@@ -4,8 +4,12 @@ key and Origin checked before any command, malformed messages answered while
 the rest goes on."""
 
 import json
+import os
 import re
+import shutil
 import socket
+import subprocess
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -14,7 +18,9 @@ from websockets.sync.client import connect
 
 from reticulum_grid.client import Usage
 from tests.gateway_support import serve, start_tower, stops, turns, wait_stopped
+from tests.requirements import need
 
+ROOT = Path(__file__).resolve().parent.parent
 MODEL = "ws-model"
 KEY = "ws-test-key"
 #: A line of the tower's log for every stream it ran or stopped (tower/streams.py).
@@ -97,7 +103,7 @@ def test_a_cancel_stops_the_stream_on_the_tower(hub, tower, gateway):
         ws.send(json.dumps({"id": "long", "type": "cancel"}))
         events = until_done(ws, ["long", "short"])
     assert events["long"][-1] == {"id": "long", "type": "done", "cancelled": True}
-    assert not any(e["type"] == "usage" for e in events["long"])
+    assert not any(e["type"] in ("usage", "error") for e in events["long"]), events["long"][-3:]
     # The tower's own record: it stopped that stream for its client, long before its 400 tokens.
     stopped = wait_stopped(tower, before)
     assert stopped and stopped[0] < 400, tower.log()[-2000:]
@@ -157,3 +163,20 @@ def test_a_foreign_origin_or_host_is_refused(gateway):
     with pytest.raises(InvalidStatus) as rebinding:
         connect(f"ws://evil.example:{port}/v1/grid/ws", sock=socket.create_connection(("127.0.0.1", port)))
     assert rebinding.value.response.status_code == 403
+
+
+def test_the_javascript_client_runs_commands_over_one_socket(hub, tower, keyed):
+    need("node", "the JavaScript client runs under Node.js")
+    node = shutil.which("node")
+    # Node.js 22 has a global WebSocket; 20 has it behind a flag.
+    flags = [] if subprocess.run([node, "-e", "process.exit(typeof WebSocket === 'undefined' ? 1 : 0)"]).returncode == 0 \
+        else ["--experimental-websocket"]
+    before = len(stops(tower))
+    env = dict(os.environ, RNGRID_URL=keyed.replace("ws://", "http://").removesuffix("/v1/grid/ws"),
+               RNGRID_API_KEY=KEY, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name)
+    run = subprocess.run([node, *flags, "--test", "--test-reporter=tap", str(ROOT / "tests" / "node" / "socket.test.mjs")],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0 and "# pass 3" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "CANCELLED" in run.stdout
+    stopped = wait_stopped(tower, before)
+    assert stopped and stopped[0] < 2000, "the cancel reached the tower"

@@ -202,7 +202,8 @@ class CommandSocket:
         except Stopped:
             return
         except Exception as e:
-            await self._send(error_event(command_id, e))
+            if command_id not in self.cancelled:  # a cancelled stream's own error is what was asked for
+                await self._send(error_event(command_id, e))
         finally:
             self.calls.pop(command_id, None)
         cancelled = command_id in self.cancelled
