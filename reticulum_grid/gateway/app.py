@@ -11,7 +11,8 @@ Routes (errors in the caller's API's shape, see errors.py):
 - The grid's: ``GET /v1/grid/towers`` (the towers heard, with live load,
   views.py), ``GET /v1/grid/jobs`` (this identity's training jobs), ``POST
   /v1/grid/execute`` (any grid command, its events as NDJSON or SSE,
-  commands.py), ``GET /health`` ({"status": "ok", "identity", "towers"}).
+  commands.py), ``/v1/grid/ws`` (the same commands over a WebSocket, several
+  at once, websocket.py), ``GET /health`` ({"status": "ok", "identity", "towers"}).
 - ``GET /``: the dashboard page (static files, no build step).
 
 Any other path or method is answered 404/405 with a message naming it. With
@@ -32,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from links.wire import Code
-from reticulum_grid.gateway import audio, commands
+from reticulum_grid.gateway import audio, commands, websocket
 from reticulum_grid.gateway.bridge import Call, DisconnectWatch, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.guard import BrowserGuard
@@ -69,6 +70,7 @@ class Gateway:
             Route("/v1/grid/towers", self.towers),
             Route("/v1/grid/jobs", self.jobs),
             Route("/v1/grid/execute", self.execute, methods=["POST"]),
+            websocket.route(self),
             *OpenAIRoutes(self).routes(),
             *OllamaRoutes(self).routes(),
             *audio.routes(self),

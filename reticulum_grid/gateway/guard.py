@@ -14,6 +14,9 @@ any web page the user opens can send requests to 127.0.0.1. So:
 - On a loopback bind, the ``Host`` header must name loopback (localhost,
   127.0.0.1, [::1]): a DNS-rebinding page reaches 127.0.0.1 under its own
   host name. (A gateway bound elsewhere has an API key, which such a page lacks.)
+- A WebSocket handshake (websocket.py) passes the same Host and Origin checks
+  (a browser sends Origin on every one, and CORS does not cover WebSockets);
+  a refused one is closed before it is accepted, which answers it 403.
 """
 
 import json
@@ -39,9 +42,12 @@ class BrowserGuard:
                                   allow_headers=["Authorization", "Content-Type"]) if self.origins else app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         problem = self.refusal(scope)
+        if problem and scope["type"] == "websocket":
+            # Closing before the handshake is accepted answers it 403: no command runs.
+            return await send({"type": "websocket.close", "code": 1008, "reason": problem[1][:120]})
         if problem:
             return await _refuse(send, *problem)
         await self.app(scope, receive, send)
@@ -58,7 +64,7 @@ class BrowserGuard:
                          f"start rngrid serve with --cors-origin {origin} to allow them")
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         multipart = content_type == "multipart/form-data" and scope["path"] in MULTIPART_PATHS
-        if scope["method"] == "POST" and content_type != "application/json" and not multipart:
+        if scope.get("method") == "POST" and content_type != "application/json" and not multipart:
             return 415, "send the request body as JSON (Content-Type: application/json)"
         return None
 

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from links.wire import WireError
 from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
+from reticulum_grid.gateway.inference import embeddings_work
 
 log = logging.getLogger("rngrid.gateway")
 
@@ -82,3 +83,14 @@ async def start(request, work, name="rngrid-gateway-call"):
     except StopAsyncIteration:  # the work ended without a word: only when its client left
         raise Stopped() from None
     return first, events
+
+
+async def embedded(request, gateway, model, texts, tower, dimensions):
+    """The client.Embeddings of ``texts`` by ``model`` for an HTTP request
+    (OpenAI's and Ollama's routes alike). Raises ApiError(400) when
+    ``dimensions`` asks for more than the model gives; WireError as the Grid does."""
+    result, events = await start(request, embeddings_work(gateway.grid, model, texts, tower, gateway.busy_wait_s))
+    await events.aclose()
+    if dimensions is not None and dimensions > result.dims:
+        raise bad_request(f"'dimensions' is {dimensions}, more than the {result.dims} of {model!r}", "dimensions")
+    return result

@@ -14,8 +14,6 @@ import dataclasses
 
 from reticulum_grid.client import ToolCallDelta, Usage
 from reticulum_grid.client.busy import BusyWait
-from reticulum_grid.gateway.errors import bad_request
-from reticulum_grid.gateway.http import start
 
 
 def event_of(piece):
@@ -65,13 +63,3 @@ def embeddings_work(grid, model, texts, tower, busy_wait_s, as_event=False):
 
     return work
 
-
-async def embedded(request, gateway, model, texts, tower, dimensions):
-    """The client.Embeddings of ``texts`` by ``model`` for an HTTP request
-    (OpenAI's and Ollama's routes alike). Raises ApiError(400) when
-    ``dimensions`` asks for more than the model gives; WireError as the Grid does."""
-    result, events = await start(request, embeddings_work(gateway.grid, model, texts, tower, gateway.busy_wait_s))
-    await events.aclose()
-    if dimensions is not None and dimensions > result.dims:
-        raise bad_request(f"'dimensions' is {dimensions}, more than the {result.dims} of {model!r}", "dimensions")
-    return result

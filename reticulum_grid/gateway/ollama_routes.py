@@ -30,8 +30,8 @@ from reticulum_grid.client import Usage
 from reticulum_grid.gateway import ollama_api, ollama_reply
 from reticulum_grid.gateway.bridge import Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
-from reticulum_grid.gateway.http import endpoint, json_body, start
-from reticulum_grid.gateway.inference import embedded, inference_work
+from reticulum_grid.gateway.http import embedded, endpoint, json_body, start
+from reticulum_grid.gateway.inference import inference_work
 from reticulum_grid.gateway.openai_reply import shortened
 
 #: The Ollama release whose API (docs/api.md, api/types.go) this gateway follows.

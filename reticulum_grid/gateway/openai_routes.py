@@ -21,8 +21,8 @@ from reticulum_grid.client import Usage
 from reticulum_grid.gateway import openai_api, openai_reply
 from reticulum_grid.gateway.bridge import Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error
-from reticulum_grid.gateway.http import endpoint, json_body, start
-from reticulum_grid.gateway.inference import embedded, inference_work
+from reticulum_grid.gateway.http import embedded, endpoint, json_body, start
+from reticulum_grid.gateway.inference import inference_work
 
 #: Seconds between SSE comment pings on a quiet stream (keeps proxies from closing it).
 PING_S = 15
