@@ -13,9 +13,9 @@ LLAMA_BACKEND ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup runtime system-packages llama gpu-pack gpu-check demo typecheck test bench screenshot clean
+.PHONY: setup runtime system-packages node-packages llama gpu-pack gpu-check demo typecheck test bench screenshot clean
 
-setup: $(VENV)/.installed system-packages
+setup: $(VENV)/.installed system-packages node-packages
 
 runtime: $(VENV)/.runtime
 
@@ -27,7 +27,7 @@ runtime: $(VENV)/.runtime
 # only by root with apt-get; elsewhere a note names the command, and the tests
 # that need them skip with the reason (tests/requirements.py; under
 # RNGRID_REQUIRE_ALL=1, as .ci/run runs, they fail instead).
-SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs ip:iproute2 ethtool:ethtool espeak-ng:espeak-ng
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs npm:npm ip:iproute2 ethtool:ethtool espeak-ng:espeak-ng
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 		command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; \
@@ -38,6 +38,17 @@ system-packages:
 	else \
 		echo "note: the test suite needs these Debian packages:$$missing"; \
 		echo "      as root run: apt-get install$$missing (until then the tests that need them are skipped)"; \
+	fi
+
+# The npm packages the gateway tests drive under Node.js (tests/node/package.json, every
+# version locked in its package-lock.json), into tests/node/node_modules.
+NODE_TESTS := tests/node
+node-packages: system-packages $(NODE_TESTS)/node_modules/.installed
+$(NODE_TESTS)/node_modules/.installed: $(NODE_TESTS)/package.json $(NODE_TESTS)/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix $(NODE_TESTS) --no-audit --no-fund && touch $@; \
+	else \
+		echo "note: npm is missing: the tests of npm clients are skipped until it is installed"; \
 	fi
 
 # The engine first (the venv's pip fetches its source), then the project with
@@ -124,4 +135,4 @@ screenshot: setup
 	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/test_gateway_clients.py -k dashboard -q
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache $(NODE_TESTS)/node_modules

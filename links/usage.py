@@ -15,7 +15,17 @@ Wire map (keys at 0 or empty are left out; a decoder ignores keys it does not kn
      "tower": str,            # the tower's own name for itself
      "cached_tokens": int,    # prompt tokens the runner took from its cache
      "draft_tokens": int, "draft_accepted": int,   # speculative decoding: proposed, and held
-     "split": [hex, ...]}     # a split model's towers (destination hashes), the coordinator last
+     "split": [hex, ...],     # a split model's towers (destination hashes), the coordinator last
+     "prompt_s": float,       # the engine's time reading the prompt (llama.cpp's prompt_ms / 1000)
+     "decode_s": float}       # the engine's time generating after that (llama.cpp's predicted_ms / 1000)
+
+``queued_s``, ``prompt_s`` and ``decode_s`` are spans of the tower's time one
+after the other, so added up they never exceed the request's time at the
+client: Ollama's load, prompt eval and eval durations are built from them
+(gateway/ollama_reply.py). ``tower_ttft_s`` is not one of them: it ends when
+the first text comes out, which for a constrained tool answer is its end. The
+first token comes from the prompt's last batch, so llama.cpp's
+``tokens_per_s`` is ``(completion_tokens - 1) / decode_s``.
 """
 
 from dataclasses import dataclass, fields
@@ -43,6 +53,8 @@ class StreamUsage:
     draft_tokens: int = 0
     draft_accepted: int = 0
     split: tuple[str, ...] = ()
+    prompt_s: float = 0.0
+    decode_s: float = 0.0
 
     def to_map(self) -> dict[str, object]:
         """The end message's usage map (fields at their default left out)."""
@@ -60,7 +72,8 @@ class StreamUsage:
         return cls(**counts, tower_ttft_s=_number(raw.get("tower_ttft_s"), MAX_SECONDS),
                    tokens_per_s=_number(raw.get("tokens_per_s"), MAX_TOKENS_PER_S),
                    queued_s=_number(raw.get("queued_s"), MAX_SECONDS), tower=_name(raw.get("tower")),
-                   split=_split(raw.get("split")))
+                   split=_split(raw.get("split")), prompt_s=_number(raw.get("prompt_s"), MAX_SECONDS),
+                   decode_s=_number(raw.get("decode_s"), MAX_SECONDS))
 
 
 def _count(value: object) -> int:

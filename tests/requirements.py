@@ -52,6 +52,24 @@ def _chromium():
     return f"{' and '.join(missing)} not installed" if missing else None
 
 
+def _node_packages():
+    """None when tests/node/node_modules holds every package of tests/node/package.json at its pinned version."""
+    import json
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
+    with open(os.path.join(folder, "package.json")) as f:
+        wanted = json.load(f)["devDependencies"]
+    lacking = []
+    for name, version in wanted.items():
+        try:
+            with open(os.path.join(folder, "node_modules", name, "package.json")) as f:
+                found = json.load(f).get("version")
+        except OSError:
+            found = None
+        if found != version:
+            lacking.append(f"{name}@{version}")
+    return f"tests/node/node_modules lacks {', '.join(lacking)}" if lacking else None
+
+
 def _network_lab():
     from tests.lab.netns import unavailable_reason
     return unavailable_reason()
@@ -110,6 +128,7 @@ def _gpus(count):
 
 THINGS = {
     "node": Thing(_command("node", "Debian's nodejs"), "as root: apt-get install nodejs (make setup does it)"),
+    "node-packages": Thing(_node_packages, "make setup (npm ci in tests/node, from its package-lock.json)"),
     "chromium": Thing(_chromium, "as root: apt-get install chromium chromium-driver (make setup does it)"),
     "netns": Thing(_network_lab, "as root, with iproute2 and ethtool: apt-get install iproute2 ethtool (make setup does it)"),
     "userns": Thing(_user_namespaces, "a kernel that lets unprivileged users make user and mount namespaces"),

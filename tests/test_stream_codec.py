@@ -248,7 +248,8 @@ def test_a_chunk_request_id_runs_once_per_link():
 
 def test_stream_usage_round_trips_and_distrusts_the_wire():
     from links.usage import StreamUsage
-    usage = StreamUsage(12, 8, 0.05, 40.0, 0.001, "tower-a", cached_tokens=4, split=("ab" * 16,))
+    usage = StreamUsage(12, 8, 0.05, 40.0, 0.001, "tower-a", cached_tokens=4, split=("ab" * 16,), prompt_s=0.04,
+                        decode_s=0.175)
     assert StreamUsage.from_map(usage.to_map()) == usage
     assert StreamUsage.from_map({"prompt_tokens": True, "tokens_per_s": float("nan"), "tower": "x\n",
-                                 "split": ["zz" * 16], "future": 1}) == StreamUsage()
+                                 "split": ["zz" * 16], "prompt_s": -1.0, "decode_s": "1", "future": 1}) == StreamUsage()

@@ -79,6 +79,9 @@ export interface Usage {
   draft_accepted: number;
   /** A split model's towers (destination hashes, the coordinator last); empty on one tower. */
   split: string[];
+  /** The engine's own times reading the prompt and generating after it (llama.cpp's prompt_ms and predicted_ms, in seconds). */
+  prompt_s: number;
+  decode_s: number;
 }
 
 /** A token's log probability (<= 0), its UTF-8 bytes and the likeliest alternatives. */

@@ -29,10 +29,13 @@ if TYPE_CHECKING:
 @dataclass
 class Embeddings:
     """``vectors``: one list of floats per input text, in order (each of ``dims``
-    numbers); ``prompt_tokens``: tokens the inputs took; ``tower``: who computed them."""
+    numbers); ``prompt_tokens``: tokens the inputs took; ``tower``: who computed
+    them; ``queued_s``: seconds the tower took before computing them (starting
+    the model's runner, or restarting it with embeddings on, and waiting for a slot)."""
     vectors: list[list[float]]
     prompt_tokens: int
     tower: str
+    queued_s: float = 0.0
 
     @property
     def dims(self) -> int:
@@ -91,7 +94,8 @@ def _ask(grid: "Grid", entry: TowerEntry, model: str, texts: list[str]) -> Embed
                                                f"not {count} x {dims} float32")
             flat = struct.unpack(f"<{dims * count}f", bytes(data))
             vectors = [list(flat[i * dims:(i + 1) * dims]) for i in range(count)]
-            return Embeddings(vectors, StreamUsage.from_map(usage).prompt_tokens, entry.name)
+            reported = StreamUsage.from_map(usage)
+            return Embeddings(vectors, reported.prompt_tokens, entry.name, reported.queued_s)
     finally:
         conn.close_stream(stream_id)
     raise WireError(Code.INTERNAL, f"tower {entry.name} ended the embeddings stream without its end")

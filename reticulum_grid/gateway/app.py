@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from links.wire import Code
 from reticulum_grid.gateway import audio, commands, websocket
 from reticulum_grid.gateway.bridge import Call, DisconnectWatch, Stopped
-from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
+from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request, shape_for
 from reticulum_grid.gateway.guard import BrowserGuard
 from reticulum_grid.gateway.http import endpoint, error_response, json_body
 from reticulum_grid.gateway.ollama_routes import OllamaRoutes
@@ -93,10 +93,10 @@ class Gateway:
                              param=request.method)
         else:
             error = ApiError(exc.status_code, str(exc.detail), code="bad_request")
-        return error_response(error, "ollama" if request.url.path.startswith("/api/") else "openai")
+        return error_response(error, shape_for(request.url.path))
 
     async def _crash(self, request, exc):
-        return error_response(exc, "ollama" if request.url.path.startswith("/api/") else "openai")
+        return error_response(exc, shape_for(request.url.path))
 
     def check_known(self, payload, tower, model_code="model_not_found", param="model"):
         """Answer 404 at once for a model or adapter no live tower holds (the Grid

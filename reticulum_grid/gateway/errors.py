@@ -23,8 +23,7 @@ STATUS = {
 #: OpenAI's error ``type`` for a status.
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "invalid_request_error", 405: "invalid_request_error", 409: "invalid_request_error",
-         413: "invalid_request_error",
-         429: "rate_limit_error"}
+         413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
 
 
 class ApiError(Exception):
@@ -63,6 +62,11 @@ class ApiError(Exception):
         if self.status == 429:
             return {"Retry-After": str(max(1, math.ceil(self.retry_after or 1)))}
         return {}
+
+
+def shape_for(path):
+    """The error shape of a request path: "ollama" under ``/api``, else "openai"."""
+    return "ollama" if path == "/api" or path.startswith("/api/") else "openai"
 
 
 def bad_request(message, param=None, code=None):

@@ -3,32 +3,49 @@
 A gateway on 127.0.0.1 without an API key trusts whoever can reach it, and
 any web page the user opens can send requests to 127.0.0.1. So:
 
-- A request with an ``Origin`` header (browsers send one on cross-site
-  requests) must come from the gateway's own origin or one allowed with
-  ``--cors-origin``; others get 403. Allowed origins get CORS headers.
-- A POST must say ``Content-Type: application/json``: a cross-site page can
-  send a "simple" text/plain POST without asking first, but not a JSON one.
-  OpenAI's upload routes (``MULTIPART_PATHS``) take ``multipart/form-data``,
-  which a page may send too: there the Origin and Host checks are the guard
-  (a browser names the page's origin on every cross-site POST).
+- A request with an ``Origin`` header must come from the gateway's own origin
+  or one allowed with ``--cors-origin``; others (``null`` too) get 403; allowed
+  origins get CORS headers. Browsers name the page's origin on every
+  cross-site request and on every POST, from script or from a form (the Fetch
+  standard's "append a request Origin header"; Firefox since 70, Chromium and
+  Safari long before).
+- A page may POST without asking first (a "simple" request) only as
+  ``text/plain``, ``application/x-www-form-urlencoded``, ``multipart/form-data``
+  or, from script, with no Content-Type. Only ``text/plain`` lets a plain HTML
+  form write a JSON object (``enctype="text/plain"`` sends ``name=value``
+  unescaped), and a form is how an old browser posts without an Origin: so
+  ``text/plain`` is refused (415) on every route. A form's urlencoded or
+  multipart body is never a JSON object, and a script's body without a type
+  comes with an Origin.
+- OpenAI's routes want ``application/json`` (415 otherwise), as OpenAI's API
+  does; its upload routes (``MULTIPART_PATHS``) take ``multipart/form-data``.
+- Ollama's routes (``/api``) read the body as JSON whatever else the
+  Content-Type says, as Ollama does (its server binds JSON without looking at
+  the header): litellm's Ollama routes send none, and the ``curl -d`` of
+  Ollama's own API docs sends ``application/x-www-form-urlencoded``.
 - On a loopback bind, the ``Host`` header must name loopback (localhost,
   127.0.0.1, [::1]): a DNS-rebinding page reaches 127.0.0.1 under its own
   host name. (A gateway bound elsewhere has an API key, which such a page lacks.)
 - A WebSocket handshake (websocket.py) passes the same Host and Origin checks
   (a browser sends Origin on every one, and CORS does not cover WebSockets);
   a refused one is closed before it is accepted, which answers it 403.
+
+Refusals come in the shape of the API the path belongs to (errors.shape_for).
 """
 
-import json
 from urllib.parse import urlsplit
-
-#: POST routes whose body is OpenAI's multipart upload (gateway/audio.py).
-MULTIPART_PATHS = frozenset({"/v1/audio/transcriptions"})
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 
+from reticulum_grid.gateway.errors import ApiError, shape_for
+from reticulum_grid.gateway.http import error_response
+
+#: POST routes whose body is OpenAI's multipart upload (gateway/audio.py).
+MULTIPART_PATHS = frozenset({"/v1/audio/transcriptions"})
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+#: The one Content-Type in which a cross-site HTML form can send a JSON object.
+FORM_TEXT = "text/plain"
 
 
 class BrowserGuard:
@@ -47,31 +64,34 @@ class BrowserGuard:
         problem = self.refusal(scope)
         if problem and scope["type"] == "websocket":
             # Closing before the handshake is accepted answers it 403: no command runs.
-            return await send({"type": "websocket.close", "code": 1008, "reason": problem[1][:120]})
+            return await send({"type": "websocket.close", "code": 1008, "reason": problem.message[:120]})
         if problem:
-            return await _refuse(send, *problem)
+            return await error_response(problem, shape_for(scope["path"]))(scope, receive, send)
         await self.app(scope, receive, send)
 
     def refusal(self, scope):
-        """(status, message) when the request must be refused, else None."""
+        """The ApiError (403 or 415) to answer when the request must be refused, else None."""
         headers = Headers(scope=scope)
         host = headers.get("host", "")
         if self.loopback and urlsplit(f"//{host}").hostname not in LOOPBACK_NAMES:
-            return 403, f"Host {host!r} is not this machine: this gateway answers only to localhost/127.0.0.1"
+            return ApiError(403, f"Host {host!r} is not this machine: this gateway answers only to "
+                                 "localhost/127.0.0.1", code="forbidden")
         origin = headers.get("origin")
         if origin and origin.rstrip("/") not in self.origins and urlsplit(origin).netloc != host:
-            return 403, (f"requests from web pages at {origin} are refused; "
-                         f"start rngrid serve with --cors-origin {origin} to allow them")
-        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        multipart = content_type == "multipart/form-data" and scope["path"] in MULTIPART_PATHS
-        if scope.get("method") == "POST" and content_type != "application/json" and not multipart:
-            return 415, "send the request body as JSON (Content-Type: application/json)"
+            return ApiError(403, f"requests from web pages at {origin} are refused; start rngrid serve with "
+                                 f"--cors-origin {origin} to allow them", code="forbidden")
+        if scope.get("method") == "POST" and not self._readable(scope["path"], headers):
+            return ApiError(415, "send the request body as JSON (Content-Type: application/json)",
+                            code="unsupported_media_type")
         return None
 
-
-async def _refuse(send, status, message):
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": "forbidden" if status == 403 else "unsupported_media_type"}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    @staticmethod
+    def _readable(path, headers):
+        """Whether a POST's Content-Type is one its route reads (see the module doc)."""
+        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == FORM_TEXT:
+            return False
+        if shape_for(path) == "ollama":
+            return True
+        return content_type == "application/json" or (content_type == "multipart/form-data"
+                                                        and path in MULTIPART_PATHS)

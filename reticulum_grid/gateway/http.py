@@ -65,8 +65,10 @@ def endpoint(shape="openai"):
 async def json_body(request, empty=None):
     """The request's JSON body; ``empty`` (when not None) for an empty body. Raises ApiError(400)."""
     raw = await request.body()
-    if not raw.strip() and empty is not None:
-        return empty
+    if not raw.strip():
+        if empty is not None:
+            return empty
+        raise bad_request("missing request body: send a JSON object")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:

@@ -9,16 +9,26 @@ silently ignored. Options that only shape how a runner is loaded
 accepted and left to the towers' own ``[models.X]`` settings: a prompt the
 tower's window cannot hold is an error, never a cut answer.
 
+Names Ollama does not know are ignored, as Ollama ignores them (Go's JSON
+decoding drops unknown fields of a request or message; ``Options.FromMap``
+logs an unknown option and goes on) and its clients count on: the npm
+``ollama-ai-provider-v2`` sends OpenAI's ``temperature``, ``top_p``,
+``max_output_tokens`` and ``tool_choice`` beside Ollama's fields. The
+gateway's log names what it ignored.
+
 Model names: Ollama's ``MODEL:TAG``. ``:latest`` (what Ollama clients add)
 is the model itself; another tag names a LoRA adapter on the model, as
 ``MODEL:ADAPTER`` does on the OpenAI side.
 """
 
 import json
+import logging
 from dataclasses import dataclass
 
 from reticulum_grid.gateway.errors import bad_request
 from reticulum_grid.gateway.openai_api import UNTIL_CONTEXT_ENDS, messages as openai_messages, split_model
+
+log = logging.getLogger("rngrid.gateway")
 
 #: Sampling options and their ranges (Ollama's Options; the tower's request schema).
 SAMPLING = {"temperature": (0, 5, float), "top_p": (0, 1, float), "top_k": (0, 100_000, int), "min_p": (0, 1, float),
@@ -31,12 +41,18 @@ RUNNER_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "us
 #: Samplers the towers do not run, accepted only at the value that turns them off.
 OFF = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "repeat_last_n": 64}
 OFF_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
+KNOWN_OPTIONS = {*SAMPLING, *RUNNER_OPTIONS, *OFF, *OFF_WITH_MIROSTAT, "seed", "num_predict", "stop"}
 CHAT_FIELDS = {"model", "messages", "stream", "format", "keep_alive", "tools", "options", "think", "logprobs",
                "top_logprobs", "truncate", "shift", "tower"}
 GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "stream", "raw", "format",
                    "keep_alive", "images", "options", "think", "logprobs", "top_logprobs", "truncate", "shift",
                    "tower", "width", "height", "steps"}
 EMBED_FIELDS = {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions", "tower"}
+MESSAGE_FIELDS = {"role", "content", "images", "thinking", "tool_calls", "tool_name", "tool_call_id"}
+PULL_FIELDS = {"model", "name", "insecure", "stream", "username", "password"}
+SHOW_FIELDS = {"model", "name", "system", "template", "verbose", "options"}
+#: How many ignored names a log line shows, and how much of each.
+LOGGED_NAMES, LOGGED_NAME = 8, 40
 
 
 @dataclass
@@ -71,12 +87,21 @@ def model_name(body, known_models):
     return {"model": base} | ({"adapter": adapter} if adapter else {})
 
 
-def _fields(body, allowed):
+def checked_object(body, known, where="the request body"):
+    """``body`` when it is a JSON object; names outside ``known`` are logged and
+    ignored (the module doc says why). Raises ApiError(400) for anything else."""
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    for name in body:
-        if name not in allowed:
-            raise bad_request(f"unknown field {name!r}", name)
+        raise bad_request(f"{where} must be a JSON object")
+    _log_ignored(where, [name for name in body if name not in known])
+    return body
+
+
+def _log_ignored(where, names):
+    """One log line naming the first few ``names`` ignored in ``where`` (escaped and cut: they come from the network)."""
+    if names:
+        shown = ", ".join(repr(str(name)[:LOGGED_NAME]) for name in names[:LOGGED_NAMES])
+        more = f" and {len(names) - LOGGED_NAMES} more" if len(names) > LOGGED_NAMES else ""
+        log.info("ignored in %s (not Ollama's): %s%s", where, shown, more)
 
 
 def _refuse_if(body, name, why):
@@ -120,7 +145,7 @@ def _loading(body, model, stream, tower, top):
 
 def parse_chat(body, known_models=()):
     """Check an ``/api/chat`` body. Raises ApiError(400)."""
-    _fields(body, CHAT_FIELDS)
+    checked_object(body, CHAT_FIELDS)
     payload = {}
     stream, tower, top = _common(body, payload, known_models)
     items = body.get("messages") or []
@@ -140,7 +165,7 @@ def parse_chat(body, known_models=()):
 
 def parse_generate(body, known_models=()):
     """Check an ``/api/generate`` body. Raises ApiError(400)."""
-    _fields(body, GENERATE_FIELDS)
+    checked_object(body, GENERATE_FIELDS)
     for name, why in (("suffix", "no fill-in-the-middle"), ("template", "each model uses its own chat template"),
                       ("context", "no conversation state is kept between requests; use /api/chat"),
                       ("images", "text models only"), ("width", "no image generation"),
@@ -167,7 +192,7 @@ def parse_generate(body, known_models=()):
 def parse_embed(body, known_models=(), legacy=False):
     """Check an ``/api/embed`` body (``input``: a string or a list of them), or
     with ``legacy`` an ``/api/embeddings`` one (``prompt``: one string). Raises ApiError(400)."""
-    _fields(body, EMBED_FIELDS)
+    checked_object(body, EMBED_FIELDS)
     name = model_name(body, known_models)
     if "adapter" in name:
         raise bad_request("embeddings come from a model without adapters", "model")
@@ -191,6 +216,7 @@ def _options(options, payload):
     if not isinstance(options, dict):
         raise bad_request("'options' must be an object", "options")
     mirostat = options.get("mirostat") not in (None, 0)
+    _log_ignored("options", [name for name in options if name not in KNOWN_OPTIONS])
     for name, value in options.items():
         where = f"options.{name}"
         if name in SAMPLING:
@@ -220,8 +246,6 @@ def _options(options, payload):
         elif name in OFF_WITH_MIROSTAT:
             if mirostat:
                 raise bad_request(f"'{where}' is not supported by this grid (no mirostat)", where, code="unsupported")
-        elif name not in RUNNER_OPTIONS:
-            raise bad_request(f"unknown option {name!r}", where)
 
 
 def _format(value, payload):
@@ -241,14 +265,10 @@ def _messages(items):
     out, open_calls = [], []  # (id, name) of calls not answered yet
     for i, m in enumerate(items):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where)
+        checked_object(m, MESSAGE_FIELDS, where)
         if m.get("images"):
             raise bad_request(f"{where}.images is not supported by this grid (text models only)", f"{where}.images",
                               code="unsupported")
-        extra = sorted(set(m) - {"role", "content", "images", "thinking", "tool_calls", "tool_name", "tool_call_id"})
-        if extra:
-            raise bad_request(f"{where}.{extra[0]} is not a field of a message", f"{where}.{extra[0]}")
         role = m.get("role").lower() if isinstance(m.get("role"), str) else m.get("role")
         message = {"role": role, "content": m.get("content") or ""}
         if m.get("tool_calls"):

@@ -4,10 +4,7 @@
 (``message.content`` or ``response``, ``logprobs``), whole tool calls
 (``message.tool_calls`` with JSON arguments: Ollama sends a call once it is
 complete, never in fragments), and the last object with ``done``,
-``done_reason`` and Ollama's metrics in nanoseconds (``total_duration``
-from the request to the end, ``prompt_eval_duration`` the tower's time to
-the first token, ``eval_duration`` the generated tokens over the tower's
-tokens/s). ``tags``, ``show`` and ``ps`` build the model listings from the
+``done_reason`` and Ollama's metrics (``metrics``). ``tags``, ``show`` and ``ps`` build the model listings from the
 towers' caps/full (client/models.TowerModel). Every reply carries an extra
 ``rngrid`` object: which tower ran it, or holds the model.
 """
@@ -25,6 +22,11 @@ NS = 1_000_000_000
 #: A loaded model's expiry in /api/ps: towers keep models loaded until another
 #: needs the memory, so far ahead (Ollama's CLI shows "Forever").
 NEVER_EXPIRES = timedelta(days=365 * 100)
+
+
+def nanoseconds(seconds):
+    """Ollama's durations: whole nanoseconds, rounded down (so parts never add up to more than their whole)."""
+    return int(seconds * NS)
 
 
 def timestamp(seconds=None):
@@ -86,12 +88,19 @@ class Reply:
         return self._object("", done=True, done_reason=reason)
 
     def metrics(self, usage):
-        """done_reason and Ollama's metrics (nanoseconds, token counts), plus ``rngrid``."""
-        decode_s = usage.completion_tokens / usage.tokens_per_s if usage.tokens_per_s > 0 else 0.0
+        """done_reason and Ollama's metrics (nanoseconds, token counts), plus ``rngrid``.
+
+        ``total_duration`` runs from the request's arrival here to now; the
+        others are the tower's spans one after another (links/usage.py), so
+        they never add up to more: ``load_duration`` its ``queued_s`` (loading
+        the runner and waiting for a slot, as Ollama's runs until its scheduler
+        hands over a runner), ``prompt_eval_duration`` and ``eval_duration``
+        the engine's own times reading the prompt and generating."""
         return {"done_reason": "length" if usage.finish_reason == "length" else "stop",
-                "total_duration": int((time.perf_counter() - self.started) * NS),
-                "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": int(usage.tower_ttft_s * NS),
-                "eval_count": usage.completion_tokens, "eval_duration": int(decode_s * NS),
+                "total_duration": nanoseconds(time.perf_counter() - self.started),
+                "load_duration": nanoseconds(usage.queued_s),
+                "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": nanoseconds(usage.prompt_s),
+                "eval_count": usage.completion_tokens, "eval_duration": nanoseconds(usage.decode_s),
                 "rngrid": grid_usage(usage)}
 
     def _logprobs(self, pieces):
@@ -212,6 +221,9 @@ def ps(rows):
 
 
 def embed(model, result, vectors, started):
-    """``/api/embed``'s answer for a client.Embeddings (``vectors``: shortened as asked)."""
-    return {"model": model, "embeddings": vectors, "total_duration": int((time.perf_counter() - started) * NS),
-            "prompt_eval_count": result.prompt_tokens, "rngrid": {"tower": result.tower, "dims": result.dims}}
+    """``/api/embed``'s answer for a client.Embeddings (``vectors``: shortened as
+    asked): ``total_duration`` from ``started`` (time.perf_counter()) to now,
+    ``load_duration`` the tower's time before it computed them (see Reply.metrics)."""
+    return {"model": model, "embeddings": vectors, "total_duration": nanoseconds(time.perf_counter() - started),
+            "load_duration": nanoseconds(result.queued_s), "prompt_eval_count": result.prompt_tokens,
+            "rngrid": {"tower": result.tower, "dims": result.dims}}

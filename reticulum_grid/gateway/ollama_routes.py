@@ -76,9 +76,7 @@ class OllamaRoutes:
 
     @endpoint("ollama")
     async def show(self, request):
-        body = await json_body(request)
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
+        body = ollama_api.checked_object(await json_body(request), ollama_api.SHOW_FIELDS)
         name = ollama_api.model_name(body, self.gateway.views.model_aliases())
         rows = await run_in_threadpool(self.gateway.views.tower_models)
         shown = ollama_reply.show(name["model"], rows, self._heard_at(), name.get("adapter"))
@@ -156,10 +154,7 @@ class OllamaRoutes:
     # -- pull ---------------------------------------------------------------
     @endpoint("ollama")
     async def pull(self, request):
-        body = await json_body(request)
-        if not isinstance(body, dict) or not set(body) <= {"model", "name", "insecure", "stream", "username",
-                                                           "password"}:
-            raise bad_request("the body must be {\"model\": name, \"stream\"?: bool}")
+        body = ollama_api.checked_object(await json_body(request), ollama_api.PULL_FIELDS)
         name = ollama_api.model_name(body, self.gateway.views.model_aliases())
         if "adapter" in name:
             raise bad_request("pull a model by its name (an adapter is pulled by its own alias)", "model")

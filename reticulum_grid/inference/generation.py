@@ -67,14 +67,17 @@ class Sampling:
 class Generation:
     """What one generation produced. Times in seconds, rates in tokens/s.
 
-    ``tokens_per_s`` is llama.cpp's own eval rate (generated tokens over the
-    time spent generating them, as Ollama reports it); ``cached_tokens``: prompt
+    ``ttft_s``: from the start to the first text out; ``prompt_s`` and
+    ``decode_s``: llama.cpp's own times reading the prompt and generating after
+    it (its ``prompt_ms`` and ``predicted_ms``); ``tokens_per_s`` is its eval
+    rate (the tokens after the first over ``decode_s``); ``cached_tokens``: prompt
     tokens the runner reused from its cache; ``draft_tokens`` /
     ``draft_accepted``: speculative decoding's proposals and how many held."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "length"
     ttft_s: float = 0.0
+    prompt_s: float = 0.0
     decode_s: float = 0.0
     tokens_per_s: float = 0.0
     cached_tokens: int = 0
@@ -87,7 +90,8 @@ class Generation:
         ``queued_s``: seconds the request waited for its turn; ``tower``: this tower's name."""
         return StreamUsage(self.prompt_tokens, self.completion_tokens, round(self.ttft_s, 4),
                            round(self.tokens_per_s, 2), round(queued_s, 4), tower, self.cached_tokens,
-                           self.draft_tokens, self.draft_accepted if self.draft_tokens else 0)
+                           self.draft_tokens, self.draft_accepted if self.draft_tokens else 0,
+                           prompt_s=round(self.prompt_s, 4), decode_s=round(self.decode_s, 4))
 
 
 @dataclass
@@ -263,12 +267,18 @@ def _finish(result: Generation, event: dict[str, Any], started: float) -> None:
     result.finish_reason = FINISH.get(event.get("stop_type") or "", "stop")
     result.completion_tokens = event.get("tokens_predicted", result.completion_tokens)
     result.cached_tokens = int(timings.get("cache_n") or 0)
-    result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
-    result.decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
+    _timed(result, timings)
     result.draft_tokens = int(timings.get("draft_n") or 0)
     result.draft_accepted = int(timings.get("draft_n_accepted") or 0)
     if result.ttft_s == 0.0 and result.completion_tokens:
         result.ttft_s = time.perf_counter() - started
+
+
+def _timed(result: Generation, timings: dict[str, Any]) -> None:
+    """The runner's own times and rate from its ``timings`` map."""
+    result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
+    result.prompt_s = float(timings.get("prompt_ms") or 0.0) / 1000
+    result.decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
 
 
 def _chat(runner: Runner, request: "InferenceRequest", cancel: threading.Event, result: Generation,
@@ -294,9 +304,7 @@ def _chat(runner: Runner, request: "InferenceRequest", cancel: threading.Event, 
             if usage:
                 result.prompt_tokens = usage.get("prompt_tokens", 0)
                 result.completion_tokens = usage.get("completion_tokens", 0)
-                timings = event.get("timings") or {}
-                result.tokens_per_s = float(timings.get("predicted_per_second") or 0.0)
-                result.decode_s = float(timings.get("predicted_ms") or 0.0) / 1000
+                _timed(result, event.get("timings") or {})
             for choice in event.get("choices") or ():
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
