@@ -3,9 +3,11 @@ process and a real tower with the bundled model, driven by the real `openai`
 package: text whole and streamed (the typed events, through the package's own
 stream helper too), a function tool and its output on the next turn (sent
 whole and by ``previous_response_id``), a JSON schema answer parsed by
-``responses.parse``; bad input is a 400 in OpenAI's error shape. The event and
-object shapes are checked against the package's own pydantic types."""
+``responses.parse``, logprobs when included; bad input is a 400 in OpenAI's
+error shape. The event and object shapes are checked against the package's
+own pydantic types."""
 
+import asyncio
 import json
 import time
 
@@ -17,10 +19,12 @@ from openai._models import validate_type
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
+from links.wire import Code, WireError
 from reticulum_grid.client import Text, ToolCallDelta, Usage
 from reticulum_grid.gateway import responses_api
 from reticulum_grid.gateway.errors import ApiError
 from reticulum_grid.gateway.responses_reply import Turn
+from reticulum_grid.gateway.responses_routes import ResponsesRoutes
 from reticulum_grid.gateway.responses_store import ResponseStore
 from tests.gateway_support import laptop, serve_process, start_tower
 
@@ -71,16 +75,29 @@ def strict(events):
 
 
 # -- the shapes, without a tower ----------------------------------------------
+def text(piece):
+    """A Text piece with its token's logprob and two alternatives, as the tower gives them."""
+    out = Text(piece)
+    out.logprobs = [{"token": piece, "logprob": -0.5, "bytes": list(piece.encode()),
+                     "top": [{"token": "He", "logprob": -0.1, "bytes": [72, 101]},
+                             {"token": "H", "logprob": -2.0, "bytes": [72]}]}]
+    return out
+
+
+
 @pytest.mark.parametrize("finish, last", [("tool_calls", "response.completed"), ("length", "response.incomplete")])
 def test_events_and_response_match_openais_types(finish, last):
-    turn = Turn(responses_api.parse({"model": "m", "input": "hi"}, {"m"}))
-    events = turn.start() + turn.add(Text("Hel")) + turn.add(Text("lo")) \
+    turn = Turn(responses_api.parse({"model": "m", "input": "hi", "include": ["message.output_text.logprobs"],
+                                     "top_logprobs": 1}, {"m"}))
+    events = turn.start() + turn.add(text("Hel")) + turn.add(text("lo")) \
         + turn.add(ToolCallDelta(0, "call_1", "get_weather", '{"city"')) + turn.add(ToolCallDelta(0, arguments=': "Paris"}')) \
         + turn.finish(Usage(prompt_tokens=5, completion_tokens=7, cached_tokens=2, finish_reason=finish, tower="t"))
     assert [e["sequence_number"] for e in events] == list(range(len(events))) and events[-1]["type"] == last
     state = strict(events)
     whole = validate_type(type_=Response, value=json.loads(json.dumps(turn.response())))
     assert whole.output_text == "Hello" and whole.usage.input_tokens_details.cached_tokens == 2
+    assert [(t.token, t.top_logprobs[0].token) for t in whole.output[0].content[0].logprobs] == [("Hel", "He"),
+                                                                                                 ("lo", "He")]
     [message, call] = whole.output
     assert call.type == "function_call" and call.arguments == '{"city": "Paris"}' and call.call_id == "call_1"
     if finish == "length":  # cut by max_output_tokens: OpenAI's "incomplete", and no response.completed
@@ -94,11 +111,23 @@ def test_events_and_response_match_openais_types(finish, last):
 
 
 def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
-    turn = Turn(responses_api.parse({"model": "m", "input": "hi"}, {"m"}))
-    events = turn.start() + turn.add(Text("Hel")) + turn.fail(ApiError(503, "the tower went away", code="unreachable"))
+    """The SSE writer alone, with a named test double for the Grid's events."""
+    async def events_double():
+        yield Text("late ")
+        raise WireError(Code.UNREACHABLE, "tower gone after 1 token")
+
+    async def collect(routes, req):
+        events = events_double()
+        first = await anext(events)
+        return [json.loads(e["data"]) async for e in routes._events(req, Turn(req), first, events)]
+
+    routes, req = ResponsesRoutes(None), responses_api.parse({"model": "m", "input": "hi"}, {"m"})
+    events = asyncio.run(collect(routes, req))
     strict(events)
-    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-    assert events[-2]["code"] == "unreachable" and events[-1]["response"]["error"]["message"] == "the tower went away"
+    assert [e["type"] for e in events[-3:]] == ["response.output_text.delta", "error", "response.failed"]
+    assert events[-2]["code"] == Code.UNREACHABLE and events[-1]["response"]["error"]["message"] == events[-2]["message"]
+    with pytest.raises(ApiError):
+        routes.store.get(events[0]["response"]["id"])  # a failed response is not kept
 
 
 def test_input_items_become_chat_messages():
@@ -156,6 +185,21 @@ def test_text_whole_and_streamed_is_the_chat_paths_answer(client):
     assert done.output_text == whole.output_text and done.usage.output_tokens == whole.usage.output_tokens
     assert done.usage.input_tokens_details.cached_tokens > 0  # the same prompt again: the runner's cache served it
     assert {e.response.id for e in events if hasattr(e, "response")} == {events[0].response.id}
+
+
+def test_logprobs_when_included(client):
+    include = ["message.output_text.logprobs"]
+    whole = client.responses.create(model=MODEL, input="Name two planets.", max_output_tokens=6, temperature=0,
+                                    include=include, top_logprobs=2)
+    tokens = whole.output[0].content[0].logprobs
+    assert "".join(t.token for t in tokens) == whole.output_text and len(tokens) == whole.usage.output_tokens
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 and t.bytes for t in tokens)
+    events = list(client.responses.create(model=MODEL, input="Name two planets.", max_output_tokens=6, temperature=0,
+                                          include=include, top_logprobs=2, stream=True))
+    streamed = [t.token for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert streamed == [t.token for t in tokens]
+    plain = client.responses.create(model=MODEL, input="Name two planets.", max_output_tokens=2, top_logprobs=2)
+    assert plain.output[0].content[0].logprobs == []  # not included: none shown, as OpenAI does
 
 
 def test_a_function_tool_and_its_output_on_the_next_turn(client):
@@ -222,6 +266,8 @@ def test_kept_responses_are_retrieved_and_deleted(client):
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning"),
     ({"input": "Hi", "background": True}, "background"),
+    ({"input": "Hi", "include": ["file_search_call.results"]}, "include"),
+    ({"input": "Hi", "top_logprobs": 50}, "top_logprobs"),
     ({"input": "Hi", "previous_response_id": "resp_nothing"}, "previous_response_id"),
     ({"input": "Hi", "bogus": 1}, "bogus"),
 ])

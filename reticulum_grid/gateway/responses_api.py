@@ -6,8 +6,9 @@ sends, through the same checks (openai_api.py): ``input`` (a string, or a
 list of messages and ``function_call`` / ``function_call_output`` items)
 becomes chat messages after the ``instructions`` (a system message);
 ``tools`` (function tools), ``tool_choice``, ``text.format`` (json_object,
-json_schema), ``max_output_tokens``, ``temperature`` and ``top_p`` go to the
-tower. ``previous_response_id`` names a stored response whose conversation
+json_schema), ``max_output_tokens``, ``temperature``, ``top_p`` and the
+logprobs (``include`` ``message.output_text.logprobs``, ``top_logprobs``) go
+to the tower. ``previous_response_id`` names a stored response whose conversation
 comes first (responses_store.py); its instructions are not carried over, as
 OpenAI's are not. Shapes: openai-python's ``types/responses``
 (``response_create_params.py``, ``response_input_item_param.py``).
@@ -15,7 +16,7 @@ OpenAI's are not. Shapes: openai-python's ``types/responses``
 As on OpenAI's own Responses API, a field it does not define is a 400
 "Unknown parameter" naming it. What the grid cannot do (images and files,
 built-in tools, reasoning, background runs, conversations, prompt
-templates, logprobs, truncation ``auto``) is a 400 rather than ignored;
+templates, truncation ``auto``) is a 400 rather than ignored;
 fields that change nothing about the answer (``user``, ``metadata``,
 ``service_tier``, ...) are accepted. ``reasoning`` items in the input are
 dropped: no model of the grid reasons in them. Reply shapes: responses_reply.py.
@@ -47,10 +48,10 @@ UNSUPPORTED = {
     "image": (bool, "images are not supported"),
     "truncation": (lambda v: v not in (None, "disabled"), "only 'disabled' is supported: an input longer than the "
                                                           "context window is a 400"),
-    "top_logprobs": (lambda v: v not in (None, 0), "logprobs are served by /v1/chat/completions"),
 }
-#: ``include`` values that ask for nothing the grid makes (no reasoning items are made).
-INCLUDABLE = {"reasoning.encrypted_content"}
+#: ``include`` values served: the text's logprobs, and reasoning items' content (none are made).
+LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content"}
 #: Input message roles (OpenAI's EasyInputMessage) and the part types each may hold.
 PARTS = {"user": {"input_text"}, "system": {"input_text"}, "developer": {"input_text"},
          "assistant": {"output_text", "input_text", "refusal"}}
@@ -66,7 +67,8 @@ ITEM_KEYS = {"message": {"type", "role", "content", "id", "status", "phase"},
 class Request:
     """A checked ``/v1/responses`` request: ``payload`` for Grid.execute("ai/inference")
     without its messages (see ``messages``); ``turn``: this request's input as chat
-    messages; ``echo``: the request's settings a Response object repeats."""
+    messages; ``echo``: the request's settings a Response object repeats;
+    ``top_logprobs``: alternatives per token the reply shows (None: no logprobs)."""
     payload: dict
     model: str
     stream: bool
@@ -76,6 +78,7 @@ class Request:
     previous_id: str | None
     store: bool
     echo: dict = field(default_factory=dict)
+    top_logprobs: int | None = None
 
     def messages(self, history=()):
         """The chat messages for the tower: instructions, ``history`` (the previous
@@ -97,6 +100,7 @@ def parse(body, known_models=()):
     openai_api.tools(body, payload, flat=True)
     text = _text(body.get("text"), payload)
     openai_api.sampling(body, payload, "max_output_tokens")
+    top = _logprobs(body, payload)
     stream = openai_api.flag(body, "stream")
     if body.get("stream_options") is not None:
         options = body["stream_options"]
@@ -113,9 +117,20 @@ def parse(body, known_models=()):
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
             "previous_response_id": previous, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "text": {"format": text}, "tool_choice": body.get("tool_choice") or "auto",
-            "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"), "store": store}
+            "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"), "store": store,
+            "top_logprobs": body.get("top_logprobs")}
     return Request(payload, body["model"], stream, tower, instructions, input_messages(body.get("input")),
-                   previous, store, echo)
+                   previous, store, echo, top)
+
+
+def _logprobs(body, payload):
+    """Alternatives per token to show when ``include`` asks for the text's logprobs
+    (sets the payload's), else None: without it OpenAI shows none either."""
+    top = openai_api.number(body, "top_logprobs", 0, openai_api.MAX_TOP_LOGPROBS, integer=True)
+    if LOGPROBS not in (body.get("include") or ()):
+        return None
+    payload["logprobs"], payload["top_logprobs"] = True, top or 0
+    return top or 0
 
 
 def _check_fields(body):

@@ -17,7 +17,8 @@ helper, lib/streaming/responses, checks the order)::
     response.completed | response.incomplete (cut by max_output_tokens)
 
 and on a failure after the first piece ``error``, then ``response.failed``.
-Each carries ``sequence_number`` from 0. The Response object adds ``rngrid``:
+Each carries ``sequence_number`` from 0. When the request asked for logprobs,
+each text delta carries its tokens' and the ``output_text`` part all of them. The Response object adds ``rngrid``:
 where and how fast it ran (openai_reply.grid_usage).
 """
 
@@ -39,12 +40,13 @@ class Turn:
 
     def __init__(self, request):
         self.id = _id("resp")
-        self.model, self.echo = request.model, request.echo
+        self.model, self.echo, self.top = request.model, request.echo, request.top_logprobs
         self.created_at = int(time.time())
         self.status, self.usage, self.error, self.completed_at = "in_progress", None, None, None
         self.items = []  # output items in order: message {"content": [...]} or function_call
         self._text = None  # the message item being written, when there is one
         self._calls = {}  # the tower's tool-call index -> its function_call item
+        self._logprobs = []  # the text's tokens' logprobs as the tower gave them (when asked for)
         self._seq = 0
 
     def start(self):
@@ -59,10 +61,14 @@ class Turn:
         if not piece:
             return []
         events = [] if self._text else self._open_message()
-        self._text["content"][0]["text"] += piece
+        tokens = list(getattr(piece, "logprobs", ())) if self.top is not None else []
+        self._logprobs += tokens
+        part = self._text["content"][0]
+        part["text"] += piece
+        part["logprobs"] += [_token(lp, self.top, ("token", "logprob", "bytes")) for lp in tokens]
         return events + [self._event("response.output_text.delta", item_id=self._text["id"],
                                      output_index=self._index(self._text), content_index=0, delta=str(piece),
-                                     logprobs=[])]
+                                     logprobs=[_token(lp, self.top) for lp in tokens])]
 
     def finish(self, usage):
         """Close every item and the response for the stream's Usage: its last events."""
@@ -148,9 +154,15 @@ class Turn:
         else:
             part = item["content"][0]
             events = [self._event("response.output_text.done", **where, content_index=0, text=part["text"],
-                                  logprobs=[]),
+                                  logprobs=[_token(lp, self.top) for lp in self._logprobs]),
                       self._event("response.content_part.done", **where, content_index=0, part=dict(part))]
         return events + [self._event("response.output_item.done", output_index=where["output_index"], item=dict(item))]
+
+
+def _token(lp, top, keys=("token", "logprob")):
+    """A token's logprob (a Text's: {token, logprob, bytes, top}) in the Responses API's
+    shape: ``keys`` of it and of its first ``top`` alternatives (``top_logprobs``)."""
+    return {**{k: lp[k] for k in keys}, "top_logprobs": [{k: alt[k] for k in keys} for alt in lp["top"][:top]]}
 
 
 def _part(text):
