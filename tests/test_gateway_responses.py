@@ -90,7 +90,8 @@ def test_events_and_response_match_openais_types(finish, last):
     turn = Turn(responses_api.parse({"model": "m", "input": "hi", "include": ["message.output_text.logprobs"],
                                      "top_logprobs": 1}, {"m"}))
     events = turn.start() + turn.add(text("Hel")) + turn.add(text("lo")) \
-        + turn.add(ToolCallDelta(0, "call_1", "get_weather", '{"city"')) + turn.add(ToolCallDelta(0, arguments=': "Paris"}')) \
+        + turn.add(ToolCallDelta(0, "call_1", "get_weather", '{"city"')) \
+        + turn.add(ToolCallDelta(0, arguments=': "Paris"}')) \
         + turn.finish(Usage(prompt_tokens=5, completion_tokens=7, cached_tokens=2, finish_reason=finish, tower="t"))
     assert [e["sequence_number"] for e in events] == list(range(len(events))) and events[-1]["type"] == last
     state = strict(events)
@@ -105,7 +106,8 @@ def test_events_and_response_match_openais_types(finish, last):
         assert message.status == call.status == "incomplete"
     else:
         done = state._completed_response  # what the package's stream helper assembled
-        assert whole.status == "completed" and done.output_text == "Hello" and done.output[1].arguments == call.arguments
+        assert whole.status == "completed" and done.output_text == "Hello"
+        assert done.output[1].arguments == call.arguments
     assert turn.output_messages() == [{"role": "assistant", "content": "Hello", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
 
@@ -125,7 +127,8 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     events = asyncio.run(collect(routes, req))
     strict(events)
     assert [e["type"] for e in events[-3:]] == ["response.output_text.delta", "error", "response.failed"]
-    assert events[-2]["code"] == Code.UNREACHABLE and events[-1]["response"]["error"]["message"] == events[-2]["message"]
+    assert events[-2]["code"] == Code.UNREACHABLE
+    assert events[-1]["response"]["error"]["message"] == events[-2]["message"]
     with pytest.raises(ApiError):
         routes.store.get(events[0]["response"]["id"])  # a failed response is not kept
 

@@ -41,8 +41,8 @@ UNSUPPORTED = {
     "conversation": (lambda v: v is not None, "conversations are not kept; use previous_response_id or send "
                                               "the whole input"),
     "prompt": (bool, "stored prompt templates are OpenAI's; send 'instructions' and 'input'"),
-    "reasoning": (lambda v: isinstance(v, dict) and any(x is not None for x in v.values()) or
-                  (v is not None and not isinstance(v, dict)), "the grid's models do not reason in separate items"),
+    "reasoning": (lambda v: v is not None and (not isinstance(v, dict) or any(x is not None for x in v.values())),
+                  "the grid's models do not reason in separate items"),
     "context_management": (bool, "server-side compaction is not supported"),
     "moderation": (bool, "moderation is not supported"),
     "image": (bool, "images are not supported"),
@@ -113,8 +113,9 @@ def parse(body, known_models=()):
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise bad_request("'metadata' must be a map of strings", "metadata")
+    parallel = body.get("parallel_tool_calls") is None or openai_api.flag(body, "parallel_tool_calls")
     echo = {"instructions": instructions, "max_output_tokens": body.get("max_output_tokens"), "metadata": metadata,
-            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "parallel_tool_calls": parallel,
             "previous_response_id": previous, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "text": {"format": text}, "tool_choice": body.get("tool_choice") or "auto",
             "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"), "store": store,

@@ -58,10 +58,10 @@ class Turn:
         """The events for one stream piece (text or a ToolCallDelta)."""
         if isinstance(piece, ToolCallDelta):
             return self._call_delta(piece)
-        if not piece:
+        tokens = list(getattr(piece, "logprobs", ())) if self.top is not None else []
+        if not piece and not tokens:  # (a token that ends inside a character has a logprob and no text yet)
             return []
         events = [] if self._text else self._open_message()
-        tokens = list(getattr(piece, "logprobs", ())) if self.top is not None else []
         self._logprobs += tokens
         part = self._text["content"][0]
         part["text"] += piece
