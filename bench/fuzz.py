@@ -44,7 +44,7 @@ from links.usage import StreamUsage  # noqa: E402
 from links.wire import WireError  # noqa: E402
 from reticulum_grid.client import pieces  # noqa: E402
 from reticulum_grid.client.models import TowerModel  # noqa: E402
-from reticulum_grid.gateway import ollama_api, openai_api  # noqa: E402
+from reticulum_grid.gateway import ollama_api, openai_api, responses_api  # noqa: E402
 from reticulum_grid.gateway.errors import ApiError  # noqa: E402
 from reticulum_grid.inference import request as inference_request  # noqa: E402
 from reticulum_grid.node import config  # noqa: E402
@@ -232,6 +232,12 @@ _message = _map_of({"role": st.sampled_from(["user", "assistant", "tool", "syste
                         "id": _text, "type": st.just("function"),
                         "function": _map_of({"name": _text, "arguments": _text | VALUES})}), max_size=2),
                     "tool_call_id": _text, "tool_name": _text, "images": VALUES, "name": VALUES})
+#: Items of a Responses API ``input``.
+_item = _map_of({"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"]),
+                 "role": st.sampled_from(["user", "assistant", "developer", "tool"]), "call_id": _text, "name": _text,
+                 "arguments": _text, "output": _text | VALUES, "content": _text | st.lists(_map_of({
+                     "type": st.sampled_from(["input_text", "output_text", "refusal", "input_image"]),
+                     "text": _text}), max_size=2)})
 #: Bodies of the gateway's OpenAI and Ollama routes (JSON a client sent).
 HTTP_BODIES = st.one_of(_map_of({
     "model": _alias, "messages": st.lists(_message | VALUES, max_size=4), "prompt": _text | VALUES,
@@ -244,8 +250,11 @@ HTTP_BODIES = st.one_of(_map_of({
     "max_tokens": _ints, "temperature": VALUES, "stop": VALUES, "seed": _ints, "n": VALUES,
     "options": _map_of({"temperature": VALUES, "num_predict": _ints, "stop": VALUES, "mirostat": VALUES,
                         "num_ctx": VALUES, "seed": VALUES}),
-    "format": VALUES | st.just("json"), "input": VALUES | st.lists(_text, max_size=3), "dimensions": VALUES,
-    "encoding_format": VALUES, "system": VALUES, "raw": VALUES, "think": VALUES}), VALUES)
+    "format": VALUES | st.just("json"), "input": VALUES | st.lists(_text, max_size=3) | st.lists(_item, max_size=3),
+    "dimensions": VALUES, "encoding_format": VALUES, "system": VALUES, "raw": VALUES, "think": VALUES,
+    "instructions": VALUES, "max_output_tokens": _ints, "previous_response_id": VALUES,
+    "text": _map_of({"format": _map_of({"type": st.sampled_from(["text", "json_object", "json_schema", "x"]),
+                                        "name": _text, "schema": VALUES})})}), VALUES)
 
 LXMF = st.tuples(st.binary(max_size=40) | _text.map(str.encode), st.binary(max_size=80) | _text.map(str.encode),
                  VALUES | st.dictionaries(st.integers(0, 255) | _text, VALUES | st.binary(max_size=20), max_size=4),
@@ -303,8 +312,8 @@ def _tower_models(reply):
 def _http_body(body):
     """Every route parser of the gateway on one body: each may only refuse with ApiError(400)."""
     parsers = (lambda b: openai_api.parse(b, True, {"m"}), lambda b: openai_api.parse(b, False, {"m"}),
-               openai_api.parse_embeddings, ollama_api.parse_chat, ollama_api.parse_generate, ollama_api.parse_embed,
-               lambda b: ollama_api.parse_embed(b, legacy=True))
+               openai_api.parse_embeddings, lambda b: responses_api.parse(b, {"m"}), ollama_api.parse_chat,
+               ollama_api.parse_generate, ollama_api.parse_embed, lambda b: ollama_api.parse_embed(b, legacy=True))
     for parse in parsers:
         try:
             parse(body)

@@ -4,7 +4,9 @@ Routes (errors in the caller's API's shape, see errors.py):
 
 - OpenAI's (openai_routes.py): ``POST /v1/chat/completions``,
   ``/v1/completions``, ``/v1/embeddings``; ``GET /v1/models``, ``/v1/models/{id}``;
-  its audio API (audio.py): ``POST /v1/audio/transcriptions``, ``/v1/audio/speech``.
+  its Responses API (responses_routes.py): ``POST /v1/responses``, ``GET`` and
+  ``DELETE /v1/responses/{id}``; its audio API (audio.py): ``POST
+  /v1/audio/transcriptions``, ``/v1/audio/speech``.
 - Ollama's (ollama_routes.py): ``GET /api/version``, ``/api/tags``, ``/api/ps``;
   ``POST /api/show``, ``/api/chat``, ``/api/generate``, ``/api/embed``,
   ``/api/embeddings``, ``/api/pull``.
@@ -40,6 +42,7 @@ from reticulum_grid.gateway.guard import BrowserGuard
 from reticulum_grid.gateway.http import endpoint, error_response, json_body
 from reticulum_grid.gateway.ollama_routes import OllamaRoutes
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
+from reticulum_grid.gateway.responses_routes import ResponsesRoutes
 from reticulum_grid.gateway.views import Views
 
 STATIC = Path(__file__).parent / "static"
@@ -72,6 +75,7 @@ class Gateway:
             Route("/v1/grid/execute", self.execute, methods=["POST"]),
             websocket.route(self),
             *OpenAIRoutes(self).routes(),
+            *ResponsesRoutes(self).routes(),
             *OllamaRoutes(self).routes(),
             *audio.routes(self),
         ]
@@ -85,9 +89,9 @@ class Gateway:
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
             error = ApiError(404, f"no such endpoint: {where}; this gateway serves OpenAI's API under /v1 "
-                                  "(chat/completions, completions, embeddings, models, audio), Ollama's under /api "
-                                  "(version, tags, show, ps, chat, generate, embed, embeddings, pull) and the "
-                                  "grid's under /v1/grid", code="not_found", param=request.url.path)
+                                  "(chat/completions, completions, responses, embeddings, models, audio), Ollama's "
+                                  "under /api (version, tags, show, ps, chat, generate, embed, embeddings, pull) and "
+                                  "the grid's under /v1/grid", code="not_found", param=request.url.path)
         elif exc.status_code == 405:
             error = ApiError(405, f"{where} is not allowed here (another method is)", code="method_not_allowed",
                              param=request.method)

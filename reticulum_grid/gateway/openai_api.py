@@ -72,23 +72,24 @@ def parse(body, chat, known_models=()):
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _check_fields(body, chat)
-    payload = _model(body, known_models)
+    payload = model_fields(body, known_models)
     if chat:
         payload["messages"] = messages(body.get("messages"))
-        _tools(body, payload)
-        _response_format(body.get("response_format"), payload)
+        tools(body, payload)
+        response_format(body.get("response_format"), payload)
     else:
         payload["prompt"] = _prompt(body.get("prompt"))
-    _sampling(body, payload, chat)
+    limit = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    sampling(body, payload, limit)
     top = _logprobs(body, payload, chat)
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None:
         if not stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
         if not isinstance(options, dict) or not set(options) <= {"include_usage", "include_obfuscation"}:
             raise bad_request("'stream_options' may hold only 'include_usage'", "stream_options")
-    include_usage = bool(options and _flag(options, "include_usage", "stream_options.include_usage"))
+    include_usage = bool(options and flag(options, "include_usage", "stream_options.include_usage"))
     tower = payload.pop("tower", None)
     return Request(payload, body["model"], stream, include_usage, tower, top)
 
@@ -100,7 +101,7 @@ def parse_embeddings(body, known_models=()):
     for name in body:
         if name not in EMBED_FIELDS:
             raise bad_request(f"unrecognized request argument supplied: {name}", name)
-    payload = _model(body, known_models)
+    payload = model_fields(body, known_models)
     if "adapter" in payload:
         raise bad_request("embeddings come from a model without adapters", "model")
     texts = body.get("input")
@@ -128,8 +129,8 @@ def split_model(name, known_models):
     return name, None
 
 
-def _model(body, known_models):
-    """{"model", "adapter"?, "tower"?} of a body's ``model`` (and ``adapter``, ``tower``)."""
+def model_fields(body, known_models):
+    """{"model", "adapter"?, "tower"?} of a body's ``model`` (and ``adapter``, ``tower``). Raises ApiError(400)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' must be a model name", "model")
@@ -161,14 +162,16 @@ def _check_fields(body, chat):
         raise bad_request("'n' must be 1: the grid generates one choice per request", "n", code="unsupported")
 
 
-def _flag(body, name, param=None):
+def flag(body, name, param=None):
+    """The body's boolean ``name`` (False when absent or null). Raises ApiError(400) naming ``param``."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
         raise bad_request(f"'{param or name}' must be true or false", param or name)
     return bool(value)
 
 
-def _number(body, name, lo, hi, integer=False):
+def number(body, name, lo, hi, integer=False):
+    """The body's number ``name`` within [lo, hi], or None when absent. Raises ApiError(400)."""
     value = body.get(name)
     if value is None:
         return None
@@ -179,18 +182,18 @@ def _number(body, name, lo, hi, integer=False):
     return value
 
 
-def _sampling(body, payload, chat):
-    limit = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") is not None else None
-    name = "max_completion_tokens" if limit is not None else "max_tokens"
-    payload["max_tokens"] = _number(body, name, 1, UNTIL_CONTEXT_ENDS, integer=True) or UNTIL_CONTEXT_ENDS
+def sampling(body, payload, limit):
+    """The payload's ``max_tokens`` (from the body's field ``limit``), sampling
+    settings, ``seed`` and ``stop``, from the body's fields that are there. Raises ApiError(400)."""
+    payload["max_tokens"] = number(body, limit, 1, UNTIL_CONTEXT_ENDS, integer=True) or UNTIL_CONTEXT_ENDS
     for field, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("top_k", 0, 100_000, True),
                                    ("min_p", 0, 1, False), ("repeat_penalty", 0, 10, False),
                                    ("adapter_scale", -10, 10, False), ("presence_penalty", -2, 2, False),
                                    ("frequency_penalty", -2, 2, False)):
-        value = _number(body, field, lo, hi, integer)
+        value = number(body, field, lo, hi, integer)
         if value is not None:
             payload[field] = value if integer else float(value)
-    seed = _number(body, "seed", -(1 << 63), (1 << 64) - 1, integer=True)
+    seed = number(body, "seed", -(1 << 63), (1 << 64) - 1, integer=True)
     if seed is not None:
         payload["seed"] = seed & 0xFFFFFFFF  # llama.cpp seeds are 32-bit; the same seed still gives the same text
     stop = body.get("stop")
@@ -207,12 +210,12 @@ def _logprobs(body, payload, chat):
     """Chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs``
     a count 0..20. Sets the payload's; returns the alternatives to show (None: no logprobs)."""
     if chat:
-        wanted = _flag(body, "logprobs")
-        top = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        wanted = flag(body, "logprobs")
+        top = number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
         if top is not None and not wanted:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     else:
-        top = _number(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        top = number(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
         wanted = top is not None
     if not wanted:
         return None
@@ -221,39 +224,53 @@ def _logprobs(body, payload, chat):
     return top or 0
 
 
-def _tools(body, payload):
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools in (None, []):
+def tools(body, payload, flat=False):
+    """The payload's ``tools`` and ``tool_choice`` (function tools only) from a
+    chat body's, or with ``flat`` from a Responses body's (a tool is {"type":
+    "function", "name", "description"?, "parameters"?}, a forced choice
+    {"type": "function", "name"}): the tower takes the chat shape. Raises ApiError(400)."""
+    given, choice = body.get("tools"), body.get("tool_choice")
+    if given in (None, []):
         if choice not in (None, "none", "auto"):
             raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
         return
-    if not isinstance(tools, list):
+    if not isinstance(given, list):
         raise bad_request("'tools' must be a list of functions", "tools")
-    names = []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise bad_request(f"tools[{i}].type must be 'function' (the only kind of tool the grid runs)",
-                              f"tools[{i}].type", code="unsupported")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"tools[{i}].function needs a 'name'", f"tools[{i}].function.name")
-        if not isinstance(fn.get("parameters", {}), dict):
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema",
-                              f"tools[{i}].function.parameters")
-        names.append(fn["name"])
+    functions = [_function_tool(tool, i, flat) for i, tool in enumerate(given)]
+    names = [tool["function"]["name"] for tool in functions]
     if isinstance(choice, dict):
-        fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict) or fn.get("name") not in names:
+        named = choice if flat else choice.get("function")
+        name = named.get("name") if isinstance(named, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str) or name not in names:
             raise bad_request("'tool_choice' must name a function of 'tools'", "tool_choice")
+        choice = {"type": "function", "function": {"name": name}}
     elif choice not in (None, "auto", "none", "required"):
-        raise bad_request("'tool_choice' must be auto, none, required or {'type': 'function', 'function': "
-                          "{'name': ...}}", "tool_choice")
-    payload["tools"] = tools
+        forced = "{'type': 'function', 'name': ...}" if flat else "{'type': 'function', 'function': {'name': ...}}"
+        raise bad_request(f"'tool_choice' must be auto, none, required or {forced}", "tool_choice")
+    payload["tools"] = functions if flat else given
     if choice is not None:
         payload["tool_choice"] = choice
 
 
-def _response_format(value, payload):
+def _function_tool(tool, i, flat):
+    """Tool ``i`` checked, in the chat shape."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise bad_request(f"tools[{i}].type must be 'function' (the only kind of tool the grid runs)",
+                          f"tools[{i}].type", code="unsupported")
+    fn, where = (tool, f"tools[{i}]") if flat else (tool.get("function"), f"tools[{i}].function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise bad_request(f"{where} needs a 'name'", f"{where}.name")
+    if not isinstance(fn.get("parameters", {}), dict) and not (flat and fn["parameters"] is None):
+        raise bad_request(f"{where}.parameters must be a JSON schema", f"{where}.parameters")
+    if not flat:
+        return tool
+    return {"type": "function", "function": {key: fn[key] for key in ("name", "description", "parameters")
+                                             if fn.get(key) is not None}}
+
+
+def response_format(value, payload):
+    """The payload's ``response_format`` from a chat ``response_format`` (text, json_object, json_schema).
+    Raises ApiError(400)."""
     if value is None or value == {"type": "text"}:
         return
     kind = value.get("type") if isinstance(value, dict) else None
