@@ -17,7 +17,7 @@ from links.wire import WireError
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.node import config
 from reticulum_grid.node.config import ConfigError, ModelConfig
-from reticulum_grid.store import foreign
+from reticulum_grid.store import foreign, importing
 from reticulum_grid.store.blobstore import BlobStore
 from tests.conftest import rngrid
 from tests.foreign_stores import (OLLAMA_MODEL, OLLAMA_PROJECTOR, OLLAMA_TEMPLATE, hf_model, lmstudio_model,
@@ -105,6 +105,16 @@ def test_a_folder_given_is_listed_and_a_split_model_says_why(home, tmp_path, mod
     listed = rngrid("models", "import", str(folder), "--json", home=home / "rngrid", env=cli_env(home))
     (row,) = json.loads(listed.stdout)
     assert row["name"] == "big" and "split into 2 files" in row["problem"]
+
+
+def test_a_damaged_or_foreign_file_is_listed_with_its_reason(home, tmp_path, model_path):
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "notes.gguf").write_text("not a model")
+    (folder / "cut.gguf").write_bytes(Path(model_path).read_bytes()[:64])  # a download that stopped early
+    rows = {Path(c.found.ref).name: c for c in map(importing.describe, foreign.scan_dir(folder))}
+    assert "not a GGUF file of version 2 or 3" in rows["notes.gguf"].problem
+    assert "metadata ends early" in rows["cut.gguf"].problem
 
 
 def test_import_registers_in_place_under_the_tools_name(home, tmp_path):
