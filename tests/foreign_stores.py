@@ -33,7 +33,7 @@ def _sha256(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def ollama_model(store, model, tag, layers):
+def ollama_model(store, model, tag, layers, namespace="library", registry="registry.ollama.ai"):
     """Put a model in the Ollama store ``store``: ``layers`` is [(media type,
     file path or text)]. Returns {media type: blob path}."""
     blobs = Path(store) / "blobs"
@@ -59,7 +59,7 @@ def ollama_model(store, model, tag, layers):
                 "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
                            "digest": f"sha256:{config_digest}", "size": len(config)},
                 "layers": entries}
-    path = Path(store) / "manifests" / "registry.ollama.ai" / "library" / model / tag
+    path = Path(store) / "manifests" / registry / namespace / model / tag
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest))
     return paths

@@ -76,6 +76,27 @@ def test_roots_follow_each_tools_variables(tmp_path):
     assert foreign.roots({}, tmp_path).lmstudio == (tmp_path / ".lmstudio/models",)
 
 
+def test_names_are_the_ones_each_tool_shows(tmp_path, model_path):
+    small = write_gguf(tmp_path / "small.gguf", "llama", tokenizer_source=model_path)
+    ollama, hub = tmp_path / "ollama", tmp_path / "hub"
+    ollama_model(ollama, "smollm2", "latest", [(OLLAMA_MODEL, small)])
+    ollama_model(ollama, "tiny", "q4", [(OLLAMA_MODEL, small)], namespace="me")
+    ollama_model(ollama, "SmolLM2-GGUF", "Q4_1", [(OLLAMA_MODEL, small)], registry="hf.co", namespace="bartowski")
+    hf_model(hub, "org/repo", {"old.gguf": small}, commit="1" * 40)
+    hf_model(hub, "org/repo", {"sub/new.gguf": small}, commit="2" * 40)  # refs/main moves to it
+    where = foreign.Roots((ollama,), (hub,), ())
+    assert sorted(f.ref for f in foreign.scan(where)) == [
+        "hf:org/repo/sub/new.gguf", "ollama:hf.co/bartowski/SmolLM2-GGUF:Q4_1", "ollama:me/tiny:q4",
+        "ollama:smollm2:latest"]
+    assert foreign.resolve("ollama:smollm2", where).name == "smollm2:latest"
+    assert foreign.resolve("ollama:me/tiny:q4", where).name == "me/tiny:q4"
+    assert foreign.resolve("ollama:hf.co/bartowski/SmolLM2-GGUF:Q4_1", where).path.parent == ollama / "blobs"
+    assert foreign.resolve("hf:org/repo/sub/new.gguf", where).name == "new"
+    for bad in ("ollama:../../etc:x", "hf:org/repo/old.gguf", "hf:org/../x.gguf", "lmstudio:a/b.gguf", "nowhere"):
+        with pytest.raises(foreign.SourceError):
+            foreign.resolve(bad, where)
+
+
 def test_import_lists_every_tools_models_with_their_facts_and_reasons(home, model_path):
     listed = rngrid("models", "import", "--json", home=home / "rngrid", env=cli_env(home))
     assert listed.returncode == 0, listed.stderr

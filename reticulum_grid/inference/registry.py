@@ -199,7 +199,7 @@ class ModelRegistry:
         WireError(insufficient_memory), AdapterError, LoadError."""
         with slot.load_lock:
             slot.last_used = time.monotonic()
-            self._verify(slot)
+            self.verify(slot)
             if slot.runner is not None and not slot.runner.alive and not slot.runner.wait_up(RESTART_WAIT_S):
                 raise WireError(Code.RUNNER_LOST, f"model {slot.settings.alias}'s engine is restarting: "
                                 f"{slot.runner.last_error() or 'see the tower log'}", retry_after=RESTART_WAIT_S)
@@ -224,10 +224,11 @@ class ModelRegistry:
             assert slot.runner is not None  # _load set it
             return slot.runner
 
-    def _verify(self, slot: ModelSlot) -> None:
+    def verify(self, slot: ModelSlot) -> None:
         """Serve nothing from a model file another program changed or deleted
-        (a file registered in place, store.verify): its runner stops and the
-        request gets the store's WireError(corrupt)."""
+        (a file registered in place, store.verify; it may hash the file again:
+        call it off a request handler's thread): its runner stops and the
+        caller gets the store's WireError(corrupt)."""
         try:
             self.store.verify(slot.blob_id)
         except WireError as e:
