@@ -136,6 +136,7 @@ def _list_found(candidates, as_json):
         json_line(rows)
         return
     table = Table("name", "import with", "size", "architecture", "quant", "llama.cpp", "note")
+    table.columns[1].overflow = "fold"  # copied into a command: never cut
     for r in rows:
         note = r["problem"] or ("needs --alias (the name is not a usable alias)" if alias_problem(r["name"]) else "")
         loads = {True: "yes", False: "no", None: "?"}[r["loadable"]]
