@@ -214,6 +214,20 @@ def test_a_config_names_models_by_their_source(home, tmp_path, monkeypatch):
         ModelRegistry(store, [ModelConfig("x", "ollama:nothere")])
 
 
+def test_a_config_refuses_a_source_file_that_is_not_what_its_tool_named(tmp_path, monkeypatch, model_path):
+    small = write_gguf(tmp_path / "small.gguf", "llama", tokenizer_source=model_path)
+    blob = ollama_model(tmp_path / "ollama", "small", "1", [(OLLAMA_MODEL, small)])[OLLAMA_MODEL]
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    store = BlobStore(tmp_path / "blobs")
+    ModelRegistry(store, [ModelConfig("small", "ollama:small:1")])  # a tower starts with it
+    first = store.resolve("small")
+    with open(blob, "ab") as f:  # rewritten while no tower ran
+        f.write(b"\0" * 32)
+    with pytest.raises(ConfigError, match=r"models.small: ollama:small:1 cannot be served: .* does not hash to"):
+        ModelRegistry(store, [ModelConfig("small", "ollama:small:1")])  # the next start
+    assert store.resolve("small") == first, "the rewritten bytes were never registered"
+
+
 @pytest.fixture(scope="module")
 def tower(hub, home, tmp_path_factory):
     """A real tower whose config names a model by its Hugging Face cache entry,
@@ -256,6 +270,9 @@ def test_a_tower_serves_imported_models_by_their_names_and_refuses_a_changed_one
     again = infer(tower, "smollm2:135m", env)  # the tower announces it no more
     assert again.returncode != 0
     assert "no tower with model 'smollm2:135m' heard; heard: import-a (tiny)" in again.stderr
+    reimport = rngrid("models", "--config", str(tower.config_path), "import", "ollama:smollm2:135m",
+                      home=tower.cli, env=env)
+    assert reimport.returncode == 1 and "does not hash to the SHA-256 its name gives" in reimport.stderr
     listed = rngrid("models", "--config", str(tower.config_path), "--wait", "0", home=tower.cli, env=env)
     assert "not served: smollm2:135m" in listed.stderr and "changed since it was registered" in listed.stderr
     assert infer(tower, "tiny", env).returncode == 0, "the tower serves its other models on"

@@ -97,7 +97,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._index_mtime: int | None = None
         for cfg in configs:
-            blob_id = store.add_file(_model_file(cfg), alias=cfg.alias, kind="model").blob_id
+            blob_id = _register(store, cfg)
             other = self._settings.setdefault(blob_id, cfg)
             if _knobs(other) != _knobs(cfg):  # one loaded copy per file: one set of settings
                 raise ConfigError(f"models.{other.alias} and models.{cfg.alias} are the same file with different "
@@ -385,13 +385,14 @@ def tensor_split(gpus: Sequence[Gpu], need_mib: int) -> list[float] | None:
     return [g.free_mib / total for g in gpus]
 
 
-def _model_file(cfg: ModelConfig) -> str:
-    """The file a config's model names: its path, or the GGUF a source name
-    (``ollama:...``, ``hf:...``, ``lmstudio:...``) stands for now. Raises ConfigError."""
+def _register(store: BlobStore, cfg: ModelConfig) -> bytes:
+    """Register a config's model in place: its file, or the GGUF a source
+    name (``ollama:...``, ``hf:...``, ``lmstudio:...``) stands for now.
+    Returns its blob id. Raises ConfigError, WireError."""
     if not is_source_ref(cfg.path):
-        return cfg.path
+        return store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id
     try:
-        return str(importing.model_path(cfg.path))
+        return importing.register_source(store, cfg.path, cfg.alias).blob_id
     except SourceError as e:
         raise ConfigError(f"models.{cfg.alias}: {e}") from None
 

@@ -124,6 +124,15 @@ class BlobStore:
         assert info is not None  # registered just now
         return info
 
+    def verified_in_place(self, path: str | os.PathLike[str]) -> bool:
+        """True when the file at ``path`` is registered in place with its
+        current size and mtime (so its bytes were hashed as they are)."""
+        real = Path(path).expanduser().resolve()
+        try:
+            return self._cached_external(real, real.stat()) is not None
+        except OSError:
+            return False
+
     def _cached_external(self, path: Path, stat: os.stat_result) -> str | None:
         for blob_hex, ext in self._index["external"].items():
             if ext["path"] == str(path) and ext["size"] == stat.st_size and ext["mtime_ns"] == stat.st_mtime_ns:

@@ -8,8 +8,17 @@ adapter), or when its architecture is not one the vendored llama.cpp loads
 (``node.engine.architectures``: the list the build took from llama.cpp's
 ``src/llama-arch.cpp``). Registering never copies: the store references the
 file in place and verifies it again whenever it changes (blobstore.py).
+
+Ollama names each blob by its SHA-256 (``blobs/sha256-<hex>``) and the
+Hugging Face cache each LFS file (``blobs/<hex>``): before such a file is
+registered (by `rngrid models import`, or by a tower starting with a config
+that names it) its bytes are checked against that name, once per size and
+mtime the store has not verified, so a copy damaged or rewritten while
+nothing watched is refused too.
 """
 
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +28,8 @@ from reticulum_grid.store import foreign, gguf_header
 from reticulum_grid.store.blobstore import BlobInfo, BlobStore
 from reticulum_grid.store.names import check_alias
 
+#: A file its tool names by its SHA-256: Ollama's blobs/sha256-<hex>, the HF cache's blobs/<hex>.
+_DIGEST_NAME = re.compile(r"(?:sha256-)?([0-9a-f]{64})")
 #: The architecture of a vision projector GGUF (llama.cpp's mtmd, LM Studio's mmproj-*.gguf).
 PROJECTOR_ARCH = "clip"
 
@@ -71,14 +82,32 @@ def register(store: BlobStore, candidate: Candidate, alias: str | None = None) -
         check_alias(name)
     except WireError as e:
         raise WireError(Code.BAD_REQUEST, f"{e.message}; give it another name with --alias") from None
+    if not store.verified_in_place(found.path):
+        check_digest(found.path)
     return store.add_file(found.path, alias=name, kind="model")
 
 
-def model_path(ref: str) -> Path:
-    """The GGUF a source name (``ollama:...``, ``hf:...``, ``lmstudio:...``)
-    stands for on this machine now, for a tower config's ``path``. Raises
-    foreign.SourceError, naming the source and why it cannot be served."""
+def check_digest(path: Path) -> None:
+    """Raise WireError(corrupt) when ``path`` (links followed) is named by a
+    SHA-256 its bytes do not have; a file named otherwise passes. Reads it whole."""
+    real = path.resolve()
+    named = _DIGEST_NAME.fullmatch(real.name)
+    if named is None:
+        return
+    with open(real, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != named.group(1):
+        raise WireError(Code.CORRUPT, f"{real} does not hash to the SHA-256 its name gives (another program "
+                                      "changed it, or a download broke off); fetch it again with its own tool")
+
+
+def register_source(store: BlobStore, ref: str, alias: str) -> BlobInfo:
+    """Register the model a source name (``ollama:...``, ``hf:...``,
+    ``lmstudio:...``; a tower config's ``path``) stands for on this machine
+    now, as ``alias``. Raises foreign.SourceError naming the source and why
+    it cannot be served."""
     candidate = describe(foreign.resolve(ref, foreign.roots()))
-    if candidate.problem is not None or candidate.found.path is None:
-        raise foreign.SourceError(f"{ref} cannot be served: {candidate.problem}")
-    return candidate.found.path
+    try:
+        return register(store, candidate, alias)
+    except WireError as e:
+        raise foreign.SourceError(f"{ref} cannot be served: {candidate.problem or e.message}") from None
