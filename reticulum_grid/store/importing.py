@@ -72,8 +72,9 @@ def _problem(header: gguf_header.Header, loadable: bool | None) -> str | None:
 
 def register(store: BlobStore, candidate: Candidate, alias: str | None = None) -> BlobInfo:
     """Register ``candidate`` in ``store`` in place as a model named ``alias``
-    (default: its tool's name). Raises WireError(bad_request): the candidate
-    has a problem, or the name is not a usable alias (announce/aliases.py)."""
+    (default: its tool's name). Raises WireError: bad_request (the candidate
+    has a problem, or the name is not a usable alias, announce/aliases.py),
+    corrupt (check_digest)."""
     found = candidate.found
     if candidate.problem is not None or found.path is None:
         raise WireError(Code.BAD_REQUEST, f"{found.ref} is not imported: {candidate.problem}")
