@@ -24,7 +24,10 @@ Each set of flags is built once into ``~/.cache/rngrid/llama/<backend>-<key>/``
 (key: BLAKE2 of the source pin and the flags; ``RNGRID_LLAMA_CACHE`` moves
 it) and copied into the venv's ``bin/``. After installing, the binaries are
 checked: ``llama-server --version`` runs and ``--list-devices`` shows a device
-of the backend built for (CUDA0, MTL0, ...; a CPU build lists none).
+of the backend built for (CUDA0, MTL0, ...; a CPU build lists none). Beside
+them goes ``llama-architectures.txt``: the model architectures that source
+loads (its ``src/llama-arch.cpp`` table), read when a model from another tool
+is imported (``rngrid models import``).
 
 torch (``--torch SPEC``, installed first): ``--torch-index`` (make's TORCH_INDEX)
 wins; otherwise a CPU tower on Linux adds PyTorch's CPU wheel index (its
@@ -39,6 +42,7 @@ import argparse
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +60,11 @@ BINARIES = ("llama-server", "ggml-rpc-server")
 DEVICE_PREFIX = {"cuda": "CUDA", "metal": "MTL", "cpu": None}
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 DEFAULT_NVCC = Path("/usr/local/cuda/bin/nvcc")
+#: The architectures this build loads, one a line, written beside the binaries (node/engine.py reads it).
+ARCHITECTURES = "llama-architectures.txt"
+#: Names in llama.cpp's LLM_ARCH_NAMES that no model file loads: "clip" is a dummy for llama-quantize
+#: (its comment says so), "(unknown)" the lookup's fallback.
+NOT_MODELS = ("clip", "(unknown)")
 #: Nothing in the build reaches a network: no prebuilt web UI download, no HTTPS client.
 COMMON_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_RPC=ON",
                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
@@ -334,6 +343,27 @@ def install(house, bindir):
         os.replace(tmp, target)
 
 
+def architectures(source_tree):
+    """The model architectures the llama.cpp at ``source_tree`` loads: the
+    names in src/llama-arch.cpp's LLM_ARCH_NAMES table ("llama", "qwen2", ...),
+    but NOT_MODELS. Raises SystemExit when the table is not there."""
+    text = (Path(source_tree) / "src" / "llama-arch.cpp").read_text()
+    start = text.find("LLM_ARCH_NAMES = {")
+    if start < 0:
+        raise SystemExit(f"{source_tree}/src/llama-arch.cpp has no LLM_ARCH_NAMES table")
+    table = text[start:text.index("};", start)]
+    names = re.findall(r'\{\s*LLM_ARCH_\w+\s*,\s*"([^"]+)"\s*\}', table)
+    return sorted(set(names) - set(NOT_MODELS))
+
+
+def write_architectures(source_tree, bindir):
+    """Write architectures(source_tree) into ``bindir``/ARCHITECTURES, one a line."""
+    target = Path(bindir) / ARCHITECTURES
+    tmp = target.with_name(ARCHITECTURES + ".tmp")
+    tmp.write_text("".join(f"{name}\n" for name in architectures(source_tree)))
+    os.replace(tmp, target)
+
+
 def collect(house):
     """Keep the binaries beside the build tree (bin/), once the build finished."""
     (house / "bin").mkdir(parents=True, exist_ok=True)
@@ -432,6 +462,11 @@ def main(argv=None):
             subprocess.run(argv_, env={**os.environ, **env}, check=True)
         collect(house)
     install(house, bindir)
+    if (tree / "src" / "llama-arch.cpp").exists():
+        write_architectures(tree, bindir)
+    else:  # a build kept from a source tree deleted since: `rngrid models import` then cannot judge
+        print(f"warning: {tree} is gone, so {bindir / ARCHITECTURES} (the architectures this build loads) is not "
+              "written; delete the build folder and run make again", file=sys.stderr, flush=True)
     print(f"installed {', '.join(BINARIES)} into {bindir}: {check(bindir, backend)}", flush=True)
     if torch and backend == "cuda" and not _torch_cuda(str(bindir / "python")):
         print("warning: the torch installed is a CPU build, so training runs on the CPU; "

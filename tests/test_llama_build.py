@@ -158,6 +158,37 @@ def test_installed_binaries_run():
     assert lw.check(bindir, "cpu").startswith("version:")
 
 
+LLAMA_ARCH_CPP = """static const std::map<llm_arch, const char *> LLM_ARCH_NAMES = {
+    { LLM_ARCH_CLIP,             "clip"             }, // dummy, only used by llama-quantize
+    { LLM_ARCH_LLAMA,            "llama"            },
+    { LLM_ARCH_QWEN2,            "qwen2"            },
+    { LLM_ARCH_UNKNOWN,          "(unknown)"        },
+};
+
+static const std::map<llm_kv, const char *> LLM_KV_NAMES = {
+    { LLM_KV_GENERAL_TYPE,                     "general.type"                     },
+};
+"""
+
+
+def test_the_architecture_list_is_llama_arch_cpps_table_without_the_dummies(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "llama-arch.cpp").write_text(LLAMA_ARCH_CPP)
+    lw.write_architectures(tmp_path, tmp_path)
+    assert (tmp_path / lw.ARCHITECTURES).read_text() == "llama\nqwen2\n"
+    (tmp_path / "src" / "llama-arch.cpp").write_text("// moved elsewhere\n")
+    with pytest.raises(SystemExit, match="no LLM_ARCH_NAMES table"):
+        lw.architectures(tmp_path)
+
+
+def test_the_installed_build_lists_the_architectures_it_loads():
+    """The list `make setup` wrote beside llama-server, as the tower reads it."""
+    from reticulum_grid.node import engine
+    known = engine.architectures()
+    assert known is not None, f"no {engine.ARCHITECTURES} beside llama-server: run make llama"
+    assert {"llama", "qwen2", "gemma3"} <= known and "clip" not in known
+
+
 def fake_cuda_machine(monkeypatch, tmp_path):
     """Test double for a Linux box with two RTX 4090s (compute 8.9) and nvcc; no
     subprocess may run."""

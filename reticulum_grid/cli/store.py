@@ -23,6 +23,7 @@ def models(ctx, config_path, wait, connect, rns_config, as_json):
     """List the blobs (models, adapters, datasets) in the local store and the
     towers that hold them."""
     ctx.obj["store"] = _store(ctx, config_path)
+    ctx.obj["tower_config"] = config_path
     if ctx.invoked_subcommand is not None:
         return
     towers = open_grid(ctx, connect, rns_config).towers(wait=wait) if wait > 0 and not config_path else []
@@ -38,6 +39,8 @@ def models(ctx, config_path, wait, connect, rns_config, as_json):
                       r["path"] + (" (in place)" if r["external"] else ""),
                       ", ".join(f"{t['name']} ({t['state']})" for t in r["towers"]) or "-")
     out.print(table)
+    for b in ctx.obj["store"].broken():
+        err.print(styled(("not served:", "yellow"), f" {', '.join(b.aliases) or b.hex}: {b.problem}"))
 
 
 def _holders(blob_id, towers):
@@ -79,6 +82,67 @@ def models_add(ctx, path, alias, kind, copy):
     except ValueError as e:  # a file with the GGUF magic that the gguf library cannot read
         fail(f"{path}: {e}")
     out.print(f"{alias} -> {info.hex} ({_mib(info.size)}, {info.kind})")
+
+
+@models.command("import")
+@click.argument("source", required=False)
+@click.option("--alias", default=None, help="Name to use for it (default: the name its tool uses).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def models_import(ctx, source, alias, as_json):
+    """Without SOURCE (or with a folder): list the GGUF models Ollama, the
+    Hugging Face cache and LM Studio keep here (or the folder's), with size,
+    architecture, quantisation and whether this llama.cpp loads them.
+    With SOURCE (ollama:NAME[:TAG], hf:ORG/REPO/FILE.gguf,
+    lmstudio:PUBLISHER/MODEL/FILE.gguf or a GGUF path): register it in place,
+    without a copy, under the name its tool uses, in the store of the tower
+    HOME/tower/tower.toml (or of `rngrid models --config`)."""
+    from reticulum_grid.store import foreign, importing
+    if source is None or Path(source).expanduser().is_dir():
+        found = foreign.scan(foreign.roots()) if source is None else foreign.scan_dir(Path(source).expanduser())
+        _list_found([importing.describe(f) for f in found], as_json)
+        return
+    store = ctx.obj["store"] if ctx.obj["tower_config"] else _tower_store(ctx)
+    try:
+        candidate = importing.describe(foreign.resolve(source, foreign.roots()))
+        info = importing.register(store, candidate, alias)
+    except foreign.SourceError as e:
+        fail(str(e))
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    if as_json:
+        json_line({**_found_row(candidate), "aliases": info.aliases, "blob_id": info.hex, "store": str(store.root)})
+        return
+    out.print(f"{alias or candidate.found.name} -> {info.hex} ({_mib(info.size)}, {candidate.architecture} "
+              f"{candidate.quantization or ''}) in place at {info.path}; store {store.root}")
+
+
+def _tower_store(ctx):
+    from reticulum_grid.store.blobstore import BlobStore
+    return BlobStore(ctx.obj["home"] / "tower" / "blobs")
+
+
+def _found_row(c):
+    f = c.found
+    return {"source": f.source, "ref": f.ref, "name": f.name, "path": str(f.path) if f.path else None,
+            "size": f.size, "architecture": c.architecture, "quantization": c.quantization, "loadable": c.loadable,
+            "problem": c.problem}
+
+
+def _list_found(candidates, as_json):
+    from reticulum_grid.store.names import alias_problem
+    rows = [_found_row(c) for c in candidates]
+    if as_json:
+        json_line(rows)
+        return
+    table = Table("name", "import with", "size", "architecture", "quant", "llama.cpp", "note")
+    table.columns[1].overflow = "fold"  # copied into a command: never cut
+    for r in rows:
+        note = r["problem"] or ("needs --alias (the name is not a usable alias)" if alias_problem(r["name"]) else "")
+        loads = {True: "yes", False: "no", None: "?"}[r["loadable"]]
+        table.add_row(r["name"], r["ref"], _mib(r["size"]), r["architecture"] or "-", r["quantization"] or "-",
+                      loads, note)
+    out.print(table if rows else "no GGUF models found (Ollama, Hugging Face cache, LM Studio)")
 
 
 @models.command("rm")

@@ -24,7 +24,8 @@ from reticulum_grid.cli.common import err, fail, ifac_options, main, out, styled
 @click.option("--listen", default="127.0.0.1:4242", show_default=True, help="TCP listen address for a new config.")
 @click.option("--connect", multiple=True, metavar="HOST:PORT", help="Peers for a new config.")
 @click.option("--model", "models", multiple=True, metavar="ALIAS=PATH",
-              help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}).")
+              help=f"GGUF model for a new config (repeatable; default: the bundled {DEFAULT_ALIAS}); PATH may "
+                   "name another tool's model: ollama:NAME[:TAG], hf:ORG/REPO/FILE.gguf, lmstudio:...")
 @click.option("--voice/--no-voice", "voice", default=None,
               help="Serve speech to text (Whisper base) and text to speech (espeak-ng) in a new config "
                    "(default: when both are installed).")
@@ -122,7 +123,7 @@ def _new_tower_config(path, name, listen, connect, models, network_name="", pass
         alias, sep, gguf = spec.partition("=")
         if not sep:
             fail(f"--model wants ALIAS=PATH, got {spec!r}", 2)
-        parsed[alias] = str(Path(gguf).expanduser().resolve())
+        parsed[alias] = gguf if cfg.is_source_ref(gguf) else str(Path(gguf).expanduser().resolve())
     if not parsed:
         parsed = {DEFAULT_ALIAS: default_model_path()}
     sections = {"voice": {"whisper-base": {"kind": "stt"}, "espeak-ng": {"kind": "tts"}}} if voice else {}

@@ -40,8 +40,9 @@ from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.runner import Runner, RunnerSpec
 from reticulum_grid.node import hardware
 from reticulum_grid.node.hardware import Gpu
-from reticulum_grid.node.config import ConfigError, ModelConfig
-from reticulum_grid.store import gguf_info
+from reticulum_grid.node.config import ConfigError, ModelConfig, is_source_ref
+from reticulum_grid.store import gguf_info, importing
+from reticulum_grid.store.foreign import SourceError
 from reticulum_grid.store.blobstore import BlobStore
 
 log = logging.getLogger("rngrid.models")
@@ -96,7 +97,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._index_mtime: int | None = None
         for cfg in configs:
-            blob_id = store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id
+            blob_id = _register(store, cfg)
             other = self._settings.setdefault(blob_id, cfg)
             if _knobs(other) != _knobs(cfg):  # one loaded copy per file: one set of settings
                 raise ConfigError(f"models.{other.alias} and models.{cfg.alias} are the same file with different "
@@ -166,6 +167,9 @@ class ModelRegistry:
             matches = {b for b in aliases.values() if b.hex().startswith(name.lower())}
             blob_id = matches.pop() if len(matches) == 1 else None
         if blob_id is None:
+            broken = next((b for b in self.store.broken() if name in b.aliases and b.kind == "model"), None)
+            if broken is not None:
+                raise WireError(Code.CORRUPT, f"model {name!r} is not served: {broken.problem}")
             raise WireError(Code.UNKNOWN_MODEL, f"model {name!r} is not on this tower; it has: "
                                                 f"{', '.join(sorted(aliases)) or 'none'}")
         return self.slot(blob_id)
@@ -195,6 +199,7 @@ class ModelRegistry:
         WireError(insufficient_memory), AdapterError, LoadError."""
         with slot.load_lock:
             slot.last_used = time.monotonic()
+            self.verify(slot)
             if slot.runner is not None and not slot.runner.alive and not slot.runner.wait_up(RESTART_WAIT_S):
                 raise WireError(Code.RUNNER_LOST, f"model {slot.settings.alias}'s engine is restarting: "
                                 f"{slot.runner.last_error() or 'see the tower log'}", retry_after=RESTART_WAIT_S)
@@ -218,6 +223,19 @@ class ModelRegistry:
                 raise AdapterError(f"llama.cpp cannot apply the adapter at {adapter} to this model") from None
             assert slot.runner is not None  # _load set it
             return slot.runner
+
+    def verify(self, slot: ModelSlot) -> None:
+        """Serve nothing from a model file another program changed or deleted
+        (a file registered in place, store.verify; it may hash the file again:
+        call it off a request handler's thread): its runner stops and the
+        caller gets the store's WireError(corrupt)."""
+        try:
+            self.store.verify(slot.blob_id)
+        except WireError as e:
+            names = next((b.aliases for b in self.store.broken() if b.blob_id == slot.blob_id), None)
+            log.error("model %s: %s", ", ".join(names or [slot.settings.alias]), e.message)
+            self._unload(slot)
+            raise
 
     def _load(self, slot: ModelSlot, adapters: Sequence[str], embeddings: bool) -> None:
         hw, gpus, partial = self._make_room(slot)
@@ -365,6 +383,18 @@ def tensor_split(gpus: Sequence[Gpu], need_mib: int) -> list[float] | None:
         return [1.0 if g is best else 0.0 for g in gpus]
     total = sum(g.free_mib for g in gpus) or 1
     return [g.free_mib / total for g in gpus]
+
+
+def _register(store: BlobStore, cfg: ModelConfig) -> bytes:
+    """Register a config's model in place: its file, or the GGUF a source
+    name (``ollama:...``, ``hf:...``, ``lmstudio:...``) stands for now.
+    Returns its blob id. Raises ConfigError, WireError."""
+    if not is_source_ref(cfg.path):
+        return store.add_file(cfg.path, alias=cfg.alias, kind="model").blob_id
+    try:
+        return importing.register_source(store, cfg.path, cfg.alias).blob_id
+    except SourceError as e:
+        raise ConfigError(f"models.{cfg.alias}: {e}") from None
 
 
 def _knobs(cfg: ModelConfig) -> tuple[int, int, int, int, str, bool]:

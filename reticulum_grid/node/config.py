@@ -40,7 +40,10 @@ A tower config (every key optional except as noted)::
     [lxmf]
     propagation_node = false            # keep job notifications for clients that are offline
     [models.smollm2-135m]
-    path = "/path/to/model.gguf"        # required per model
+    path = "/path/to/model.gguf"        # required per model: a GGUF, or a model another tool keeps:
+                                        # "ollama:qwen2.5-coder:32b", "hf:org/repo/file.gguf",
+                                        # "lmstudio:publisher/model/file.gguf" (store/foreign.py),
+                                        # found again at every start, served in place
     n_ctx = 4096                        # context window per stream, tokens (2 or more; 0 = the model's own)
     n_gpu_layers = -1                   # -1: all layers on the GPU when there is one
     threads = 0                         # llama.cpp threads; 0 = its default. Towers sharing
@@ -94,6 +97,15 @@ MAX_PARALLEL = 64
 
 class ConfigError(ValueError):
     pass
+
+
+#: Other tools whose models a config's ``path`` may name as "<source>:<name>" (store/foreign.py finds them).
+MODEL_SOURCES = ("ollama", "hf", "lmstudio")
+
+
+def is_source_ref(path: str) -> bool:
+    """True when a model ``path`` names a model of another tool ("ollama:qwen2.5-coder:32b") rather than a file."""
+    return path.partition(":")[0] in MODEL_SOURCES and ":" in path
 
 
 def home() -> Path:
@@ -288,8 +300,11 @@ def _model(alias: str, spec: object, base: Path) -> ModelConfig:
     check_alias(alias, "models")
     if not isinstance(spec, dict) or "path" not in spec:
         raise ConfigError(f"models.{alias} needs a path")
-    path = Path(os.path.expanduser(_get(spec, "path", str, "")))
-    return ModelConfig(alias=alias, path=str(path if path.is_absolute() else base / path),
+    given = _get(spec, "path", str, "")
+    path = Path(os.path.expanduser(given))
+    if not is_source_ref(given):
+        given = str(path if path.is_absolute() else base / path)
+    return ModelConfig(alias=alias, path=given,
                        n_ctx=_n_ctx(spec, alias),
                        n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
                        threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),

@@ -111,3 +111,21 @@ def build_info() -> str:
     except (EngineMissing, OSError, subprocess.SubprocessError):
         return ""
     return next((line.strip() for line in (done.stdout + done.stderr).splitlines() if "version" in line), "")
+
+
+#: Written beside the binaries by the build (scripts/llama_build.py): one architecture a line.
+ARCHITECTURES = "llama-architectures.txt"
+
+
+def architectures() -> frozenset[str] | None:
+    """The model architectures ("llama", "qwen2", ...) this llama.cpp build
+    loads, or None when it cannot say (no build, or one made before the list
+    was written: `make llama` writes it). The list is derived at build time
+    from the vendored source's ``src/llama-arch.cpp`` (its LLM_ARCH_NAMES
+    table, less the "clip" dummy) and read from beside ``llama-server`` here,
+    so it always describes the binary that runs."""
+    try:
+        text = (Path(binary(SERVER)).parent / ARCHITECTURES).read_text()
+    except (EngineMissing, OSError):
+        return None
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())

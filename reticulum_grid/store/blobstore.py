@@ -13,8 +13,12 @@ Layout under ``root``::
 Paths derive from the hex blob id only, never from an alias, so nothing is
 written outside ``root``. A received blob appears under ``objects/`` only
 after every chunk verified (atomic rename). "External" blobs are files
-registered in place (a tower's configured GGUFs); their chunks are verified
-again when served because the file is outside our control.
+registered in place (a tower's configured GGUFs, models imported from other
+tools); their chunks are verified again when served because the file is
+outside our control, and ``verify`` hashes the whole file again once its size
+or mtime moved: a file another program changed is recorded as such (its
+index entry's ``changed``: the size and mtime it was found with) and is no
+longer listed, a deleted one neither; ``broken`` reports both.
 """
 
 import builtins
@@ -42,6 +46,7 @@ class BlobInfo:
     aliases: list[str] = field(default_factory=list)
     path: Path | None = None
     external: bool = False
+    problem: str | None = None  # why a file registered in place is not served (broken())
 
     @property
     def hex(self) -> str:
@@ -118,6 +123,15 @@ class BlobStore:
         info = self.info(blob_id)
         assert info is not None  # registered just now
         return info
+
+    def verified_in_place(self, path: str | os.PathLike[str]) -> bool:
+        """True when the file at ``path`` is registered in place with its
+        current size and mtime (so its bytes were hashed as they are)."""
+        real = Path(path).expanduser().resolve()
+        try:
+            return self._cached_external(real, real.stat()) is not None
+        except OSError:
+            return False
 
     def _cached_external(self, path: Path, stat: os.stat_result) -> str | None:
         for blob_hex, ext in self._index["external"].items():
@@ -209,7 +223,11 @@ class BlobStore:
         return {p.name for p in (self.root / "objects").iterdir() if (p / "manifest").exists()}
 
     def has(self, blob_id: bytes) -> bool:
-        """True when the whole blob is here and readable."""
+        """True when the whole blob is here and readable (a file registered in
+        place: not gone, not known to have changed)."""
+        ext = self._index["external"].get(blob_id.hex())
+        if ext is not None:
+            return _external_problem(ext) is None
         path = self.data_path(blob_id)
         return path is not None and path.exists()
 
@@ -234,6 +252,52 @@ class BlobStore:
     def list(self) -> builtins.list[BlobInfo]:
         """Every complete blob, as BlobInfo."""
         return [i for i in (self.info(bytes.fromhex(h)) for h in sorted(self._known_hex())) if i]
+
+    def broken(self) -> builtins.list[BlobInfo]:
+        """Files registered in place that are gone or changed, as BlobInfo with
+        the ``problem`` in words; they are not served until registered again."""
+        with self._lock:
+            external = dict(self._index["external"])
+        found = []
+        for h, ext in sorted(external.items()):
+            problem = _external_problem(ext)
+            if problem is not None:
+                with self._lock:
+                    aliases = sorted(a for a, b in self._index["aliases"].items() if b == h)
+                    kind = self._index["kinds"].get(h, "file")
+                found.append(BlobInfo(bytes.fromhex(h), ext["size"], kind, aliases, Path(ext["path"]), True, problem))
+        return found
+
+    def verify(self, blob_id: bytes) -> None:
+        """Check that a file registered in place still holds ``blob_id``: free
+        while its size and mtime are those it was verified with, else it is
+        hashed again (about a second per GB: call it off a request handler's
+        thread). A blob kept in the store itself passes. Raises
+        WireError(corrupt) when the file changed (recorded: the blob is no
+        longer listed) or is gone."""
+        h = blob_id.hex()
+        with self._lock:
+            ext = self._index["external"].get(h)
+        if ext is None:
+            return
+        problem = _external_problem(ext)
+        if problem is not None:
+            raise WireError(Code.CORRUPT, problem)
+        stat = os.stat(ext["path"])
+        if (stat.st_size, stat.st_mtime_ns) == (ext["size"], ext["mtime_ns"]):
+            return
+        same = mf.build(ext["path"]).blob_id == blob_id
+        with self._lock:
+            entry = self._index["external"].get(h)
+            if entry is not None and entry["path"] == ext["path"]:
+                if same:
+                    entry.update(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+                else:
+                    entry["changed"] = [stat.st_size, stat.st_mtime_ns]
+                self._save_index()
+        if not same:
+            raise WireError(Code.CORRUPT, f"{ext['path']} changed on disk since it was registered as blob {h[:16]} "
+                                          "(another program rewrote it); it is not served until registered again")
 
     def manifest_bytes(self, blob_id: bytes) -> bytes:
         path = self._object_dir(blob_id) / "manifest"
@@ -299,3 +363,15 @@ class BlobStore:
             os.chmod(data_path, 0o444)
             os.replace(data_path, directory / "data")
             self._write_manifest(blob_id, manifest_bytes)
+
+
+def _external_problem(ext: dict[str, Any]) -> str | None:
+    """Why the file of external entry ``ext`` is not served (gone, or found
+    changed by ``verify``), None when it may be. One stat."""
+    try:
+        stat = os.stat(ext["path"])
+    except OSError:
+        return f"{ext['path']} is gone (another program deleted or moved it)"
+    if ext.get("changed") == [stat.st_size, stat.st_mtime_ns]:
+        return f"{ext['path']} changed since it was registered (another program rewrote it)"
+    return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import gguf
 
 from announce.capsfull import TEXT_MAX_BYTES, ModelSummary
+from reticulum_grid.store.gguf_header import quantization_name
 from reticulum_grid.store.names import is_gguf
 
 #: LoRA targets llama.cpp applies and we can convert: the linear projections.
@@ -92,10 +93,7 @@ def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
 
 def _quantization(reader: gguf.GGUFReader) -> str | None:
     field = reader.fields.get("general.file_type")
-    try:
-        return gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_") if field else None
-    except ValueError:  # a file type this gguf library does not know yet
-        return None
+    return quantization_name(field.parts[-1][0]) if field else None
 
 
 def _name(reader: gguf.GGUFReader) -> str | None:

@@ -175,6 +175,12 @@ class TowerSplit:
     def _ensure_model(self, slot: ModelSlot, want: Want) -> SplitModel:
         """The split model for ``want`` (blob, parts, experts), built if needed."""
         with self._lock:
+            try:
+                self.tower.registry.verify(slot)
+            except WireError:
+                if self.model is not None and self.model.spec.path == slot.path:
+                    self._drop_model()  # its runner has the changed file open
+                raise
             if self.model is not None and self.model.key == want and self.model.alive and all(
                     c.link is not None and cast(ChannelRouter, c.router).link_usable() for c, _ in self.links):
                 return self.model
