@@ -139,4 +139,6 @@ def test_killed_before_the_first_token_goes_elsewhere(hub, grid):
     victim.kill()  # after routing, before the request reaches it
     pieces = list(stream)
     assert pieces[-1].tower != first and "".join(pieces[:-1])
-    assert hub.grid.health.get(stream.choices[0].entry.destination_hash).backed_off()
+    # The failure is on record (its backoff, 2 s after a first failure, may be over by now on a busy machine).
+    health = hub.grid.health.get(stream.choices[0].entry.destination_hash)
+    assert health.failures >= 1 and health.state in ("silent", "failed"), health
