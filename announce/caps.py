@@ -169,7 +169,7 @@ class Caps:
 
     def materially_differs(self, other: "Caps | None", vram_fraction: float = 0.10) -> bool:
         """True when a re-announce is warranted: models or adapters changed, a
-        loaded model's slots became all busy or one freed, a training job
+        loaded model's slots or queue places became all taken or one freed, a training job
         started or ended, or free memory moved by more than ``vram_fraction``
         of the total."""
         if other is None:

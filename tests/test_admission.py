@@ -78,10 +78,25 @@ def test_the_hint_is_never_longer_than_the_tokens_left_on_the_stream_it_waits_fo
     t0 = time.monotonic()
     assert queue.retry_hint(t0) == 4.0  # 40 tokens at the model's 10 tokens/s, none generated yet
     ticket.progress(1, t0)
-    ticket.progress(20, t0 + 1.0)  # its own rate: 20 tokens/s, faster than the model's
+    ticket.progress(20, t0 + 1.0)  # its own rate: 20 tokens/s
     assert queue.retry_hint(t0 + 1.0) == pytest.approx((40 - 21) / 20, abs=0.1)
     ticket.progress(19, t0 + 2.0)  # every token of its budget: about to end
     assert queue.retry_hint(t0 + 2.0) == MIN_HINT_S
+    end()
+
+
+def test_a_stream_slower_than_the_model_alone_is_timed_by_its_own_rate():
+    """Batched with others a stream runs slower than the model's past (alone)
+    said: its own rate counts, or every waiting client asks again at once."""
+    queue = ModelQueue(queue_depth=0, slots=4)
+    queue.record(4.0, 100.0)
+    ticket, end = started(queue, budget=32)
+    t0 = time.monotonic()
+    assert queue.retry_hint(t0) == MIN_HINT_S  # before its first tokens: the model's 100 tokens/s
+    ticket.progress(1, t0)
+    ticket.progress(10, t0 + 1.0)  # 10 tokens/s in its batch
+    assert queue.retry_hint(t0 + 1.0) == pytest.approx(min(4.0 - (t0 + 1.0 - ticket.started), (32 - 11) / 10),
+                                                       abs=0.15)
     end()
 
 

@@ -8,10 +8,11 @@ the line opens, i.e. until the first running stream is expected to end. A
 stream is expected to end at the earlier of how long generations took here
 (their own time, never the time they waited: a hint that counted waiting
 would grow with the line) and its own tokens left (its ``max_tokens`` less
-what it generated) at the faster of its own rate and the model's recent
-rate, so a hint is never longer than the time left on the stream it waits
-for (an earlier guess costs the client one more ask; a later one idles the
-slots). A client that asks again then is taken into the line before it runs
+what it generated) at its own rate (before it shows one, the model's recent
+rate, the prompt's time left out), so a hint is not longer than the time left
+on the stream it waits for (an early guess costs the client one more ask; a
+late one idles the slots, as a hint of 39 s did for streams that freed their
+places in 4). A client that asks again then is taken into the line before it runs
 dry, so the slots never idle while clients wait outside (tests/test_busy.py).
 
 ``on_change()`` runs whenever the model goes from no free slot to some or
@@ -162,11 +163,12 @@ class ModelQueue:
 
     def _time_left(self, ticket: Ticket, now: float) -> float:
         """Seconds the running ``ticket``'s stream is expected to take still
-        (the module doc): the earlier of the generations' time since it took its
-        slot and its tokens left at the faster of its own and the model's rate."""
+        (the module doc): the earlier of the generations' average time less its
+        time so far and its tokens left at its own rate (the model's before it
+        shows one: batched with others, a stream runs slower than alone)."""
         left = self.avg_request_s - (now - (ticket.started or now))
-        rate = max(ticket.rate() or 0.0, self.stream_rate or 0.0)
-        if ticket.budget is not None and rate > 0:
+        rate = ticket.rate() or self.stream_rate
+        if ticket.budget is not None and rate:
             left = min(left, max(0, ticket.budget - ticket.generated) / rate)
         return left
 
