@@ -16,6 +16,7 @@ from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.gateway.errors import ApiError
 from reticulum_grid.inference.admission import MIN_HINT_S, Cancelled, ModelQueue
+from reticulum_grid.node import config
 
 
 class Counted:
@@ -147,6 +148,18 @@ def test_a_wrong_free_queue_places_list_is_refused(places, why):
     blob["qf"] = places
     with pytest.raises(CapsError, match=why):
         decode(msgpack.packb(blob))
+
+
+def test_an_announce_floor_under_a_second_is_a_config_error(tmp_path):
+    """rns stamps an announce with its whole second and drops one no newer than
+    the last it heard: a tower announcing a freed queue place within a second
+    of its last announce would go unheard."""
+    path = tmp_path / "tower.toml"
+    path.write_text("[announce]\nfloor_s = 0.5\n")
+    with pytest.raises(config.ConfigError, match="floor_s = 0.5 must be a number of seconds >= 1"):
+        config.load_tower(path)
+    path.write_text("[announce]\nfloor_s = 1\n")
+    assert config.load_tower(path).floor_s == 1.0
 
 
 class TableOnly:
