@@ -11,6 +11,9 @@ Wire format, schema version 2 (msgpack map, short keys to fit one announce)::
             gpus],                  # GPUs llama.cpp uses (0 on a CPU tower); each one in caps/full
      "m": [[alias, short_id, loaded, free], ...],   # models: alias, first 4 bytes of blob id, 0/1,
                                   # slots free to start a stream at once (0 when not loaded)
+     "qf": [queue_free, ...],     # per "m" entry, in its order: free places in the model's queue (a
+                                  # request beyond its free slots waits there instead of hearing
+                                  # "busy"); optional, absent when all are 0
      "a": [[alias, short_id], ...],           # LoRA adapters
      "l": [streams, jobs, queue],             # running inference streams, training jobs, queue depth
      "t": 425,                    # tokens/s estimate x10 (int)
@@ -38,7 +41,7 @@ they do not hear them either: each side's decoder drops the other's announces.
 """
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import msgpack
@@ -75,6 +78,12 @@ class ModelCap:
     short_id: bytes
     loaded: bool = False
     free: int = 0  # slots free now (a stream starts at once); 0 when not loaded
+    queue_free: int = 0  # free places in its queue (a request waits there rather than hear "busy"); 0 when not loaded
+
+    @property
+    def room(self) -> int:
+        """Requests the tower takes now without "busy": free slots plus free places in the queue."""
+        return self.free + self.queue_free
 
     @property
     def short_hex(self) -> str:
@@ -160,7 +169,7 @@ class Caps:
 
     def materially_differs(self, other: "Caps | None", vram_fraction: float = 0.10) -> bool:
         """True when a re-announce is warranted: models or adapters changed, a
-        loaded model's slots became all busy or one freed, a training job
+        loaded model's slots or queue places became all taken or one freed, a training job
         started or ended, or free memory moved by more than ``vram_fraction``
         of the total."""
         if other is None:
@@ -176,8 +185,8 @@ class Caps:
         return moved > vram_fraction * total
 
 
-def _material(models: Iterable[ModelCap]) -> list[tuple[str, bytes, bool, bool]]:
-    return [(m.alias, m.short_id, m.loaded, m.free > 0) for m in models]
+def _material(models: Iterable[ModelCap]) -> list[tuple[str, bytes, bool, bool, bool]]:
+    return [(m.alias, m.short_id, m.loaded, m.free > 0, m.room > 0) for m in models]
 
 
 def _material_voice(voices: Iterable[VoiceCap]) -> list[tuple[str, str, str, bool, bool]]:
@@ -217,6 +226,8 @@ def _pack_map(caps: Caps, models: Sequence[ModelCap], adapters: Sequence[Adapter
         "l": [caps.load.streams, caps.load.jobs, caps.load.queue],
         "t": int(round(caps.tokens_per_s * 10)),
     }
+    if any(m.queue_free for m in models):
+        blob["qf"] = [int(m.queue_free) for m in models]
     if caps.lend_mib is not None:
         blob["sh"] = int(caps.lend_mib)
     voice = caps.voice if voice is None else voice
@@ -283,7 +294,7 @@ def from_map(raw: object) -> Caps:
         name=text_field(raw.get("n"), "name", NAME_MAX_BYTES, allow_empty=False),
         heartbeat_s=int_field(raw.get("hb"), "heartbeat", 1, 7 * 86400),
         hardware=_hardware(raw.get("hw")),
-        models=tuple(_model(m) for m in list_field(raw.get("m"), "models")),
+        models=_models(raw.get("m"), raw.get("qf")),
         adapters=tuple(_adapter(a) for a in list_field(raw.get("a", []), "adapters")),
         load=_load(raw.get("l")),
         tokens_per_s=int_field(raw.get("t", 0), "tokens/s", 0, MAX_TOKENS_PER_S * 10) / 10.0,
@@ -305,6 +316,15 @@ def _hardware(value: object) -> Hardware:
         raise CapsError("free memory exceeds total")
     return Hardware(backend, text_field(items[1], "device", DEVICE_MAX_BYTES), vram_total, vram_free, ram_total,
                     ram_free, int_field(items[6], "gpu count", 0, MAX_GPUS))
+
+
+def _models(value: object, queue_free: object) -> tuple[ModelCap, ...]:
+    """The "m" entries with their "qf" free queue places (0 when "qf" is absent)."""
+    models = [_model(m) for m in list_field(value, "models")]
+    if queue_free is None:
+        return tuple(models)
+    places = list_field(queue_free, "free queue places", exact=len(models))
+    return tuple(replace(m, queue_free=int_field(q, "free queue places", 0, MAX_COUNT)) for m, q in zip(models, places))
 
 
 def _model(value: object) -> ModelCap:

@@ -79,7 +79,7 @@ def _print_strangers(rows):
               help="LoRA scale; 0 gives the base model.")
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to keep waiting while every tower is busy: it asks again when a tower announces a "
-                   "free slot or its retry hint has passed.")
+                   "free slot or queue place or its retry hint has passed, and a last time at the end.")
 @click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Split the model over towers: when no one tower can hold it and the "
               "estimate says it pays (auto), whenever towers are heard (always), or never.")
@@ -103,7 +103,7 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
     grid = open_grid(ctx, connect, rns_config)
 
     def on_busy(error, pause_s):  # busy comes before any output, so a retry repeats nothing
-        err.print(f"{error.message}; trying again within {pause_s:.1f} s (sooner if a slot frees)")
+        err.print(f"{error.message}; trying again within {pause_s:.1f} s (sooner if a place frees)")
 
     try:
         with ProgressBar(as_json, f"syncing {model}") as progress:

@@ -13,7 +13,8 @@ from reticulum_grid.node import config as cfg
 @click.option("--api-key", default=None, envvar="RNGRID_API_KEY",
               help="Key every request must send as 'Authorization: Bearer KEY' (or set RNGRID_API_KEY).")
 @click.option("--busy-wait", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds a request waits for a free slot while every tower is busy before answering 429.")
+              help="Seconds a request waits for a free slot or queue place while every tower is busy before "
+                   "answering 429 (it asks a last time at the end).")
 @click.option("--cors-origin", "origins", multiple=True, metavar="ORIGIN",
               help="A web app origin allowed to call the API from a browser, e.g. http://localhost:5173 (repeatable).")
 @click.pass_context

@@ -1,19 +1,24 @@
 """Waiting out a busy grid, for every client (``Grid``, ``rngrid infer``, the gateway).
 
 A tower whose model's slots all run and whose line is full answers "busy"
-with a retry hint: the seconds until a place in its line opens
-(inference/admission.py). Busy always comes before any output, so asking
-again repeats nothing. A client given ``busy_wait`` seconds, told busy by
-every tower it tried, waits for the earliest of
+with a retry hint: the seconds until a place in its line opens, never more
+than the time left on the stream whose end opens it (inference/admission.py).
+Busy always comes before any output, so asking again repeats nothing. A
+client given ``busy_wait`` seconds, told busy by every tower it tried, waits
+for the earliest of
 
 - the shortest hint a tower gave,
-- a tower holding the model announcing a free slot (caps carry each loaded
-  model's free slots, and a tower re-announces when its last slot is taken
-  or one frees), or showing one in a ``caps/full`` heard since,
+- a tower holding the model announcing room: a free slot or a free place in
+  its queue (caps carry both for each loaded model, and a tower re-announces
+  when its last slot or queue place is taken or one frees; a queued request
+  takes a freed slot at once, so a freed queue place is often the only sign),
+  or showing room in a ``caps/full`` heard since,
 - its deadline, or a cancel,
 
-then asks again (re-ranking the towers). Only once the deadline has passed
-does the caller see the busy error.
+then asks again (re-ranking the towers). When the deadline came first it
+still asks once more, so a place that freed meanwhile is taken and a refusal
+carries the latest hint; only after that last ask does the caller see the
+busy error.
 """
 
 import logging
@@ -36,10 +41,13 @@ MIN_PAUSE_S = 0.2
 DEFAULT_PAUSE_S = 1.0
 
 
-def free_slot(entry: TowerEntry, model: str) -> bool:
-    """Whether the table ``entry`` says ``model`` is loaded there with a free slot."""
+def room(entry: TowerEntry, model: str) -> str | None:
+    """What the table ``entry`` says ``model`` has room in ("a free slot", "a
+    free queue place"), or None when it is not loaded there or has none."""
     cap = entry.caps.model(model)
-    return cap is not None and cap.loaded and cap.free > 0
+    if cap is None or not cap.loaded:
+        return None
+    return "a free slot" if cap.free > 0 else "a free queue place" if cap.queue_free > 0 else None
 
 
 class BusyWait:
@@ -60,29 +68,33 @@ class BusyWait:
 
     def wait(self, model: str, error: WireError, exclude: Collection[bytes] = ()) -> bool:
         """After the busy WireError ``error``: wait as the module doc says. True
-        when it is worth asking again; False when the deadline came first (or the
-        wait was stopped) and the caller should give up. ``exclude``: destination
-        hashes whose free slots do not count (towers that refused for another reason)."""
+        when it is worth asking again (the last time when the deadline came);
+        False once the deadline has passed (or the wait was stopped) and the
+        caller should give up. ``exclude``: destination hashes whose room does
+        not count (towers that refused for another reason)."""
         left = self.deadline - time.monotonic()
         if left <= 0 or self.stopped.is_set():
             return False
         hint = error.retry_after if error.retry_after is not None else DEFAULT_PAUSE_S
         pause = min(max(MIN_PAUSE_S, hint), left)
-        log.info("every tower with %s is busy (%s); asking again within %.1f s, sooner if a slot frees",
+        log.info("every tower with %s is busy (%s); asking again within %.1f s, sooner if a place frees",
                  model, error.message, pause)
         if self.on_busy is not None:
             self.on_busy(error, pause)
         since = time.time()
         self.waits += 1
 
-        def woken(entries: list[TowerEntry]) -> bool:
-            return self.stopped.is_set() or any(
-                free_slot(e, model) and e.heard_at > since and e.destination_hash not in exclude for e in entries)
+        def woken(entries: list[TowerEntry]) -> str | None:
+            if self.stopped.is_set():
+                return "a cancel"
+            return next((found for e in entries if e.heard_at > since and e.destination_hash not in exclude
+                         and (found := room(e, model))), None)
 
         freed = self.grid.table.wait_for(woken, pause)
         if self.stopped.is_set():
             return False
         if freed:
-            log.info("a tower with %s announced a free slot: asking again now", model)
-        # Cut short by the deadline with nothing freed: asking again would only hear busy.
-        return bool(freed) or pause < left
+            log.info("a tower with %s announced %s: asking again now", model, freed)
+        elif pause >= left:
+            log.info("waited for a place on a tower with %s until the deadline: asking a last time", model)
+        return True

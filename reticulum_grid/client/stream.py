@@ -11,8 +11,9 @@ strings, whose held-back text makes the token boundary uncertain) the error
 says how far it got.
 
 When every tower answered busy (before any output) and the request has a
-busy-wait, it waits for a free slot and asks again (client/busy.py); the
-caller sees busy only once that wait's deadline passed.
+busy-wait, it waits for room (a free slot or queue place) and asks again
+(client/busy.py); the caller sees busy only once that wait's deadline passed
+and a last ask was busy too, with that last answer's retry hint.
 
 Each attempt to reach a tower is bounded by what its link has shown
 (connection.attempt_timeout), so a frozen or dead tower costs seconds, not a
@@ -233,7 +234,8 @@ class InferenceStream:
 
     def _waited_for_slot(self) -> bool:
         """When nothing came yet and the towers said busy: wait (client/busy.py);
-        True to ask again (the busy answers are forgotten), False to give up.
+        True to ask again (the busy answers are forgotten, so a refusal carries
+        the latest hint), False to give up.
         Raises WireError(cancelled) when cancel() stopped the wait."""
         if self.generated or not self._errors:
             return False

@@ -9,8 +9,6 @@ shape, whose clients read ``error``), with the same status codes. Nothing
 answers with a traceback.
 """
 
-import math
-
 from links.wire import Code, WireError
 
 #: WireError code -> HTTP status. Unlisted codes are the tower's own failure: 502.
@@ -58,9 +56,12 @@ class ApiError(Exception):
         return body
 
     def headers(self):
-        """Extra response headers: ``Retry-After`` in whole seconds for a busy answer."""
+        """Extra response headers: ``Retry-After`` in whole seconds for a busy
+        answer (RFC 9110 allows no fraction), the tower's hint rounded down so it
+        is never later than the place it waits for (at least 1: a 0 invites a
+        retry at once); the body's ``retry_after`` keeps the fraction."""
         if self.status == 429:
-            return {"Retry-After": str(max(1, math.ceil(self.retry_after or 1)))}
+            return {"Retry-After": str(max(1, int(self.retry_after or 1)))}
         return {}
 
 

@@ -2,10 +2,11 @@
 
 Routing and failover are the Grid's (client/stream.py). Like ``rngrid infer``,
 a request every tower answers "busy" waits up to ``busy_wait_s`` seconds for
-a free slot (client/busy.py: the earliest of the towers' retry hints, a tower
-announcing a free slot, or the deadline) and is asked again; busy always
-comes before any output, so a retry repeats nothing. After that the caller
-gets the busy error (an HTTP 429 with Retry-After). A client that leaves
+room (client/busy.py: the earliest of the towers' retry hints, a tower
+announcing a free slot or queue place, or the deadline) and is asked again;
+busy always comes before any output, so a retry repeats nothing. When a last
+ask at the deadline is busy too the caller gets that answer (an HTTP 429 whose
+Retry-After is its hint). A client that leaves
 stops the stream: the cancel reaches the tower at once (or ends the wait for
 a slot), and the thread waiting on it wakes.
 """

@@ -90,7 +90,7 @@ class ModelRegistry:
         self.store = store
         self.queue_depth = queue_depth
         self.on_tokens_per_s = on_tokens_per_s
-        self.on_slots = on_slots  # a model's free slots went from none to some or back (admission.ModelQueue)
+        self.on_slots = on_slots  # a model's free slots or room went from none to some or back (admission.ModelQueue)
         self.log_dir = log_dir
         self._settings: dict[bytes, ModelConfig] = {}
         self._slots: dict[bytes, ModelSlot] = {}
@@ -129,12 +129,14 @@ class ModelRegistry:
 
     def caps_models(self) -> tuple[ModelCap, ...]:
         """Every alias of every model blob (two aliases of one blob: two
-        entries), loaded ones with their free slots."""
+        entries), loaded ones with their free slots and free queue places."""
         out = []
         for alias, blob_id in sorted(self.aliases().items()):
             slot = self._slots.get(blob_id)
             loaded = slot is not None and slot.loaded
-            out.append(ModelCap(alias, blob_id[:SHORT_ID_BYTES], loaded, slot.queue.free if slot and loaded else 0))
+            queue = slot.queue if slot is not None and loaded else None
+            out.append(ModelCap(alias, blob_id[:SHORT_ID_BYTES], loaded, queue.free if queue else 0,
+                                queue.room - queue.free if queue else 0))
         return tuple(out)
 
     def n_ctx(self, slot: ModelSlot) -> int:

@@ -27,7 +27,9 @@ A tower config (every key optional except as noted)::
                                         # One private address, never 0.0.0.0 or a public one
     [announce]
     heartbeat_s = 900                   # seconds between heartbeat announces
-    floor_s = 5                         # never two announces closer than this (seconds)
+    floor_s = 5                         # never two announces closer than this (seconds, >= 1: rns
+                                        # 0.9.4 drops an announce stamped in the same whole second as
+                                        # the last one it heard, so a faster one is lost)
     [limits]
     queue_depth = 4                     # requests that may wait per model before "busy"
     training_jobs = 1                   # training jobs run at once (more only with VRAM to spare)
@@ -93,6 +95,11 @@ IDENTITY_HASH_HEX = 32  # RNS truncated hash: 128 bits
 MAX_N_CTX = 1 << 24
 #: Most slots one runner may serve at once.
 MAX_PARALLEL = 64
+
+#: Shortest announce floor (seconds): rns 0.9.4 stamps an announce with its whole second and a
+#: receiver drops one no newer than the last it heard (Transport: ``announce_emitted > path_timebase``),
+#: so two announces within a second lose the second, such as a freed place in a model's queue.
+MIN_FLOOR_S = 1.0
 
 
 class ConfigError(ValueError):
@@ -177,7 +184,7 @@ def load_tower(path: str | os.PathLike[str]) -> TowerConfig:
         models=[_model(alias, spec, path.parent) for alias, spec in _get(doc, "models", dict, {}).items()],
         allow=_allow(_get(doc, "allow", dict, {})),
         heartbeat_s=_seconds(announce, "heartbeat_s", 900, 1),
-        floor_s=_seconds(announce, "floor_s", 5, 0),
+        floor_s=_seconds(announce, "floor_s", 5, MIN_FLOOR_S),
         queue_depth=_bounded(limits, "queue_depth", 4, 0, 1 << 16, "limits"),
         training_jobs=_bounded(limits, "training_jobs", 1, 1, 1 << 10, "limits"),
         propagation_node=_get(lxmf, "propagation_node", bool, False),

@@ -271,10 +271,12 @@ class Tower:
         return handle
 
     def _slots_changed(self) -> None:
-        """A model's last slot was taken, or one freed: announce (as the floor
-        allows), so clients waiting out a busy grid hear of it at once."""
+        """A model's last free slot or last place in its queue was taken, or one
+        freed: announce (as the floor allows), so clients waiting out a busy
+        grid hear of it at once (a freed queue place too: a queued request takes
+        a freed slot at once, so then no free slot is ever announced)."""
         if self.announcer is not None:
-            self.announcer.request("free slots changed")
+            self.announcer.request("free slots or queue places changed")
 
     def caps(self) -> capscodec.Caps:
         tower = cast(TowerParts, self)  # announced once start() made every part

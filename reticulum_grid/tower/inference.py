@@ -57,7 +57,8 @@ class TowerInference:
                     for i, path in enumerate(slot.adapters)]
             yield from generation.generate(runner, parsed, cancel, result, lora)
 
-        return start_stream(session, parsed, slot.queue, generate, self._whole_model_usage, prepare=prepare)
+        return start_stream(session, parsed, slot.queue, generate, self._whole_model_usage, prepare=prepare,
+                            budget=parsed.sampling.max_tokens)
 
     def embeddings(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         model, texts, stream_id = inference_request.parse_embeddings(request)

@@ -149,7 +149,7 @@ class TowerSplit:
                            split=tuple(key.hex() for key, _, _ in parts)).to_map()
 
         return start_stream(session, parsed, self.queue, generate, usage, prepare=lambda: self._ensure_model(
-            slot, want), on_error=self._stream_failed, name="rngrid-split")
+            slot, want), on_error=self._stream_failed, name="rngrid-split", budget=parsed.sampling.max_tokens)
 
     def _parse_parts(self, split: object, n_layers: int) -> list[Part]:
         parts = split.get("parts") if isinstance(split, dict) else None

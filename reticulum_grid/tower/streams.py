@@ -35,7 +35,7 @@ class StreamRequest(Protocol):
 def start_stream(session: "LinkSession", request: StreamRequest, queue: ModelQueue,
                  generate: Generate, usage: UsageMap,
                  prepare: Callable[[], object] | None = None, on_error: Callable[[WireError], None] | None = None,
-                 name: str = "rngrid-gen") -> dict[str, Any]:
+                 name: str = "rngrid-gen", budget: int | None = None) -> dict[str, Any]:
     """Admit ``request`` (a parsed inference request) to ``queue`` and run it on
     a thread of its own; returns the reply ``{"stream_id", "queued"}`` at once.
 
@@ -44,11 +44,14 @@ def start_stream(session: "LinkSession", request: StreamRequest, queue: ModelQue
     its result goes to ``generate(prepared, result, cancel)``, which yields
     generation.Piece and fills ``result`` (a Generation); ``usage(result,
     queued_s)`` gives the end message's usage map; ``on_error(WireError)`` runs
-    before a coded error is sent. Raises WireError(busy) when the queue is
-    full, WireError(bad_request) when the stream id is in use on this Link."""
+    before a coded error is sent; ``budget``: the most tokens it may generate
+    (its max_tokens; None for no token stream), which bounds the retry hint
+    others are told while it runs (inference/admission.py). Raises
+    WireError(busy) when the queue is full, WireError(bad_request) when the
+    stream id is in use on this Link."""
     if request.stream_id in session.streams:
         raise WireError(Code.BAD_REQUEST, f"stream id {request.stream_id} is already in use on this link")
-    ticket = queue.admit()
+    ticket = queue.admit(budget)
     cancel = session.streams[request.stream_id] = threading.Event()
     threading.Thread(target=_run, args=(session, request, queue, ticket, cancel, prepare, generate, usage, on_error),
                      name=f"{name}-{request.stream_id}", daemon=True).start()
@@ -69,6 +72,7 @@ def _run(session: "LinkSession", request: StreamRequest, queue: ModelQueue, tick
                 sent = 0
                 for piece in generate(prepared, result, cancel):
                     sender.push(piece.data, piece.ids, _extra(piece))
+                    ticket.progress(piece.n)
                     sent += piece.n
                 generation_s = time.perf_counter() - turn_at
             released_at = time.time()
@@ -85,7 +89,7 @@ def _run(session: "LinkSession", request: StreamRequest, queue: ModelQueue, tick
             # The tower's record of its slot's use (wall-clock s): tests read the order of turns from it.
             log.info("stream %d: %d token(s), admitted %.3f, turn %.3f-%.3f", request.stream_id, sent,
                      ticket.admitted_at, turn_wall, released_at)
-        queue.record(generation_s)  # the retry hint counts generation, never waiting
+        queue.record(generation_s, ticket.rate())  # the retry hint counts generation, never waiting
     except Cancelled:
         sender.fail(Code.CANCELLED, "cancelled while queued")
     except WireError as e:
