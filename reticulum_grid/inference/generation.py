@@ -40,30 +40,6 @@ Lora = Sequence[dict[str, Any]]
 
 
 @dataclass
-class Sampling:
-    """Sampling options, with llama-cpp-python's create_completion defaults
-    (what this grid always used); penalties as in OpenAI's API."""
-    max_tokens: int = 256
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def to_runner(self) -> dict[str, Any]:
-        body = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "repeat_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
-                "frequency_penalty": self.frequency_penalty, "stop": list(self.stop)}
-        if self.seed is not None:
-            body["seed"] = self.seed
-        return body
-
-
-@dataclass
 class Generation:
     """What one generation produced. Times in seconds, rates in tokens/s.
 

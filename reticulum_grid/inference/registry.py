@@ -35,8 +35,9 @@ from typing import Any
 from announce.caps import SHORT_ID_BYTES, Hardware, ModelCap
 from links.wire import Code, WireError
 from reticulum_grid.inference.admission import ModelQueue
-from reticulum_grid.inference.generation import AdapterError, Generation, Sampling, generate
+from reticulum_grid.inference.generation import AdapterError, Generation, generate
 from reticulum_grid.inference.placement import LoadError
+from reticulum_grid.inference.request import InferenceRequest, Sampling
 from reticulum_grid.inference.runner import Runner, RunnerSpec
 from reticulum_grid.node import hardware
 from reticulum_grid.node.hardware import Gpu
@@ -353,7 +354,6 @@ class ModelRegistry:
 
     def _warm_up(self, slot: ModelSlot, runner: Runner) -> None:
         # A first tokens/s figure for caps.
-        from reticulum_grid.inference.request import InferenceRequest
         result = Generation()
         request = InferenceRequest("", "Hello", None, Sampling(max_tokens=8, temperature=0.0), 0)
         try:

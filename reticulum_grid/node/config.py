@@ -82,8 +82,8 @@ from typing import Any
 
 import tomlkit
 
-from announce.aliases import alias_problem
 
+from reticulum_grid.node.config_values import ConfigError, bounded, check_alias, seconds, typed
 from reticulum_grid.node.voice_config import VoiceConfig, parse_voice  # noqa: F401 (VoiceConfig: part of this API)
 
 ROLES = ("infer", "voice", "train", "sync", "shard", "train-peer", "admin")
@@ -101,9 +101,6 @@ MAX_PARALLEL = 64
 #: so two announces within a second lose the second, such as a freed place in a model's queue.
 MIN_FLOOR_S = 1.0
 
-
-class ConfigError(ValueError):
-    pass
 
 
 #: Other tools whose models a config's ``path`` may name as "<source>:<name>" (store/foreign.py finds them).
@@ -174,25 +171,25 @@ def load_tower(path: str | os.PathLike[str]) -> TowerConfig:
     path = Path(path)
     doc = read_toml(path)
     net, announce, limits, lxmf, shard = (_table(doc, t) for t in ("network", "announce", "limits", "lxmf", "shard"))
-    name = _get(doc, "name", str, path.parent.name or "tower")
+    name = typed(doc, "name", str, path.parent.name or "tower")
     if not name or len(name.encode()) > NAME_MAX_BYTES:
         raise ConfigError(f"name must be 1..{NAME_MAX_BYTES} bytes")
     return TowerConfig(
         path=path.resolve(),
         name=name,
         network=_network(net),
-        models=[_model(alias, spec, path.parent) for alias, spec in _get(doc, "models", dict, {}).items()],
-        allow=_allow(_get(doc, "allow", dict, {})),
-        heartbeat_s=_seconds(announce, "heartbeat_s", 900, 1),
-        floor_s=_seconds(announce, "floor_s", 5, MIN_FLOOR_S),
-        queue_depth=_bounded(limits, "queue_depth", 4, 0, 1 << 16, "limits"),
-        training_jobs=_bounded(limits, "training_jobs", 1, 1, 1 << 10, "limits"),
-        propagation_node=_get(lxmf, "propagation_node", bool, False),
+        models=[_model(alias, spec, path.parent) for alias, spec in typed(doc, "models", dict, {}).items()],
+        allow=_allow(typed(doc, "allow", dict, {})),
+        heartbeat_s=seconds(announce, "heartbeat_s", 900, 1),
+        floor_s=seconds(announce, "floor_s", 5, MIN_FLOOR_S),
+        queue_depth=bounded(limits, "queue_depth", 4, 0, 1 << 16, "limits"),
+        training_jobs=bounded(limits, "training_jobs", 1, 1, 1 << 10, "limits"),
+        propagation_node=typed(lxmf, "propagation_node", bool, False),
         lend_mib=_lend_mib(shard),
-        shard_threads=_bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
-        unreferenced_s=_seconds(limits, "unreferenced_s", 86400, 0),
-        dataplane=_dataplane(_get(net, "dataplane", str, ""), _table(doc, "train")),
-        voice=[parse_voice(alias, spec, path.parent) for alias, spec in _get(doc, "voice", dict, {}).items()],
+        shard_threads=bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
+        unreferenced_s=seconds(limits, "unreferenced_s", 86400, 0),
+        dataplane=_dataplane(typed(net, "dataplane", str, ""), _table(doc, "train")),
+        voice=[parse_voice(alias, spec, path.parent) for alias, spec in typed(doc, "voice", dict, {}).items()],
     )
 
 
@@ -261,67 +258,50 @@ def write_toml(path: Path, doc: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _get(table: Mapping[str, Any], key: str, types: type | tuple[type, ...], default: Any) -> Any:
-    value = table.get(key, default)
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise ConfigError(f"{key} must be {types}, got bool")
-    if not isinstance(value, types):
-        raise ConfigError(f"{key} must be {getattr(types, '__name__', types)}, got {type(value).__name__}")
-    return value
-
 
 def _network(table: Mapping[str, Any]) -> NetworkConfig:
     if "bitrate" in table:
         raise ConfigError("[network] bitrate is now link_bitrate: it tells RNS the link's speed (MTU, announce "
                           "pacing) and never limited the rate")
-    connect = _get(table, "connect", list, [])
+    connect = typed(table, "connect", list, [])
     for target in connect:
         parse_hostport(target)
-    listen = _get(table, "listen", str, "")
+    listen = typed(table, "listen", str, "")
     if listen:
         parse_hostport(listen)
-    ifac = {key: _get(table, key, str, "") for key in ("network_name", "passphrase")}
+    ifac = {key: typed(table, key, str, "") for key in ("network_name", "passphrase")}
     for key, value in ifac.items():
         if value and not value.isprintable():
             raise ConfigError(f"[network] {key} must be one line of printable text")
-    rns_config = _get(table, "rns_config", str, "")
+    rns_config = typed(table, "rns_config", str, "")
     if rns_config and any(ifac.values()):
         raise ConfigError("[network] network_name and passphrase shape the RNS config rngrid writes; with "
                           "rns_config, set them on that config's interfaces instead")
     return NetworkConfig(listen=listen, connect=connect, rns_config=rns_config,
-                         transport=_get(table, "transport", bool, False),
-                         link_bitrate=_get(table, "link_bitrate", int, 0), **ifac)
+                         transport=typed(table, "transport", bool, False),
+                         link_bitrate=typed(table, "link_bitrate", int, 0), **ifac)
 
-
-def check_alias(alias: str, table: str) -> str:
-    """``alias``, the key of a ``[table.ALIAS]`` table, when it is a usable
-    alias (announce/aliases.py: the store and the caps take the same); else
-    raises ConfigError naming the key."""
-    problem = alias_problem(alias)
-    if problem:
-        raise ConfigError(f"[{table}.{alias}] in the config: {problem}")
-    return alias
 
 
 def _model(alias: str, spec: object, base: Path) -> ModelConfig:
     check_alias(alias, "models")
     if not isinstance(spec, dict) or "path" not in spec:
         raise ConfigError(f"models.{alias} needs a path")
-    given = _get(spec, "path", str, "")
+    given = typed(spec, "path", str, "")
     path = Path(os.path.expanduser(given))
     if not is_source_ref(given):
         given = str(path if path.is_absolute() else base / path)
     return ModelConfig(alias=alias, path=given,
                        n_ctx=_n_ctx(spec, alias),
-                       n_gpu_layers=_bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
-                       threads=_bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),
-                       parallel=_bounded(spec, "parallel", 0, 0, MAX_PARALLEL, f"models.{alias}"),
-                       draft=_get(spec, "draft", str, ""), embeddings=_get(spec, "embeddings", bool, False),
-                       preload=_get(spec, "preload", bool, True))
+                       n_gpu_layers=bounded(spec, "n_gpu_layers", -1, -1, 1 << 16, f"models.{alias}"),
+                       threads=bounded(spec, "threads", 0, 0, 1 << 12, f"models.{alias}"),
+                       parallel=bounded(spec, "parallel", 0, 0, MAX_PARALLEL, f"models.{alias}"),
+                       draft=typed(spec, "draft", str, ""), embeddings=typed(spec, "embeddings", bool, False),
+                       preload=typed(spec, "preload", bool, True))
 
 
 def _n_ctx(spec: Mapping[str, Any], alias: str) -> int:
-    value = _bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}")
+    value = bounded(spec, "n_ctx", 4096, 0, MAX_N_CTX, f"models.{alias}")
     if value == 1:  # llama-server cannot start with one: its warm-up decodes two tokens
         raise ConfigError(f"models.{alias}.n_ctx = 1 holds no prompt and answer; give 2 or more (0: the model's own)")
     return value
@@ -334,24 +314,12 @@ def _table(doc: Mapping[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _seconds(table: Mapping[str, Any], key: str, default: float, lo: float) -> float:
-    value = float(_get(table, key, (int, float), default))
-    if not lo <= value < float("inf"):
-        raise ConfigError(f"{key} = {value} must be a number of seconds >= {lo}")
-    return value
-
-
-def _bounded(table: Mapping[str, Any], key: str, default: int, lo: int, hi: int, where: str) -> int:
-    value = _get(table, key, int, default)
-    if not lo <= value <= hi:
-        raise ConfigError(f"{where}.{key} = {value} is outside [{lo}, {hi}]")
-    return value
 
 
 def _lend_mib(table: Mapping[str, Any]) -> int | None:
     if "lend_mib" not in table:
         return None
-    value = _get(table, "lend_mib", int, 0)
+    value = typed(table, "lend_mib", int, 0)
     if not 0 <= value <= 1 << 24:
         raise ConfigError(f"shard.lend_mib = {value} is outside [0, {1 << 24}]")
     return value

@@ -17,11 +17,7 @@ Figures are estimates for ranking and for telling a user when splitting is
 slower than not splitting; bench/split.py measures the real ones.
 """
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # plan.py refers to this module's Estimate
-    from reticulum_grid.split.plan import Plan
+from reticulum_grid.split.plan import Estimate, Plan  # noqa: F401 (Estimate: what this module's functions give)
 
 #: Round trips per generated token per remote stage (see the module doc).
 ROUND_TRIPS_PER_STAGE = 2.4
@@ -33,19 +29,6 @@ PRIOR_LINK_RATE = 12.5e6
 MIN_BANDWIDTH, MAX_BANDWIDTH = 1e8, 5e12
 #: The prompt a TTFT estimate is made for (tokens).
 PROMPT_TOKENS = 100
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """``tokens_per_s``; ``added_ttft_s``: seconds the split adds before the
-    first token (0 for one tower); ``where``: the towers, in words."""
-    tokens_per_s: float
-    added_ttft_s: float
-    where: str
-
-    def to_map(self) -> dict[str, Any]:
-        return {"tokens_per_s": round(self.tokens_per_s, 2), "added_ttft_s": round(self.added_ttft_s, 3),
-                "where": self.where}
 
 
 def bandwidth(backend: str, tokens_per_s: float = 0.0, model_bytes: int = 0) -> float:

@@ -14,10 +14,7 @@ per token) never cross the network. Workers hold the first layers, in order.
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # estimate.py reads Plans
-    from reticulum_grid.split.estimate import Estimate
+from typing import Any
 
 #: Spare memory a plan keeps over the model's need (fraction).
 HEADROOM = 0.10
@@ -61,6 +58,20 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """What a plan (or one tower) is estimated to do (split/estimate.py makes
+    it): ``tokens_per_s``; ``added_ttft_s``: seconds the split adds before the
+    first token (0 for one tower); ``where``: the towers, in words."""
+    tokens_per_s: float
+    added_ttft_s: float
+    where: str
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tokens_per_s": round(self.tokens_per_s, 2), "added_ttft_s": round(self.added_ttft_s, 3),
+                "where": self.where}
+
+
+@dataclass(frozen=True)
 class Plan:
     """``workers`` hold the first layers in order; ``coordinator`` the rest and
     the output layer. ``reasons``: why, in words."""
@@ -69,7 +80,7 @@ class Plan:
     need_mib: int = 0
     n_layers: int = 0
     reasons: tuple[str, ...] = field(default=(), compare=False)
-    estimate: "Estimate | None" = field(default=None, compare=False)  # split/estimate.py's, once made
+    estimate: Estimate | None = field(default=None, compare=False)  # split/estimate.py's, once made
 
     @property
     def parts(self) -> tuple[Part, ...]:

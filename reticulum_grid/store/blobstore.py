@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +34,8 @@ import blake3
 from links import manifest as mf
 from links.wire import Code, WireError
 from reticulum_grid.store.names import KINDS, check_alias, check_content, is_blob_id_prefix
+from reticulum_grid.store.blobinfo import BlobInfo
 from reticulum_grid.store.partial import Partial
-
-
-@dataclass
-class BlobInfo:
-    blob_id: bytes
-    size: int
-    kind: str
-    aliases: list[str] = field(default_factory=list)
-    path: Path | None = None
-    external: bool = False
-    problem: str | None = None  # why a file registered in place is not served (broken())
-
-    @property
-    def hex(self) -> str:
-        return self.blob_id.hex()
 
 
 class BlobStore:
@@ -355,8 +340,19 @@ class BlobStore:
             tmp.write_bytes(data)
             os.replace(tmp, directory / "manifest")
 
-    def _publish(self, blob_id: bytes, manifest_bytes: bytes, data_path: Path) -> None:
-        """Move a verified partial file into objects/ (atomic rename)."""
+    def released(self, partial: Partial) -> bool:
+        """One transfer is done with ``partial`` (Partial.release): True when it
+        was the last, once the store no longer hands it out."""
+        with self._lock:
+            partial.users -= 1
+            if partial.users > 0:
+                return False
+            if self._receiving.get(partial.blob_id) is partial:
+                del self._receiving[partial.blob_id]
+            return True
+
+    def publish(self, blob_id: bytes, manifest_bytes: bytes, data_path: Path) -> None:
+        """Move a verified partial file into objects/ (atomic rename); a Partial's finish() calls it."""
         with self._lock:
             directory = self._object_dir(blob_id)
             directory.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import blake3
 
@@ -18,8 +18,24 @@ from links.manifest import Manifest
 from links.wire import Code, WireError
 from reticulum_grid.store.names import check_content
 
-if TYPE_CHECKING:  # the store imports this module
-    from reticulum_grid.store.blobstore import BlobInfo, BlobStore
+from reticulum_grid.store.blobinfo import BlobInfo
+
+
+class Home(Protocol):
+    """What a Partial asks of the store receiving it (store/blobstore.py's BlobStore)."""
+    root: Path
+
+    def has(self, blob_id: bytes) -> bool: ...
+
+    def info(self, blob_id: bytes) -> BlobInfo | None: ...
+
+    def publish(self, blob_id: bytes, manifest_bytes: bytes, data_path: Path) -> None: ...
+
+    def set_alias(self, alias: str, blob_id: bytes, kind: str | None = None) -> None: ...
+
+    def set_kind_if_new(self, blob_id: bytes, kind: str) -> None: ...
+
+    def released(self, partial: "Partial") -> bool: ...
 
 #: Room kept free on the store's disk beyond a blob's size (bytes).
 DISK_MARGIN = 256 << 20
@@ -47,7 +63,7 @@ class Partial:
     interrupted transfer resumes without re-fetching verified chunks.
     ``write`` may be called from several threads."""
 
-    def __init__(self, store: "BlobStore", blob_id: bytes, manifest_bytes: bytes, manifest: Manifest) -> None:
+    def __init__(self, store: Home, blob_id: bytes, manifest_bytes: bytes, manifest: Manifest) -> None:
         self.store = store
         self.blob_id = blob_id
         self.manifest = manifest
@@ -116,7 +132,7 @@ class Partial:
                 raise storage_error(e, self.dir / "data") from None
             self.have[index] = 1
 
-    def finish(self, alias: str | None = None, kind: str | None = None) -> "BlobInfo | None":
+    def finish(self, alias: str | None = None, kind: str | None = None) -> BlobInfo | None:
         """Verify the whole file and publish it under objects/ (atomic rename).
 
         Chunks that no longer verify are marked missing again and WireError(bad_chunk)
@@ -145,7 +161,7 @@ class Partial:
                     shutil.rmtree(self.dir, ignore_errors=True)  # verified, but not what it claims to be
                     self.have = bytearray(len(self.have))
                     raise
-                self.store._publish(self.blob_id, self._manifest_bytes, self.dir / "data")
+                self.store.publish(self.blob_id, self._manifest_bytes, self.dir / "data")
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.complete = True
         if alias:
@@ -169,12 +185,7 @@ class Partial:
     def release(self) -> None:
         """A transfer is done with this Partial; the last one closes its files
         (after the store stops handing it out, so none is given a closed one)."""
-        with self.store._lock:
-            self.users -= 1
-            last = self.users <= 0
-            if last and self.store._receiving.get(self.blob_id) is self:
-                del self.store._receiving[self.blob_id]
-        if last:
+        if self.store.released(self):
             with self._lock:
                 self._close_files()
 

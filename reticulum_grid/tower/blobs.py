@@ -32,7 +32,7 @@ from reticulum_grid.store.blobstore import BlobInfo
 from reticulum_grid.store.sync import LinkSource, Progress, SyncReport, fetch_blob, first_manifest, matching_blob_id
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 #: A transfer run on its own thread: the progress callback in, what fetch_blob gives out.

@@ -23,9 +23,6 @@ from announce.capsfull import BlobFacts, Caller, CapsFull, GpuInfo
 from announce.announcer import APP_NAME, RADIO_ANNOUNCES_PER_H, TOWER_ASPECT, Announcer, PingListener
 from links import auth, protocol, wire
 from links.commands import COMMANDS, Command, bind
-from links.channel import ChannelRouter
-from links.chunks import ChunkFetcher, ChunkServer
-from links.stream import StreamRoutes
 from links.wire import Code, WireError
 from reticulum_grid.node import hardware, identity, rnsnet
 from reticulum_grid.store.blobstore import BlobStore
@@ -34,7 +31,6 @@ from reticulum_grid.node.allowlist import LiveAllowList
 from reticulum_grid.node.config import TOWER_ROLES, TowerConfig
 from reticulum_grid.inference.facts import ModelFactsReader
 from reticulum_grid.inference.registry import ModelRegistry
-from reticulum_grid.split.tunnel import Tunnels
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
@@ -42,6 +38,7 @@ from reticulum_grid.tower.replies import ReplyCache
 from reticulum_grid.tower.split import TowerSplit
 from reticulum_grid.tower.inference import TowerInference
 from reticulum_grid.tower.parts import TowerParts
+from reticulum_grid.tower.session import LinkSession
 from reticulum_grid.tower.voice import TowerVoice
 
 log = logging.getLogger("rngrid.tower")
@@ -76,53 +73,6 @@ def merge_commands(*groups: list[Command]) -> dict[str, Command]:
     if missing:
         raise ValueError(f"no capability serves {', '.join(missing)} (links/commands.py lists them)")
     return merged
-
-
-class LinkSession:
-    """A client's Link: stream routes, chunk server and fetcher, and the cancel
-    events of its streams."""
-
-    def __init__(self, link: RNS.Link, tower: "Tower") -> None:
-        self.link = link
-        self.streams: dict[int, threading.Event] = {}
-        self.replies = ReplyCache()
-        self.router = ChannelRouter(link)
-        self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
-        self.fetcher = ChunkFetcher(self.router)
-        self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
-        self.tunnels: Tunnels | None = None  # once a coordinator opens one (tower/split.py)
-        self._tower = tower
-        self._on_close: list[Callable[[], object]] = []
-        link.set_link_closed_callback(self._closed)
-
-    def on_close(self, callback: Callable[[], object]) -> None:
-        """Run ``callback()`` when this Link closes."""
-        self._on_close.append(callback)
-
-    @property
-    def identity(self) -> Any:  # the RNS.Identity the client identified as, or None
-        return self.link.get_remote_identity()
-
-    def _authorize_read(self, blob_id: bytes) -> None:
-        auth.require(self.identity, "sync", self._tower.allow.roles_of)
-        if not self._tower.store.has(blob_id):
-            raise WireError(Code.UNKNOWN_BLOB, f"blob {blob_id.hex()[:16]} is not on this tower")
-
-    def cancel(self, stream_id: int) -> None:
-        event = self.streams.get(stream_id)
-        if event is not None:
-            log.info("stream %d: a cancel from the client", stream_id)
-            event.set()
-
-    def _closed(self, link: RNS.Link) -> None:
-        if self.streams:
-            log.info("link closed with %d stream(s) running: stopping them", len(self.streams))
-        for event in list(self.streams.values()):
-            event.set()
-        self.fetcher.link_closed()
-        for callback in self._on_close:
-            callback()
-        self._tower.link_closed(link)
 
 
 class Tower:
@@ -280,6 +230,7 @@ class Tower:
 
     def caps(self) -> capscodec.Caps:
         tower = cast(TowerParts, self)  # announced once start() made every part
+        jobs, split, voice = cast(TowerJobs, self.jobs), cast(TowerSplit, self.split), cast(TowerVoice, self.voice)
         slots = tower.registry.slots()
         hardware = tower.registry.truthful(self.hardware())  # cpu when llama.cpp kept a model off the GPU
         return capscodec.Caps(
@@ -288,12 +239,12 @@ class Tower:
             models=tower.registry.caps_models(),
             adapters=tuple(capscodec.AdapterCap(alias, info.blob_id[:capscodec.SHORT_ID_BYTES])
                            for info in self.store.list() if info.kind == "adapter" for alias in info.aliases[:1]),
-            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=tower.jobs.manager.running_count(),
+            load=capscodec.Load(streams=sum(s.queue.running for s in slots), jobs=jobs.manager.running_count(),
                                 queue=sum(s.queue.waiting for s in slots)),
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
-            lend_mib=tower.split.lend_mib(hardware),
-            voice=tower.voice.caps(),
+            lend_mib=split.lend_mib(hardware),
+            voice=voice.caps(),
         )
 
     def remote_alias(self, alias: str | None, kind: str) -> str | None:
@@ -308,14 +259,14 @@ class Tower:
         return alias
 
     def _caps_full(self, session: LinkSession, request: dict[str, Any]) -> dict[str, Any]:
-        tower = cast(TowerParts, self)  # a command: start() made every part
+        voice = cast(TowerVoice, self.voice)  # a command: start() made every part
         caps = self.caps()
         you = None if session.identity is None else Caller(
             session.identity.hash.hex(), tuple(sorted(self.allow.roles_of(session.identity.hash))))
         return CapsFull(caps, self._blob_facts(you is not None and bool(you.roles)),
                         () if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
                         tuple(GpuInfo(g.index, g.name, g.total_mib, g.free_mib) for g in self.hardware.gpus),
-                        tower.voice.details(),  # every configured voice engine, ready or not (and why)
+                        voice.details(),  # every configured voice engine, ready or not (and why)
                         bool(self.config.dataplane), you).to_map()  # offered for training (not the address)
 
     def _blob_facts(self, known: bool) -> tuple[BlobFacts, ...]:
@@ -349,7 +300,7 @@ class Tower:
                                      if l.link_id == link_id), None)
                 if link is None:
                     raise WireError(Code.INTERNAL, "link not found")
-                session = self.sessions[link_id] = LinkSession(link, self)
+                session = self.sessions[link_id] = LinkSession(link, cast(TowerParts, self))
             return session
 
     def link_closed(self, link: RNS.Link) -> None:

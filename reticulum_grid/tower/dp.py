@@ -38,7 +38,7 @@ from reticulum_grid.training import rendezvous as rdv, trainer
 from reticulum_grid.training.jobs import JobManager, Spec
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower")

@@ -26,7 +26,7 @@ from reticulum_grid.inference.runner import Runner
 from reticulum_grid.tower.streams import start_stream
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 #: Bytes of vectors per stream piece (the sender cuts pieces to the Link's MDU anyway).

@@ -36,7 +36,7 @@ from reticulum_grid.training.notify import Notifier, delivery_hash
 from reticulum_grid.tower.dp import TowerDP
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower")

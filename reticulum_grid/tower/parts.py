@@ -1,7 +1,8 @@
-"""What a tower's capabilities (blobs, jobs, dp, inference, split, voice), and
-the daemon's own command handlers, use of the ``Tower`` (tower/daemon.py),
-for the type checker. ``Tower`` makes its parts in ``start()`` (None until
-then); they are read only while serving commands and announcing, once
+"""What a tower's capabilities (blobs, jobs, dp, inference, split, voice), its
+Link sessions and the daemon's own command handlers use of the ``Tower``
+(tower/daemon.py), for the type checker; what one capability asks of another
+is a small protocol here, so no capability module imports another's.
+``Tower`` makes its parts in ``start()`` (None until then); they are read only while serving commands and announcing, once
 ``start()`` made them all, so here they are not optional. The announcer stays
 optional: a capability's callbacks may run while ``start()`` still builds it."""
 
@@ -16,10 +17,20 @@ from reticulum_grid.store.blobstore import BlobStore
 
 if TYPE_CHECKING:
     from reticulum_grid.inference.facts import ModelFactsReader
-    from reticulum_grid.tower.inference import TowerInference
-    from reticulum_grid.tower.jobs import TowerJobs
-    from reticulum_grid.tower.split import TowerSplit
-    from reticulum_grid.tower.voice import TowerVoice
+    from reticulum_grid.inference.generation import Generation
+    from links.usage import StreamUsage
+
+
+class SplitServing(Protocol):
+    """What a part asks of the tower's split capability (tower/split.py)."""
+
+    def inference(self, session: Any, request: dict[str, Any]) -> dict[str, Any]: ...  # session: a LinkSession
+
+
+class UsageOf(Protocol):
+    """What a part asks of the tower's inference capability (tower/inference.py)."""
+
+    def usage(self, result: "Generation", queued_s: float) -> "StreamUsage": ...
 
 
 class TowerParts(Protocol):
@@ -39,16 +50,10 @@ class TowerParts(Protocol):
     def registry(self) -> ModelRegistry: ...
 
     @property
-    def inference(self) -> "TowerInference": ...
+    def inference(self) -> UsageOf: ...
 
     @property
-    def split(self) -> "TowerSplit": ...
-
-    @property
-    def jobs(self) -> "TowerJobs": ...
-
-    @property
-    def voice(self) -> "TowerVoice": ...
+    def split(self) -> SplitServing: ...
 
     @property
     def facts(self) -> "ModelFactsReader": ...
@@ -56,4 +61,6 @@ class TowerParts(Protocol):
     def remote_alias(self, alias: str | None, kind: str) -> str | None: ...
 
     def record_tokens_per_s(self, value: float) -> None: ...
+
+    def link_closed(self, link: Any) -> None: ...  # an RNS.Link whose LinkSession ended
 

@@ -49,7 +49,7 @@ from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower.split")

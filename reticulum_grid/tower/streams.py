@@ -17,7 +17,7 @@ from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.runner import RunnerError
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
 
 log = logging.getLogger("rngrid.tower")
 #: A stream's usage map from its Generation and the seconds it was queued.

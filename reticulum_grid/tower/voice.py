@@ -37,7 +37,7 @@ from reticulum_grid.voice.stt import SpeechToText, TranscriptInfo
 from reticulum_grid.voice.tts import TextToSpeech
 
 if TYPE_CHECKING:
-    from reticulum_grid.tower.daemon import LinkSession
+    from reticulum_grid.tower.session import LinkSession
     from reticulum_grid.tower.parts import TowerParts
 
 log = logging.getLogger("rngrid.tower")
