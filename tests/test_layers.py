@@ -62,3 +62,69 @@ def test_no_module_over_400_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for folder in ("reticulum_grid", "announce", "links")
             for p in (ROOT / folder).rglob("*.py") if (n := p.read_text().count("\n")) > 420]
     assert not long, "\n".join(long)
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """{module: modules of the project it imports}, every import counted:
+    top-level, inside functions and under TYPE_CHECKING alike (a circle of
+    type hints is still a circle to a reader). A package's __init__ is left
+    out: it only hands names on."""
+    paths = {_module_name(p): p for folder in ("reticulum_grid", "links", "announce")
+             for p in (ROOT / folder).rglob("*.py") if p.name != "__init__.py"}
+    graph = {}
+    for name, path in paths.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                edges.update(t for t in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if t in paths)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in paths)
+        graph[name] = edges - {name}
+    return graph
+
+
+def circles(graph):
+    """The strongly connected groups of more than one module (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_circles_are_found():
+    # What the test below relies on: a loop through a function-level import is seen.
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert not circles(import_graph()), circles(import_graph())
