@@ -25,13 +25,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
 
 from announce.table import TowerEntry
 from links.wire import WireError
+from reticulum_grid.client.parts import GridParts
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 log = logging.getLogger("rngrid.client")
 
@@ -54,7 +52,7 @@ class BusyWait:
     """The busy-wait of one request: ``seconds`` from now at most (0: none);
     ``on_busy(error, pause_s)`` is told before each wait (the CLI says so)."""
 
-    def __init__(self, grid: "Grid", seconds: float | None,
+    def __init__(self, grid: GridParts, seconds: float | None,
                  on_busy: Callable[[WireError, float], None] | None = None) -> None:
         self.grid = grid
         self.deadline = time.monotonic() + max(0.0, seconds or 0.0)

@@ -10,7 +10,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import RNS
 
@@ -20,10 +20,9 @@ from links.stream import MAX_STREAM_ID, TokenEvent
 from links.usage import StreamUsage
 from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.stream import MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Embeddings:
         return len(self.vectors[0]) if self.vectors else 0
 
 
-def embed(grid: "Grid", model: str, texts: str | Iterable[str], tower: str | None = None,
+def embed(grid: GridParts, model: str, texts: str | Iterable[str], tower: str | None = None,
           busy_wait: BusyWait | None = None) -> Embeddings:
     """Embeddings of ``texts`` (a string or a list of them) from ``model``;
     ``busy_wait``: a busy.BusyWait for when every tower is busy. Raises
@@ -73,7 +72,7 @@ def _exhausted(model: str, errors: list[tuple[TowerEntry, WireError]]) -> WireEr
                      f"no tower could embed with {model!r}; tried {tried}", retry_after=min(busy, default=None))
 
 
-def _ask(grid: "Grid", entry: TowerEntry, model: str, texts: list[str]) -> Embeddings:
+def _ask(grid: GridParts, entry: TowerEntry, model: str, texts: list[str]) -> Embeddings:
     conn = grid.connection(entry)
     stream_id = secrets.randbelow(MAX_STREAM_ID)
     bound = grid.liveness.attempt_timeout(entry)

@@ -14,16 +14,14 @@ trips to its workers, and estimates for a plan and for the best single tower (sp
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from announce.table import TowerEntry
 
 from links.wire import WireError
 from reticulum_grid.client import router
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.split import estimate
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 #: Seconds a plan waits for its coordinator's round trips.
 PROBE_WAIT_S = 10.0
@@ -31,13 +29,13 @@ PROBE_POLL_S = 0.3
 MIB = 1 << 20
 
 
-def bandwidth(grid: "Grid", entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
+def bandwidth(grid: GridParts, entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
     """Bytes/s ``entry``'s tower reads weights at (see the module doc)."""
     tokens_per_s = router.believed_tokens_per_s(entry.caps, grid.health.get(entry.destination_hash))
     return estimate.bandwidth(entry.caps.hardware.backend, tokens_per_s, served_bytes.get(entry.destination_hash, 0))
 
 
-def coordinator_view(grid: "Grid", coordinator: TowerEntry,
+def coordinator_view(grid: GridParts, coordinator: TowerEntry,
                      others: Sequence[TowerEntry]) -> tuple[dict[bytes, float], dict[bytes, float]]:
     """({destination hash: RTT s}, {destination hash: link bytes/s}) from
     ``coordinator`` to ``others``, as it measures them (split/probe); ({}, {})
@@ -70,7 +68,7 @@ def _floats(value: object) -> dict[bytes, float]:
     return out
 
 
-def best_single(grid: "Grid", entries: Sequence[TowerEntry], model_bytes: int, need_mib: int,
+def best_single(grid: GridParts, entries: Sequence[TowerEntry], model_bytes: int, need_mib: int,
                 served_bytes: Mapping[bytes, int]) -> estimate.Estimate | None:
     """The Estimate of the fastest tower of ``entries`` that could hold the
     model whole (see the module doc), or None."""

@@ -353,10 +353,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         reads): iterate for Segments as they come, or ``.transcript()`` for the
         whole. ``force``: send it over a radio link however long that takes.
         Raises WireError (bad_request for audio that cannot be decoded)."""
-        try:
-            return voice.TranscriptStream(self, data, model, language, prompt, tower, force)
-        except ValueError as e:  # audio.AudioError
-            raise WireError(Code.BAD_REQUEST, str(e)) from None
+        return voice.transcribe(self, data, model, language, prompt, tower, force)
 
     def speak(self, text: str, model: str | None = None, voice_name: str | None = None, wpm: int | None = None,
               fmt: str = "wav", tower: str | None = None) -> voice.Speech:

@@ -17,7 +17,6 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import RNS
 
@@ -26,10 +25,9 @@ from announce.capsfull import CapsError
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, WireError
 from reticulum_grid.client import router
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.node.connection import attempt_timeout
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 log = logging.getLogger("rngrid.client")
 
@@ -51,7 +49,7 @@ DROP_AFTER_LOST = 2
 class Liveness:
     """Probes and failure records for one Grid (its table, health book and Links)."""
 
-    def __init__(self, grid: "Grid") -> None:
+    def __init__(self, grid: GridParts) -> None:
         self.grid = grid
         self._live_at: dict[bytes, float] = {}  # destination hash -> monotonic time of the last answered probe
 

@@ -1,22 +1,34 @@
-"""What the mixins of ``Grid`` (client/grid.py) use of it, for the type
-checker: the Grid's state and the methods one mixin calls on another. At run
+"""What the parts of ``Grid`` (client/grid.py: its mixins, and the modules
+that take the grid as their first argument: busy, embeddings, estimates,
+liveness, split, stream, voice) use of it, for the type checker: the Grid's
+state and the methods one part calls on another. No part imports grid.py. At run
 time the mixins derive from ``object`` alone; under the type checker they
 derive from GridParts, so each reads ``self.table``, ``self.caps_full(...)``
 and the rest with their types. Grid itself provides every member."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from typing import Any, Literal, Protocol, overload
 
 from announce.capsfull import CapsFull
 from announce.table import TowerEntry, TowerTable
-from reticulum_grid.client.router import HealthBook
+from links.wire import WireError
+from reticulum_grid.client.router import Choice, HealthBook
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.sync import Progress
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.liveness import Liveness
+class LivenessParts(Protocol):
+    """What the other parts ask of the client's liveness (client/liveness.py)."""
+
+    def attempt_timeout(self, entry: TowerEntry) -> float: ...
+
+    def refresh(self, entries: list[TowerEntry], max_age_s: float) -> None: ...
+
+    def failed(self, entry: TowerEntry, error: WireError) -> None: ...
+
+    def look_again(self, model: str, tried: Mapping[bytes, float], adapter: str | None = None,
+                   timeout: float = 6.0) -> list[Choice]: ...
 
 
 class GridParts(Protocol):
@@ -25,7 +37,7 @@ class GridParts(Protocol):
     store: BlobStore
     table: TowerTable
     health: HealthBook
-    liveness: "Liveness"
+    liveness: LivenessParts
     connections: dict[bytes, TowerConnection]
     needs: dict[str, int]
     model_facts: dict[str, dict[str, int]]
@@ -38,6 +50,16 @@ class GridParts(Protocol):
     def towers(self, wait: float = 5.0, quiet_s: float = 1.5) -> list[TowerEntry]: ...
 
     def find_tower(self, name_or_hash: str, timeout: float = 15.0) -> TowerEntry: ...
+
+    def ping(self, force: bool = False) -> None: ...
+
+    def discover(self, ready: Callable[[list[TowerEntry]], object], timeout: float,
+                 settle_s: float = 0.3) -> list[TowerEntry]: ...
+
+    def refresh(self, entries: list[TowerEntry], max_age_s: float = ...) -> None: ...
+
+    def rank(self, model: str, adapter: str | None = None, tower: str | None = None, timeout: float = 15.0,
+             settle_s: float = 0.3, complete: bool = False) -> list[Choice]: ...
 
     def connection(self, entry: TowerEntry) -> TowerConnection: ...
 

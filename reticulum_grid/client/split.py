@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from announce.caps import Caps
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client import estimates, router
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
 from reticulum_grid.client.stream import InferenceStream, continued
 from reticulum_grid.split import estimate
@@ -28,8 +29,6 @@ from reticulum_grid.split.plan import Offer, Plan, PlanError, plan
 from reticulum_grid.store import gguf_info
 from reticulum_grid.store.sync import Progress
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 #: A model's memory need (MiB) and layer count, as towers (or its GGUF here) say.
 Facts = dict[str, tuple[int, int]]
@@ -63,7 +62,7 @@ def capacity_mib(caps: Caps) -> int:
     return caps.lend_mib if caps.lend_mib is not None else caps.hardware.memory_free_mib
 
 
-def needs_split(grid: "Grid", model: str, ranked: Sequence[router.Choice], policy: str = "auto") -> bool:
+def needs_split(grid: GridParts, model: str, ranked: Sequence[router.Choice], policy: str = "auto") -> bool:
     """True when ``model`` should run split: ``policy`` "always" (when towers
     were ranked), never for "never", and for "auto" when no ranked tower has it
     loaded or room for it (its need from caps/full, asked again when the
@@ -89,7 +88,7 @@ def needs_split(grid: "Grid", model: str, ranked: Sequence[router.Choice], polic
     return True
 
 
-def _ask(grid: "Grid", entries: Sequence[TowerEntry], model: str,
+def _ask(grid: GridParts, entries: Sequence[TowerEntry], model: str,
          timeout: float = PROBE_TIMEOUT_S) -> tuple[list[TowerEntry], Facts, list[TowerEntry]]:
     """Ask ``entries`` for caps/full at once. Returns (the entries that
     answered, refreshed; {model: (need MiB, layers)} as they report it; the
@@ -113,7 +112,7 @@ def _ask(grid: "Grid", entries: Sequence[TowerEntry], model: str,
     return answered, facts, reading
 
 
-def _await_facts(grid: "Grid", entries: list[TowerEntry], model: str) -> Facts:
+def _await_facts(grid: GridParts, entries: list[TowerEntry], model: str) -> Facts:
     """{model: (need MiB, layers)} once ``entries`` (towers reading the model's
     GGUF in the background: seconds after they start or receive it) know them;
     {} when none does within FACTS_WAIT_S or none is reading any more."""
@@ -126,7 +125,7 @@ def _await_facts(grid: "Grid", entries: list[TowerEntry], model: str) -> Facts:
     return {}
 
 
-def _local_facts(grid: "Grid", model: str) -> tuple[int, int] | None:
+def _local_facts(grid: GridParts, model: str) -> tuple[int, int] | None:
     local = grid.local_blob(model)
     if local is None:
         return None
@@ -135,7 +134,7 @@ def _local_facts(grid: "Grid", model: str) -> tuple[int, int] | None:
     return gguf_info.need_mib(path, 4096, path.stat().st_size), gguf_info.architecture(path)[1]
 
 
-def make_plan(grid: "Grid", model: str,
+def make_plan(grid: GridParts, model: str,
               exclude: Collection[bytes] = ()) -> tuple[Plan, dict[bytes, TowerEntry]]:
     """(Plan, {destination hash: table entry}) over the live towers lending
     memory that answer now, skipping ``exclude`` and towers that failed lately
@@ -174,7 +173,7 @@ def make_plan(grid: "Grid", model: str,
     return dataclasses.replace(placement, estimate=cost), {e.destination_hash: e for e in live}
 
 
-def _offers(grid: "Grid", entries: Sequence[TowerEntry], model: str, rtts: dict[bytes, float] | None = None,
+def _offers(grid: GridParts, entries: Sequence[TowerEntry], model: str, rtts: dict[bytes, float] | None = None,
             coordinator: TowerEntry | None = None) -> list[Offer]:
     """The plan's Offers; ``rtts`` (the coordinator's view) replace the client's round trips."""
     def rtt(entry: TowerEntry) -> float:
@@ -186,7 +185,7 @@ def _offers(grid: "Grid", entries: Sequence[TowerEntry], model: str, rtts: dict[
                   e.caps.tokens_per_s, e.caps.model(model) is not None) for e in entries]
 
 
-def single_or_split(grid: "Grid", model: str, ranked: Sequence[router.Choice],
+def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice],
                     policy: str) -> tuple[Plan, dict[bytes, TowerEntry]] | None:
     """None to run ``model`` whole on the ranked towers, else (Plan, entries) to
     run it split (see POLICIES and choose). Raises WireError (too_slow,
@@ -240,7 +239,7 @@ class SplitStream:
     for a model split over towers. ``text``, ``usage`` and ``plan`` (the
     Plan in use) are readable at any time."""
 
-    def __init__(self, grid: "Grid", payload: dict[str, Any], placement: Plan, entries: dict[bytes, TowerEntry],
+    def __init__(self, grid: GridParts, payload: dict[str, Any], placement: Plan, entries: dict[bytes, TowerEntry],
                  progress: Progress | None = None, started: float | None = None) -> None:
         self.grid, self.payload, self.plan, self.entries = grid, payload, placement, entries
         self.progress, self.started = progress, started

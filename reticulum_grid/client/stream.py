@@ -28,7 +28,7 @@ import secrets
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from announce.caps import ModelCap
 from announce.table import TowerEntry
@@ -36,13 +36,12 @@ from links.stream import MAX_STREAM_ID, EndEvent, StreamReceiver, TextDecoder, T
 from links.usage import StreamUsage
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client.busy import BusyWait
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage, logprobs, tool_call
 from reticulum_grid.client.router import Choice
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.store.sync import Progress
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 #: Errors after which, before any output, the next tower is tried.
 RETRY_BEFORE_OUTPUT = {Code.BUSY, *LINK_LOST, Code.NOT_ALLOWED, Code.UNKNOWN_MODEL, Code.UNKNOWN_ADAPTER,
@@ -133,7 +132,7 @@ class InferenceStream:
     ``busy_wait``: a BusyWait (client/busy.py) for when every tower is busy;
     ``tower``: the tower asked for (re-ranking after a busy wait keeps to it)."""
 
-    def __init__(self, grid: "Grid", payload: dict[str, Any], choices: Iterable[Choice],
+    def __init__(self, grid: GridParts, payload: dict[str, Any], choices: Iterable[Choice],
                  progress: Progress | None = None, started: float | None = None, busy_wait: BusyWait | None = None,
                  tower: str | None = None) -> None:
         self.grid = grid

@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import RNS
 
@@ -34,6 +34,7 @@ from links.channel import ChannelRouter
 from links.stream import MAX_STREAM_ID, TokenEvent
 from links.wire import Code, WireError
 from reticulum_grid.client import router
+from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.stream import CONTINUE_AFTER, MAX_TOWERS, RETRY_BEFORE_OUTPUT, STREAM_SILENCE_S
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.store.sync import MAX_TRANSFER_S, SLOW_SETUP_BPS, check_duration
@@ -41,8 +42,6 @@ from reticulum_grid.voice import audio
 from reticulum_grid.voice.request import INLINE_MAX_BYTES, Segment, SegmentReader, SpeechEnd, TranscriptEnd
 from reticulum_grid.voice.tts import RATE
 
-if TYPE_CHECKING:
-    from reticulum_grid.client.grid import Grid
 
 #: Seconds a transcript stream may be silent before its tower counts as gone
 #: (a Whisper window on a slow CPU takes seconds, and heartbeats keep coming).
@@ -87,7 +86,7 @@ def slow_link(conn: TowerConnection) -> bool:
                 or (link is not None and (link.mtu or 0) <= RNS.Reticulum.MTU))
 
 
-def rank(grid: "Grid", kind: str, model: str | None = None, language: str | None = None, tower: str | None = None,
+def rank(grid: GridParts, kind: str, model: str | None = None, language: str | None = None, tower: str | None = None,
          audio_s: float = 5.0, timeout: float = 15.0) -> list[router.VoiceChoice]:
     """VoiceChoices for ``kind`` ("stt"/"tts"), best first, with live load
     refreshed. Raises WireError: no_tower when none was heard, unknown_model
@@ -116,7 +115,7 @@ class _Attempts:
         self.what = what
         self.errors: list[tuple[str, WireError]] = []
 
-    def failed(self, grid: "Grid", entry: TowerEntry, error: WireError, busy: bool = False) -> None:
+    def failed(self, grid: GridParts, entry: TowerEntry, error: WireError, busy: bool = False) -> None:
         self.errors.append((entry.name, error))
         if not busy:
             grid.liveness.failed(entry, error)
@@ -130,7 +129,7 @@ class _Attempts:
                          retry_after=min(busy) if code == Code.BUSY and busy else None)
 
 
-def _stream(grid: "Grid", entry: TowerEntry, command: str,
+def _stream(grid: GridParts, entry: TowerEntry, command: str,
             payload: dict[str, Any]) -> Iterator[bytes | dict[str, Any]]:
     """Run one streamed voice command on ``entry``: yields each chunk's bytes,
     then the end's usage map (a dict) last. Leaving early (an error, a break,
@@ -169,7 +168,7 @@ class TranscriptStream:
     file's bytes; ``options``: model, language, prompt, tower, force.
     ``tower``: the name of the tower transcribing now (or last)."""
 
-    def __init__(self, grid: "Grid", data: bytes | bytearray, model: str | None = None, language: str | None = None,
+    def __init__(self, grid: GridParts, data: bytes | bytearray, model: str | None = None, language: str | None = None,
                  prompt: str | None = None, tower: str | None = None, force: bool = False) -> None:
         self.grid, self.data, self.force = grid, bytes(data), force
         self.payload: dict[str, Any] = {k: v for k, v in (("model", model), ("language", language),
@@ -261,7 +260,7 @@ class TranscriptStream:
                           cast(TranscriptEnd, self.end), self.failovers, self.sent_bytes, self.sent_as)
 
 
-def speak(grid: "Grid", text: str, model: str | None = None, voice: str | None = None, wpm: int | None = None,
+def speak(grid: GridParts, text: str, model: str | None = None, voice: str | None = None, wpm: int | None = None,
           fmt: str = "wav", tower: str | None = None) -> Speech:
     """``text`` spoken by the best tower with a text-to-speech engine: a Speech
     in ``fmt`` (audio.FORMATS). Raises WireError."""
@@ -303,10 +302,10 @@ def speak(grid: "Grid", text: str, model: str | None = None, voice: str | None =
     raise attempts.exhausted()
 
 
-def execute(grid: "Grid", command: str, payload: object, tower: str | None = None) -> "TranscriptStream | Speech":
+def execute(grid: GridParts, command: str, payload: object, tower: str | None = None) -> "TranscriptStream | Speech":
     """``Grid.execute`` of ``audio/transcribe`` (a TranscriptStream) or
-    ``audio/speech`` (a Speech): ``payload`` checked, then ``grid.transcribe``
-    or ``grid.speak``. Raises WireError(bad_request)."""
+    ``audio/speech`` (a Speech): ``payload`` checked, then transcribe() or
+    speak(). Raises WireError(bad_request)."""
     if not isinstance(payload, dict):
         raise WireError(Code.BAD_REQUEST, f"{command} needs a payload map")
     known = {"audio/transcribe": {"audio", "file", "model", "language", "prompt"},
@@ -317,11 +316,21 @@ def execute(grid: "Grid", command: str, payload: object, tower: str | None = Non
     if command == "audio/speech":
         if not isinstance(payload.get("text"), str):
             raise WireError(Code.BAD_REQUEST, "audio/speech needs a 'text' string")
-        return grid.speak(payload["text"], payload.get("model"), payload.get("voice"), payload.get("wpm"),
-                          payload.get("format", "wav"), tower=tower)
+        return speak(grid, payload["text"], payload.get("model"), payload.get("voice"), payload.get("wpm"),
+                     payload.get("format", "wav"), tower=tower)
     data = payload.get("audio")
     if data is None and isinstance(payload.get("file"), str):
         data = Path(payload["file"]).read_bytes()
     if not isinstance(data, (bytes, bytearray)):
         raise WireError(Code.BAD_REQUEST, "audio/transcribe needs 'audio' (the file's bytes) or 'file' (a path)")
-    return grid.transcribe(data, payload.get("model"), payload.get("language"), payload.get("prompt"), tower)
+    return transcribe(grid, data, payload.get("model"), payload.get("language"), payload.get("prompt"), tower)
+
+
+def transcribe(grid: GridParts, data: bytes | bytearray, model: str | None = None, language: str | None = None,
+               prompt: str | None = None, tower: str | None = None, force: bool = False) -> "TranscriptStream":
+    """A TranscriptStream of an audio file's bytes (``Grid.transcribe``).
+    Raises WireError (bad_request for audio that cannot be decoded)."""
+    try:
+        return TranscriptStream(grid, data, model, language, prompt, tower, force)
+    except ValueError as e:  # audio.AudioError
+        raise WireError(Code.BAD_REQUEST, str(e)) from None
