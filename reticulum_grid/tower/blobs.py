@@ -135,6 +135,9 @@ class TowerBlobs:
 
         try:
             info, report = transfer(progress)
+            # The tower's record of what a transfer moved: a resumed one names the chunks it kept.
+            log.info("transfer %s: %s complete, %d chunk(s), %d already here", xfer_id,
+                     cast(BlobInfo, info).hex[:16], report.chunks, report.reused)
             # A transfer runs after start() made the announcer; the blob it completed is in the store.
             cast(Announcer, self.tower.announcer).request("blob received")
             session.router.send(TransferEnd(xfer_id, True, "", f"have {cast(BlobInfo, info).hex[:16]}",

@@ -1,0 +1,77 @@
+"""A dispatch whose pre-sync is cut resumes it: the model a request needs is
+pulled to the chosen tower before it runs; when that tower dies half-way, the
+next dispatch there fetches only the chunks it lacks, then answers.
+
+Tower presync-dst lacks the model and reaches presync-src (which holds it)
+only through the lab's shaping relay (a few MB/s), so the pull lasts long
+enough to kill presync-dst half-way."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from links.wire import WireError
+from reticulum_grid.client import Usage
+from reticulum_grid.inference.default_model import default_model_path
+from reticulum_grid.node.connection import wait_until
+from reticulum_grid.node.localgrid import free_port, wait_port
+from tests.leftovers import end
+
+MODEL = "presync-model"
+RATE_BPS = 40_000_000  # 5 MB/s from src to dst: ~19 s for the bundled model
+PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
+#: The tower's record of a finished transfer (tower/blobs.py).
+TRANSFER = re.compile(r"transfer \d+: [0-9a-f]+ complete, (\d+) chunk\(s\), (\d+) already here")
+
+
+@pytest.fixture(scope="module")
+def towers(hub):
+    source = hub.start_tower("presync-src", models={MODEL: default_model_path()},
+                             allow={hub.tower_identity("presync-dst"): ["sync"]})
+    port = free_port()
+    relay = subprocess.Popen([sys.executable, "-m", "tests.lab.shaper", "--mode", "tcp", "--listen",
+                              f"127.0.0.1:{port}", "--target", source.address, "--rate", str(RATE_BPS),
+                              "--mtu", "16384"])
+    target = None
+    try:
+        assert wait_port(port, 15), "the shaping relay did not listen"
+        # dst reaches src only through the relay; the hub (not a transport node) joins neither.
+        target = hub.start_tower("presync-dst", models={}, roles=("infer", "sync"),
+                                 connect=[hub.address, f"127.0.0.1:{port}"])
+        hub.wait_tower(source.name)
+        hub.wait_tower(target.name)
+        yield target, source
+    finally:
+        hub.stop_towers([t for t in (target, source) if t])
+        end(relay)
+
+
+def test_a_cut_pre_sync_resumes_and_the_request_then_runs(hub, towers, reference):
+    target, _ = towers
+    seen = []
+
+    def progress(done, total):
+        seen.append((done, total))
+        if done >= total * 0.3 and target.proc.poll() is None:
+            target.kill()  # SIGKILL mid-pull: no chance to tidy up
+
+    payload = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0}
+    with pytest.raises(WireError):
+        list(hub.grid.execute("ai/inference", payload, tower=target.name, progress=progress))
+    assert target.proc.poll() is not None, f"the pre-sync ended before the kill (progress {seen[-3:]})"
+    partial = target.dir / "blobs" / "partial"
+    have = [p / "have" for p in partial.iterdir()] if partial.exists() else []
+    assert have and 0 < have[0].read_bytes().count(1), "a have-map with some chunks stays on disk"
+    kept = have[0].read_bytes().count(1)
+
+    target.start()
+    # Its new announce puts the hub's path to it on the new connection.
+    assert wait_until(lambda: target.log().count("announced (start)") >= 2, 30)
+    hub.wait_tower(target.name)
+    pieces = list(hub.grid.execute("ai/inference", payload, tower=target.name))
+    assert isinstance(pieces[-1], Usage) and pieces[-1].tower == target.name
+    assert "".join(pieces[:-1]) == reference.completion(PROMPT, 8), "the synced model answers as the original"
+    (chunks, reused), = TRANSFER.findall(target.log())
+    assert int(reused) >= kept and int(reused) < int(chunks), (chunks, reused, kept)
