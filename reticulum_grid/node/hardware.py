@@ -10,7 +10,8 @@ PCI bus order, the order the runners are started with:
 CUDA_DEVICE_ORDER=PCI_BUS_ID), other GPUs as llama.cpp listed them (Apple's
 unified memory: no more than the RAM available). The tower process itself
 never loads a GPU driver. ``nvidia-smi`` also notices an NVIDIA GPU that this
-llama.cpp build cannot use (``unused_gpu_warning``). RAM comes from psutil.
+llama.cpp build cannot use (``unused_gpu_warning``). RAM comes from psutil,
+within the memory limit of the container the tower runs in (node/cgroup.py).
 """
 
 import os
@@ -25,7 +26,7 @@ import psutil
 
 from announce.caps import BACKENDS, DEVICE_MAX_BYTES, Hardware
 from reticulum_grid.node.engine import Device
-from reticulum_grid.node import engine
+from reticulum_grid.node import cgroup, engine
 
 MIB = 1024 * 1024
 #: The command that rebuilds llama.cpp (and torch) for CUDA, run in the checkout.
@@ -45,14 +46,24 @@ class Gpu:
 
 def snapshot() -> tuple[Hardware, tuple[Gpu, ...]]:
     """(Hardware, tuple of Gpu) now. Takes milliseconds; callers cache it."""
-    ram = psutil.virtual_memory()
-    ram_total, ram_free = ram.total // MIB, ram.available // MIB
+    ram_total, ram_free = ram_mib()
     gpus = tuple(gpu_devices()) if gpu_offload() else ()
     if not gpus:
         return Hardware("cpu", cpu_label(), 0, 0, ram_total, ram_free), ()
     total = sum(g.total_mib for g in gpus)
     free = sum(g.free_mib for g in gpus)
     return Hardware(gpus[0].backend, _clip(device_label(gpus)), total, free, ram_total, ram_free, gpus=len(gpus)), gpus
+
+
+def ram_mib() -> tuple[int, int]:
+    """(total, free) RAM in MiB this process may use: the host's (psutil; free
+    is its "available"), within a container's memory limit (node/cgroup.py)."""
+    ram = psutil.virtual_memory()
+    total, free = ram.total, ram.available
+    limit = cgroup.memory_limit()
+    if limit is not None:
+        total, free = min(total, limit.limit), min(free, limit.free)
+    return total // MIB, free // MIB
 
 
 def probe() -> Hardware:
@@ -98,7 +109,7 @@ def gpu_devices() -> list[Gpu]:
     when it sees none. Remote (RPC) devices are other machines' and are left out."""
     listed = _listed()
     smi = nvidia_smi_gpus() if any(d.backend == "cuda" for d in listed) else []
-    ram_free = psutil.virtual_memory().available // MIB
+    ram_free = ram_mib()[1]
     out = []
     for i, d in enumerate(listed):
         free = d.free_mib
