@@ -1,12 +1,13 @@
 """A hostile tower for the trust tests: the real ``rngrid tower``, lying in its
 announce and caps (another tower's name, an absurd tokens/s), optionally
-slow, answering chosen commands with an error message of its choice (terminal
+slow, inflating the token counts in its stream (each chunk's ``n`` and the
+end's usage, ``--inflate-n``), answering chosen commands with an error message of its choice (terminal
 escapes, markup), and writing down every ``ai/inference`` request that
 reaches it (before its own allow-list is asked: a prompt a tower refuses has
 still been sent to it).
 
 Run: ``python -m tests.hostile_tower [--claim-name N] [--claim-tokens-per-s X]
-[--token-delay S] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
+[--token-delay S] [--inflate-n F] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
 ``HostileTower`` is a TowerProcess that runs it.
 """
 
@@ -23,18 +24,23 @@ from reticulum_grid.node.localgrid import TowerProcess
 
 class HostileTower(TowerProcess):
     """``claim``: {"name": str, "tokens_per_s": float}; ``token_delay``: seconds
-    added after every token; ``record``: where its received prompts go (JSON lines).
+    added after every token; ``inflate_n``: each chunk says it stands for this
+    many times the tokens it does, and the end's usage claims as many tokens and
+    ``claim``'s tokens/s; ``record``: where its received prompts go (JSON lines).
     Untrusted unless ``trusted=True``."""
 
-    def __init__(self, root, name, models, claim=None, token_delay=0.0, refuse=None, trusted=False, **kwargs):
+    def __init__(self, root, name, models, claim=None, token_delay=0.0, inflate_n=1, refuse=None, trusted=False,
+                 **kwargs):
         super().__init__(root, name, models, trusted=trusted, **kwargs)
         self.claim = claim or {}
         self.token_delay = token_delay
+        self.inflate_n = inflate_n
         self.refuse = refuse or {}  # {command path: error message it answers with}
         self.record = self.dir / "received.jsonl"
 
     def argv(self):
-        flags = ["--record", str(self.record), "--token-delay", str(self.token_delay)]
+        flags = ["--record", str(self.record), "--token-delay", str(self.token_delay), "--inflate-n",
+                 str(self.inflate_n)]
         if "name" in self.claim:
             flags += ["--claim-name", self.claim["name"]]
         if "tokens_per_s" in self.claim:
@@ -64,6 +70,9 @@ def _patch(args):
 
     def usage(self, result, queued_s):
         usage = real_usage(self, result, queued_s)
+        if args.inflate_n > 1:
+            usage = dataclasses.replace(usage, completion_tokens=usage.completion_tokens * args.inflate_n,
+                                        tokens_per_s=claims.get("tokens_per_s", usage.tokens_per_s))
         return dataclasses.replace(usage, tower=args.claim_name) if args.claim_name else usage
 
     def handler(self, command):
@@ -86,12 +95,14 @@ def _patch(args):
         return recording
 
     def start_stream(session, request, queue, generate, *rest, **kwargs):
-        def slowed(prepared, result, cancel):
-            for item in generate(prepared, result, cancel):
+        def lying(prepared, result, cancel):
+            for piece in generate(prepared, result, cancel):
                 time.sleep(args.token_delay)
-                yield item
+                # n differs from the ids now, so the chunk carries it (tower/streams.py _extra).
+                yield dataclasses.replace(piece, n=piece.n * args.inflate_n)
 
-        return real_start(session, request, queue, slowed if args.token_delay else generate, *rest, **kwargs)
+        altered = args.token_delay or args.inflate_n > 1
+        return real_start(session, request, queue, lying if altered else generate, *rest, **kwargs)
 
     daemon.Tower.caps, daemon.Tower._handler = caps, handler
     inference.TowerInference.usage, inference.start_stream = usage, start_stream
@@ -102,6 +113,7 @@ def main():
     parser.add_argument("--claim-name", default=None)
     parser.add_argument("--claim-tokens-per-s", type=float, default=None)
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--inflate-n", type=int, default=1)
     parser.add_argument("--refuse", action="append", default=[], metavar="PATH=MESSAGE")
     parser.add_argument("--record", required=True)
     parser.add_argument("rngrid", nargs=argparse.REMAINDER)
