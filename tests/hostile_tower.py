@@ -1,5 +1,6 @@
 """A hostile tower for the trust tests: the real ``rngrid tower``, lying in its
-announce and caps (another tower's name, an absurd tokens/s), optionally
+announce and caps (another tower's name, an absurd tokens/s, memory it does not
+lend: its RPC server's real cap can be made smaller with ``--rpc-headroom-mib``), optionally
 slow, inflating the token counts in its stream (each chunk's ``n`` and the
 end's usage, ``--inflate-n``), answering chosen commands with an error message of its choice (terminal
 escapes, markup), and writing down every ``ai/inference`` request that
@@ -7,7 +8,7 @@ reaches it (before its own allow-list is asked: a prompt a tower refuses has
 still been sent to it).
 
 Run: ``python -m tests.hostile_tower [--claim-name N] [--claim-tokens-per-s X]
-[--token-delay S] [--inflate-n F] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
+[--claim-lend-mib M] [--rpc-headroom-mib H] [--token-delay S] [--inflate-n F] [--refuse PATH=MESSAGE] --record FILE -- -v tower --config tower.toml``.
 ``HostileTower`` is a TowerProcess that runs it.
 """
 
@@ -23,16 +24,19 @@ from reticulum_grid.node.localgrid import TowerProcess
 
 
 class HostileTower(TowerProcess):
-    """``claim``: {"name": str, "tokens_per_s": float}; ``token_delay``: seconds
+    """``claim``: {"name": str, "tokens_per_s": float, "lend_mib": int}; ``rpc_headroom_mib``:
+    what its RPC server may hold beyond the memory it really lends (split/rpcworker.py's
+    RPC_HEADROOM_MIB; None: that); ``token_delay``: seconds
     added after every token; ``inflate_n``: each chunk says it stands for this
     many times the tokens it does, and the end's usage claims as many tokens and
     ``claim``'s tokens/s; ``record``: where its received prompts go (JSON lines).
     Untrusted unless ``trusted=True``."""
 
     def __init__(self, root, name, models, claim=None, token_delay=0.0, inflate_n=1, refuse=None, trusted=False,
-                 **kwargs):
+                 rpc_headroom_mib=None, **kwargs):
         super().__init__(root, name, models, trusted=trusted, **kwargs)
         self.claim = claim or {}
+        self.rpc_headroom_mib = rpc_headroom_mib
         self.token_delay = token_delay
         self.inflate_n = inflate_n
         self.refuse = refuse or {}  # {command path: error message it answers with}
@@ -45,6 +49,10 @@ class HostileTower(TowerProcess):
             flags += ["--claim-name", self.claim["name"]]
         if "tokens_per_s" in self.claim:
             flags += ["--claim-tokens-per-s", str(self.claim["tokens_per_s"])]
+        if "lend_mib" in self.claim:
+            flags += ["--claim-lend-mib", str(self.claim["lend_mib"])]
+        if self.rpc_headroom_mib is not None:
+            flags += ["--rpc-headroom-mib", str(self.rpc_headroom_mib)]
         for path, message in self.refuse.items():
             flags += ["--refuse", f"{path}={message}"]
         return [sys.executable, "-m", "tests.hostile_tower", *flags, "--", *super().argv()[3:]]
@@ -58,11 +66,15 @@ class HostileTower(TowerProcess):
 
 def _patch(args):
     from links import wire
+    from reticulum_grid.split import rpcworker
     from reticulum_grid.tower import daemon, inference
 
+    if args.rpc_headroom_mib is not None:
+        rpcworker.RPC_HEADROOM_MIB = args.rpc_headroom_mib
     real_caps, real_handler = daemon.Tower.caps, daemon.Tower._handler
     real_usage, real_start = inference.TowerInference.usage, inference.start_stream
-    claims = {k: v for k, v in (("name", args.claim_name), ("tokens_per_s", args.claim_tokens_per_s)) if v is not None}
+    claims = {k: v for k, v in (("name", args.claim_name), ("tokens_per_s", args.claim_tokens_per_s),
+                                ("lend_mib", args.claim_lend_mib)) if v is not None}
     refusals = dict(item.split("=", 1) for item in args.refuse)
 
     def caps(self):
@@ -112,6 +124,8 @@ def main():
     parser = argparse.ArgumentParser(prog="hostile_tower")
     parser.add_argument("--claim-name", default=None)
     parser.add_argument("--claim-tokens-per-s", type=float, default=None)
+    parser.add_argument("--claim-lend-mib", type=int, default=None)
+    parser.add_argument("--rpc-headroom-mib", type=int, default=None)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--inflate-n", type=int, default=1)
     parser.add_argument("--refuse", action="append", default=[], metavar="PATH=MESSAGE")

@@ -22,7 +22,9 @@ from links.stream import TokenEvent
 from reticulum_grid.client import measured, router
 from reticulum_grid.client.measured import MeasuredRates
 from reticulum_grid.inference.default_model import default_model_path
+from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.node.identity import load_or_create
+from reticulum_grid.split import supervisor
 from tests.conftest import rngrid
 from tests.gateway_support import serve
 from tests.hostile_tower import HostileTower
@@ -168,3 +170,30 @@ def test_a_claim_is_bounded_by_what_its_kind_was_measured_at():
     assert book.believed_tokens_per_s(fresh.destination_hash, fresh.caps) == 60.0
     reloaded = router.HealthBook(book.rates)
     assert reloaded.get(liar.destination_hash).tokens_per_s == 4.0
+
+
+def test_a_lend_claim_is_bounded_by_the_part_that_failed_there():
+    book = router.HealthBook()
+    liar = c.Caps(name="liar", lend_mib=190)
+    key = b"\x07" * 16
+    assert book.believed_lend_mib(key, liar) == 190 and book.believed_lend_mib(key, c.Caps(name="none")) is None
+    book.rates.lend_failed(key, 158)
+    assert book.believed_lend_mib(key, liar) == 79
+    book.rates.lend_failed(key, 300)  # a larger failure says less: the smallest is kept
+    assert book.believed_lend_mib(key, liar) == 79
+    book.rates.lend_held(key, 60)  # a smaller part held: the failure above it stands
+    assert book.believed_lend_mib(key, liar) == 79
+    book.rates.lend_held(key, 158)
+    assert book.believed_lend_mib(key, liar) == 190
+
+
+def test_the_worker_whose_memory_ran_out_is_named_from_llama_cpps_own_words():
+    log_text = ("llama_model_load: error loading model: unable to allocate RPC0[127.0.0.1:40123] buffer\n"
+                "llama_model_load_from_file_impl: failed to load model\n")
+    error = LoadError("llama-server exited while loading", log_text)
+    assert error.out_of_memory and error.buffer == "RPC0[127.0.0.1:40123]"
+    assert LoadError("x", "unable to allocate CPU buffer").buffer == "CPU" and LoadError("x", "").buffer == ""
+    key = b"\x0a" * 16
+    assert supervisor.named_worker(f"no tower could run 'm'; tried a: insufficient_memory: "
+                                   f"{supervisor.naming_worker(key, 'the split model did not load')}") == key
+    assert supervisor.named_worker("the split model did not load") is None

@@ -38,6 +38,11 @@ compared left to right (lower is better):
 8. ``-headroom``: free memory beyond the model's need (MiB), more is better.
 9. ``hops``: fewer is better.
 10. a random tie-breaker, so equal towers share the load.
+
+A split plan (client/split.py, split/plan.py) takes the memory each tower
+says it lends the same way: at its word until a plan fails to load on it for
+want of memory, then at most half the part it could not hold
+(HealthBook.believed_lend_mib), kept in the client's home like the rates.
 """
 
 import random
@@ -157,6 +162,14 @@ class HealthBook:
         bounded by claim_bound (see the module doc)."""
         measured = self.get(destination_hash).tokens_per_s
         return measured if measured > 0 else min(caps.tokens_per_s, self.claim_bound(caps.hardware))
+
+    def believed_lend_mib(self, destination_hash: bytes, caps: Caps) -> int | None:
+        """The memory (MiB) a tower is believed to lend to split models: what it
+        announces, at most half the smallest split part that failed to load
+        there for want of memory (client/split.py marks it; a part that loads
+        clears marks up to its size). None: it lends nothing."""
+        failed = self.rates.get(destination_hash).lend_failed_mib
+        return caps.lend_mib if caps.lend_mib is None or not failed else min(caps.lend_mib, failed // 2)
 
     def claim_bound(self, hardware: Hardware) -> float:
         """The most tokens/s believed of a tower never measured, on ``hardware``."""
