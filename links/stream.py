@@ -10,6 +10,7 @@ Message types (msgpack arrays inside Channel envelopes):
   ``lp`` per-token log probabilities ``[{token, logprob, bytes, top: [...]}]``,
   ``tc`` OpenAI tool-call deltas ``[{index, id?, type?, function: {name?, arguments?}}]``,
   ``x`` true when the ids do not give these bytes exactly (no tower can continue from them).
+  ``n`` is the tower's word: a receiver measuring a tower counts what arrived (TokenEvent.counted).
 - ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map: an
   inference stream's is links/usage.py's StreamUsage; embeddings add ``dims``
   and ``count`` to it, voice streams send their own (voice/request.py).
