@@ -10,6 +10,7 @@ Message types (msgpack arrays inside Channel envelopes):
   ``lp`` per-token log probabilities ``[{token, logprob, bytes, top: [...]}]``,
   ``tc`` OpenAI tool-call deltas ``[{index, id?, type?, function: {name?, arguments?}}]``,
   ``x`` true when the ids do not give these bytes exactly (no tower can continue from them).
+  ``n`` is the tower's word: a receiver measuring a tower counts what arrived (TokenEvent.counted).
 - ``StreamEnd``   0x0102 ``[stream_id, finish_reason, usage]`` - usage is a map: an
   inference stream's is links/usage.py's StreamUsage; embeddings add ``dims``
   and ``count`` to it, voice streams send their own (voice/request.py).
@@ -60,6 +61,10 @@ HEARTBEAT_S = 1.0
 CHUNK_OVERHEAD = 24
 #: Bytes a token id takes in a TokenChunk at most (msgpack uint32).
 ID_BYTES = 5
+#: Bytes of text a receiver counts as one token when a chunk carries no ids:
+#: English text averages about 4 bytes a token in BPE vocabularies (OpenAI's
+#: tokenizer guide), so such text is not counted as more tokens than it likely was.
+BYTES_PER_TOKEN = 4
 MAX_STREAM_ID = MAX_ID
 
 
@@ -306,8 +311,19 @@ class TokenEvent:
 
     @property
     def generated(self) -> int:
-        """Tokens this chunk stands for (``n`` when it differs from the ids)."""
+        """Tokens this chunk stands for, as the tower says (``n`` when it differs from the ids)."""
         return self.extra.get("n", len(self.ids))
+
+    @property
+    def counted(self) -> int:
+        """Tokens this chunk shows to a receiver that trusts none of the
+        tower's figures: its token ids, at most one per byte of its text
+        (every token gives at least one byte), or, without ids, one per
+        BYTES_PER_TOKEN bytes (rounded up); never more than ``generated``.
+        A tower that inflates ``n`` gains nothing; one that pads ids sends
+        text for each."""
+        own = min(len(self.ids), len(self.data)) if self.ids else -(-len(self.data) // BYTES_PER_TOKEN)
+        return min(own, self.generated)
 
 
 @dataclass(frozen=True)

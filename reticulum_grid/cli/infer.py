@@ -149,6 +149,9 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
              "load": {"streams": c.entry.caps.load.streams, "queue": c.entry.caps.load.queue,
                       "jobs": c.entry.caps.load.jobs},
              "tokens_per_s": c.entry.caps.tokens_per_s,
+             "believed_tokens_per_s": round(grid.health.believed_tokens_per_s(c.entry.destination_hash,
+                                                                              c.entry.caps), 1),
+             "measured": grid.health.get(c.entry.destination_hash).tokens_per_s > 0,
              "rtt_ms": round(grid.health.get(c.entry.destination_hash).rtt_s * 1000, 1)}
             for i, c in enumerate(ranked)]
     if adapter and all(r["lacks_adapter"] for r in rows) and grid.local_blob(adapter) is None:
@@ -168,10 +171,18 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
         load = r["load"]
         table.add_row(str(r["rank"]), r["tower"], r["tier"], ", ".join(flags) or "-",
                       f"{load['streams']} running, {load['queue']} queued" + (", training" if load["jobs"] else ""),
-                      f"{r['tokens_per_s']:.0f}", f"{r['rtt_ms']:.0f} ms", str(r["hops"]), f"{r['cost_s_per_token']:.3f}")
+                      _rate(r), f"{r['rtt_ms']:.0f} ms", str(r["hops"]), f"{r['cost_s_per_token']:.3f}")
     out.print(table)
     if placement is not None:
         _print_split(placement, _rpc_paths(grid, placement), single)
+
+
+def _rate(row):
+    """The tokens/s routing used, and the tower's claim when that is not what it measured."""
+    believed, announced = row["believed_tokens_per_s"], row["tokens_per_s"]
+    if row["measured"]:
+        return f"{believed:.0f} measured, {announced:.0f} announced"
+    return f"{believed:.0f} of {announced:.0f} announced" if believed < announced else f"{announced:.0f} announced"
 
 
 def _best_single(grid, model, ranked):

@@ -2,7 +2,7 @@
 trips to its workers, and estimates for a plan and for the best single tower (split/estimate.py).
 
 - Bandwidth: what this client measured of a tower's streams (or, clamped, what
-  it announces; router.believed_tokens_per_s) times the bytes of the largest
+  it announces; HealthBook.believed_tokens_per_s) times the bytes of the largest
   model it serves, else its backend's prior.
 - Round trips: the would-be coordinator's own (``split/probe``: it pings the
   others over its Links), waited for up to PROBE_WAIT_S; a tower it cannot
@@ -31,7 +31,7 @@ MIB = 1 << 20
 
 def bandwidth(grid: GridParts, entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
     """Bytes/s ``entry``'s tower reads weights at (see the module doc)."""
-    tokens_per_s = router.believed_tokens_per_s(entry.caps, grid.health.get(entry.destination_hash))
+    tokens_per_s = grid.health.believed_tokens_per_s(entry.destination_hash, entry.caps)
     return estimate.bandwidth(entry.caps.hardware.backend, tokens_per_s, served_bytes.get(entry.destination_hash, 0))
 
 

@@ -14,7 +14,9 @@ node/trust.py) are in its table and get anything from it: prompts, datasets,
 adapters, shard plans, sync requests; a trusted tower goes by the name its
 trust entry gives it. Others heard are listed apart (``table.strangers()``).
 The client keeps its own blob store (``HOME/blobs``) for pulls,
-pushes and models it can hand to a tower before running them there.
+pushes and models it can hand to a tower before running them there, and
+what it measured of towers (``HOME/measured.json``, client/measured.py),
+which routing trusts over what towers announce.
 """
 
 import logging
@@ -34,6 +36,8 @@ from links.wire import Code, WireError
 from reticulum_grid.node import config, identity, rnsnet, trust
 from reticulum_grid.client import router
 from reticulum_grid.client.liveness import Liveness
+from reticulum_grid.client import measured
+from reticulum_grid.client.measured import MeasuredRates
 from reticulum_grid.client import embeddings, split as splitroute, voice
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.store.blobstore import BlobStore
@@ -119,7 +123,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self.listener = TowerListener(self.table)
         RNS.Transport.register_announce_handler(self.listener)
         self.connections: dict[bytes, TowerConnection] = {}
-        self.health = router.HealthBook()
+        self.health = router.HealthBook(MeasuredRates(self.home / measured.FILE))
         self.needs: dict[str, int] = {}
         # model -> {"bytes", "embedding"} as towers' caps/full say (client/split.py)
         self.model_facts: dict[str, dict[str, int]] = {}

@@ -25,14 +25,24 @@ compared left to right (lower is better):
    ``pending``, the streams this client started there since it last read the
    tower's load and that are still running: a busy fast tower and an idle
    slow one compare fairly, and simultaneous requests do not all pick the same tower.
-   ``tokens_per_s`` is what this client measured of the tower's streams (its
-   own clock, tokens after the first message); a tower it never streamed
-   from is taken at its word, only as a prior and at most what hardware of
-   its kind does (``PRIOR_MAX_TOKENS_PER_S``): a tower that announces 100,000
-   tokens/s wins one request at most.
+   ``tokens_per_s`` is what this client measured of the tower's streams:
+   the tokens it counted itself (token ids it received, each with at least
+   one byte of text; links/stream.py TokenEvent.counted, never the tower's
+   own count) over its own clock's time from sending the request to the last
+   token, kept in its home across processes (client/measured.py). A tower it
+   never streamed from is taken at its word only as a prior, and at most
+   KIND_MARGIN times the best rate measured here of a tower of the same
+   backend and device, or, with none measured, what hardware of its kind
+   does (``PRIOR_MAX_TOKENS_PER_S``): a tower that announces 100,000 tokens/s
+   wins one request at most, in this process or any later one sharing its home.
 8. ``-headroom``: free memory beyond the model's need (MiB), more is better.
 9. ``hops``: fewer is better.
 10. a random tie-breaker, so equal towers share the load.
+
+A split plan (client/split.py, split/plan.py) takes the memory each tower
+says it lends the same way: at its word until a plan fails to load on it for
+want of memory, then at most half the part it could not hold
+(HealthBook.believed_lend_mib), kept in the client's home like the rates.
 """
 
 import random
@@ -44,6 +54,7 @@ from typing import Any
 from announce.caps import Caps, Hardware, ModelCap, VoiceCap
 from announce.table import TowerEntry
 from links.wire import Code, WireError
+from reticulum_grid.client.measured import MeasuredRates, kind_of
 from reticulum_grid.store.gguf_info import RUNTIME_OVERHEAD_MIB
 
 #: Backoff after the n-th consecutive failure: min(2**n, MAX_BACKOFF_S) seconds.
@@ -58,6 +69,10 @@ PRIOR_MAX_TOKENS_PER_S = {"cpu": 1000.0}
 PRIOR_MAX_GPU_TOKENS_PER_S = 10000.0
 #: Weight of a new measurement in the measured tokens/s (an exponential average).
 MEASURED_WEIGHT = 0.5
+#: A claim is believed up to this many times the best rate measured of its kind
+#: (the same device runs a smaller model faster; a claim above the measured is
+#: how a tower never measured gets its first request).
+KIND_MARGIN = 2.0
 
 
 @dataclass
@@ -85,10 +100,14 @@ HEALTHY = Health()
 
 
 class HealthBook:
-    """Health per destination hash."""
+    """Health per destination hash. Measured rates go to ``rates`` too
+    (client/measured.py; the Grid's keeps them in its home, so the next
+    process starts from them), and come from it at creation."""
 
-    def __init__(self) -> None:
-        self._health: dict[bytes, Health] = {}
+    def __init__(self, rates: MeasuredRates | None = None) -> None:
+        self.rates = rates if rates is not None else MeasuredRates()
+        self._health: dict[bytes, Health] = {
+            key: Health(tokens_per_s=m.tokens_per_s) for key, m in self.rates.towers().items() if m.tokens_per_s}
 
     def get(self, destination_hash: bytes) -> Health:
         return self._health.get(destination_hash, HEALTHY)
@@ -130,19 +149,33 @@ class HealthBook:
         h = self._health.setdefault(destination_hash, Health())
         h.pending = max(0, h.pending - 1)
 
-    def measured(self, destination_hash: bytes, tokens_per_s: float) -> None:
-        """A stream from the tower reached ``tokens_per_s`` on this client's clock."""
+    def measured(self, destination_hash: bytes, tokens_per_s: float, hardware: Hardware) -> None:
+        """A stream from the tower reached ``tokens_per_s`` on this client's
+        clock; ``hardware``: what the tower announced (its kind)."""
         h = self._health.setdefault(destination_hash, Health())
         h.tokens_per_s = tokens_per_s if not h.tokens_per_s else (
             (1 - MEASURED_WEIGHT) * h.tokens_per_s + MEASURED_WEIGHT * tokens_per_s)
+        self.rates.record(destination_hash, kind_of(hardware.backend, hardware.device), h.tokens_per_s)
 
+    def believed_tokens_per_s(self, destination_hash: bytes, caps: Caps) -> float:
+        """The tokens/s a tower is ranked by: measured here, else its announce
+        bounded by claim_bound (see the module doc)."""
+        measured = self.get(destination_hash).tokens_per_s
+        return measured if measured > 0 else min(caps.tokens_per_s, self.claim_bound(caps.hardware))
 
-def believed_tokens_per_s(caps: Caps, health: Health) -> float:
-    """The tokens/s a tower is ranked by: measured here, else its announce clamped to its kind's most."""
-    if health.tokens_per_s > 0:
-        return health.tokens_per_s
-    most = PRIOR_MAX_TOKENS_PER_S.get(caps.hardware.backend, PRIOR_MAX_GPU_TOKENS_PER_S)
-    return min(caps.tokens_per_s, most)
+    def believed_lend_mib(self, destination_hash: bytes, caps: Caps) -> int | None:
+        """The memory (MiB) a tower is believed to lend to split models: what it
+        announces, at most half the smallest split part that failed to load
+        there for want of memory (client/split.py marks it; a part that loads
+        clears marks up to its size). None: it lends nothing."""
+        failed = self.rates.get(destination_hash).lend_failed_mib
+        return caps.lend_mib if caps.lend_mib is None or not failed else min(caps.lend_mib, failed // 2)
+
+    def claim_bound(self, hardware: Hardware) -> float:
+        """The most tokens/s believed of a tower never measured, on ``hardware``."""
+        best = self.rates.best_of_kind(kind_of(hardware.backend, hardware.device))
+        return KIND_MARGIN * best if best else PRIOR_MAX_TOKENS_PER_S.get(hardware.backend,
+                                                                          PRIOR_MAX_GPU_TOKENS_PER_S)
 
 
 @dataclass(frozen=True)
@@ -191,11 +224,10 @@ def _keys(entries: Iterable[TowerEntry], model: str, adapter: str | None, health
         cap = caps.model(model)
         if cap is None:
             continue
-        keyed.append((entry, _key(entry, caps, cap, 0 if cap.loaded else 1, adapter,
-                                  book.get(entry.destination_hash), need_mib, now)))
+        keyed.append((entry, _key(entry, caps, cap, 0 if cap.loaded else 1, adapter, book, need_mib, now)))
     if keyed or not syncable:
         return keyed
-    return [(e, _key(e, e.caps, None, 2, adapter, book.get(e.destination_hash), need_mib, now)) for e in entries]
+    return [(e, _key(e, e.caps, None, 2, adapter, book, need_mib, now)) for e in entries]
 
 
 def need_on_gpus(need_mib: int, gpus: int) -> int:
@@ -210,12 +242,13 @@ def room_mib(hardware: Hardware) -> int:
     return hardware.memory_free_mib + (hardware.ram_free_mib if hardware.vram_total_mib else 0)
 
 
-def _key(entry: TowerEntry, caps: Caps, cap: ModelCap | None, tier: int, adapter: str | None, health: Health,
+def _key(entry: TowerEntry, caps: Caps, cap: ModelCap | None, tier: int, adapter: str | None, book: HealthBook,
          need_mib: int, now: float) -> tuple[Any, ...]:
     free = caps.hardware.memory_free_mib
     need_mib = need_on_gpus(need_mib, caps.hardware.gpus)
     load = caps.load
-    speed = max(believed_tokens_per_s(caps, health), 1.0)
+    health = book.get(entry.destination_hash)
+    speed = max(book.believed_tokens_per_s(entry.destination_hash, caps), 1.0)
     if cap is not None and cap.loaded and cap.free:  # a free slot: the runner batches a new stream in
         waiting = load.queue + max(0, health.pending - cap.free)
     else:

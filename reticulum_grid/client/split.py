@@ -4,10 +4,12 @@ several (reticulum_grid.split), and fail over to a new plan.
 ``needs_split`` says whether the ranked towers all lack room (the model's
 need from caps/full against each tower's lent memory, or its free memory when
 it announces none); ``make_plan`` plans over the live towers lending memory
-(split/plan.py); ``SplitStream`` streams from the plan's coordinator and, when
-a tower of the plan dies mid-stream, plans again without the towers that no
-longer answer and continues from the tokens generated so far
-(``continue_tokens``), so the text at temperature 0 is the same.
+(split/plan.py), each believed to lend what it announces until a plan failed
+to load on it for want of memory (router.HealthBook.believed_lend_mib: the
+client marks it, and plans again); ``SplitStream`` streams from the plan's
+coordinator and, when a tower of the plan dies mid-stream, plans again
+without the towers that no longer answer and continues from the tokens
+generated so far (``continue_tokens``), so the text at temperature 0 is the same.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
 from reticulum_grid.client.stream import InferenceStream, continued
 from reticulum_grid.split import estimate
 from reticulum_grid.split.plan import Offer, Plan, PlanError, plan
+from reticulum_grid.split.supervisor import named_worker
 from reticulum_grid.store import gguf_info
 from reticulum_grid.store.sync import Progress
 
@@ -53,8 +56,9 @@ FACTS_POLL_S = 0.5
 POLICIES = ("auto", "always", "never")
 #: Estimated tokens/s below which "auto" refuses a split (too_slow) rather than run it.
 MIN_SPLIT_TOKENS_S = 1.0
-#: Errors after which a new plan is tried.
-REPLAN_ON = LINK_LOST | {Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST}
+#: Errors after which a new plan is tried (insufficient_memory: the tower that
+#: could not hold its part is believed to lend less, see _mark_claim).
+REPLAN_ON = LINK_LOST | {Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST, Code.INSUFFICIENT_MEMORY}
 
 
 def capacity_mib(caps: Caps) -> int:
@@ -181,8 +185,9 @@ def _offers(grid: GridParts, entries: Sequence[TowerEntry], model: str, rtts: di
             return grid.health.get(entry.destination_hash).rtt_s
         return 0.0 if entry is coordinator else rtts[entry.destination_hash]
     # Lenders only (make_plan keeps those): lend_mib is set.
-    return [Offer(e.name, e.destination_hash, cast(int, e.caps.lend_mib), rtt(e), e.hops, e.caps.load.jobs > 0,
-                  e.caps.tokens_per_s, e.caps.model(model) is not None) for e in entries]
+    return [Offer(e.name, e.destination_hash, cast(int, grid.health.believed_lend_mib(e.destination_hash, e.caps)),
+                  rtt(e), e.hops, e.caps.load.jobs > 0, grid.health.believed_tokens_per_s(e.destination_hash, e.caps),
+                  e.caps.model(model) is not None) for e in entries]
 
 
 def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice],
@@ -257,6 +262,7 @@ class SplitStream:
             try:
                 for piece in pieces:
                     if isinstance(piece, Usage):
+                        self._claims_held()
                         self.usage = self._usage(piece, failovers)
                         yield self.usage
                         return
@@ -268,6 +274,8 @@ class SplitStream:
                 self.generated += stream.generated
                 if e.code not in REPLAN_ON:
                     raise
+                if e.code == Code.INSUFFICIENT_MEMORY and not stream.generated:
+                    self._mark_claim(e)
                 errors.append(e.message)
                 if self.generated and self.payload.get("stop"):
                     raise WireError(e.code, f"a tower of the split went away after {self.generated} tokens; "
@@ -285,6 +293,26 @@ class SplitStream:
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
                            started=self.started)
+
+    def _mark_claim(self, error: WireError) -> None:
+        """The plan did not load for want of memory on the worker the
+        coordinator names (or on the coordinator): that tower is believed to
+        lend less from now on (router.HealthBook.believed_lend_mib)."""
+        coordinator = self.plan.coordinator.offer.key
+        short = named_worker(error.message) or coordinator
+        part = next((p for p in self.plan.parts if p.offer.key == short), None)
+        if part is None:
+            return
+        log.info("%s could not hold its %d MiB of the split (it claims to lend %d MiB)", part.offer.name, part.mib,
+                 part.offer.lend_mib)
+        self.grid.health.rates.lend_failed(short, part.mib)
+        if short != coordinator:  # the coordinator only passed the worker's failure on
+            self.grid.health.succeeded(coordinator)
+
+    def _claims_held(self) -> None:
+        """The plan loaded: every part held its share."""
+        for part in self.plan.parts:
+            self.grid.health.rates.lend_held(part.offer.key, part.mib)
 
     def _replan(self) -> None:
         """A new plan without the towers of the failed one that no longer answer."""

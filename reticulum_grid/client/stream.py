@@ -50,7 +50,7 @@ RETRY_BEFORE_OUTPUT = {Code.BUSY, *LINK_LOST, Code.NOT_ALLOWED, Code.UNKNOWN_MOD
 CONTINUE_AFTER = LINK_LOST | {Code.RUNNER_LOST}
 #: Towers tried for one request at most.
 MAX_TOWERS = 4
-#: Tokens after a stream's first message needed to measure its rate (router.HealthBook.measured).
+#: Tokens a stream must bring to measure its rate (router.HealthBook.measured).
 MEASURE_MIN_TOKENS = 4
 #: A stream silent this long (no token, no heartbeat) lost its tower (seconds;
 #: at least 3 heartbeats, more on a slow link: 10 RTTs).
@@ -99,28 +99,27 @@ class Ask:
 
 
 class _Meter:
-    """A stream's rate on this client's clock: tokens after the first message
-    over the time since it (the first message carries the prompt's latency)."""
+    """A stream's rate on this client's clock: the tokens it counted itself
+    (TokenEvent.counted, never the tower's own count) over the time from
+    sending the request (``sent_at``, perf_counter seconds) to the last of
+    them. From the send, not from the first token: a tower that held its
+    tokens back to send them in one burst would look fast otherwise, and
+    reading the prompt is part of what a request waits for."""
 
-    def __init__(self) -> None:
-        self.first_at: float | None = None
+    def __init__(self, sent_at: float) -> None:
+        self.sent_at = sent_at
         self.last_at: float | None = None
-        self.after_first = 0
+        self.count = 0
 
     def tokens(self, count: int) -> None:
-        now = time.perf_counter()
-        if self.first_at is None:
-            self.first_at = now
-        else:
-            self.after_first += count
-            self.last_at = now
+        self.count += count
+        self.last_at = time.perf_counter()
 
     def rate(self) -> float | None:
         """Tokens/s, or None when too few tokens came to tell."""
-        first, last = self.first_at, self.last_at  # both set once a token came after the first message
-        if self.after_first < MEASURE_MIN_TOKENS or first is None or last is None or last <= first:
+        if self.count < MEASURE_MIN_TOKENS or self.last_at is None or self.last_at <= self.sent_at:
             return None
-        return self.after_first / (last - first)
+        return self.count / (self.last_at - self.sent_at)
 
 
 class InferenceStream:
@@ -184,13 +183,13 @@ class InferenceStream:
         if self._model_blob is not None and not self._can_continue(entry, self._model_blob):
             return False
         try:
-            receiver, entry = self._start(entry)
+            receiver, entry, sent_at = self._start(entry)
         except WireError as e:
             self._note_refusal(entry, e)
             return False
         self._model_blob = self._model_blob or cast(ModelCap, entry.caps.model(self.ask.model)).short_id  # synced
         before = (len(self.ids), self.generated)
-        meter = _Meter()
+        meter = _Meter(sent_at)
         try:
             # _start set _current and its connection's Link (cancel() may clear _current from another thread).
             rtt = max(self.grid.health.get(entry.destination_hash).rtt_s,
@@ -203,8 +202,9 @@ class InferenceStream:
                 self._release()
                 self.grid.health.ended(entry.destination_hash)
                 self.grid.health.succeeded(entry.destination_hash)
-                if meter.rate() is not None:
-                    self.grid.health.measured(entry.destination_hash, cast(float, meter.rate()))
+                rate = meter.rate()
+                if rate is not None:
+                    self.grid.health.measured(entry.destination_hash, rate, entry.caps.hardware)
                 self.usage = self._usage(entry, event, before)
                 yield self.usage
                 return True
@@ -222,7 +222,7 @@ class InferenceStream:
     def _token(self, event: TokenEvent, meter: _Meter) -> Iterator["Text | ToolCallDelta"]:
         """Count one token chunk and yield its pieces: Text, then any ToolCallDelta."""
         if event.data or event.ids or event.extra:  # not decoded()'s tail
-            meter.tokens(event.generated)
+            meter.tokens(event.counted)
             self.ids += event.ids
             self.generated += event.generated
             self._exact = self._exact and not event.extra.get("x")
@@ -267,8 +267,9 @@ class InferenceStream:
         piece.logprobs = logprobs(probabilities)
         return piece
 
-    def _start(self, entry: TowerEntry) -> tuple[StreamReceiver, TowerEntry]:
-        """Sync what the tower lacks, send the request; (receiver, entry). Raises WireError."""
+    def _start(self, entry: TowerEntry) -> tuple[StreamReceiver, TowerEntry, float]:
+        """Sync what the tower lacks, send the request; (receiver, entry, the
+        perf_counter time the request went). Raises WireError."""
         model, adapter = self.ask.model, self.ask.adapter
         if entry.caps.model(model) is None:
             entry = self.grid.sync_to(entry, model, "model", self.progress)
@@ -280,6 +281,7 @@ class InferenceStream:
         # The tower answers ai/inference at once (generation runs on its own thread).
         bound = self.grid.liveness.attempt_timeout(entry)
         receiver = conn.open_stream(stream_id, link_timeout=bound)
+        sent_at = time.perf_counter()
         try:
             conn.request("ai/inference", {**payload, "stream_id": stream_id}, bound, link_timeout=bound)
         except BaseException:
@@ -287,7 +289,7 @@ class InferenceStream:
             raise
         self._current = (conn, stream_id)
         self.grid.health.started(entry.destination_hash)
-        return receiver, entry
+        return receiver, entry, sent_at
 
     def _note_refusal(self, entry: TowerEntry, error: WireError) -> None:
         if error.code not in RETRY_BEFORE_OUTPUT:

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 
 class LoadError(ValueError):
     """llama.cpp could not load the model; ``out_of_memory`` when its log says
-    an allocation failed, ``stuck`` when loading stopped making progress."""
+    an allocation failed, ``buffer`` the buffer type it could not allocate
+    ("CPU", "CUDA0", "RPC0[127.0.0.1:50052]"; "" when it names none),
+    ``stuck`` when loading stopped making progress."""
 
     def __init__(self, message: str, log_text: str = "") -> None:
         super().__init__(message)
         self.out_of_memory = bool(_OOM.search(log_text))
+        failed = _UNALLOCATED.findall(log_text)
+        self.buffer: str = failed[-1] if failed else ""
         self.stuck = False
 
 
@@ -27,6 +31,8 @@ _BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size\s*=\s*
 #: Buffer name prefixes of llama.cpp's GPU backends (ggml-cuda, -hip, -metal, -vulkan, -sycl, -cann, -musa, -opencl).
 GPU_BUFFERS = ("CUDA", "ROCm", "HIP", "MTL", "Metal", "Vulkan", "SYCL", "CANN", "MUSA", "OpenCL")
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate", re.IGNORECASE)
+#: llama.cpp's words when a model's buffer cannot be had (src/llama-model.cpp, load_tensors).
+_UNALLOCATED = re.compile(r"unable to allocate (\S+) buffer")
 
 
 @dataclass(frozen=True)

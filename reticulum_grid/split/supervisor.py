@@ -20,6 +20,7 @@ itself: the next request builds a new plan's model.
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,6 +64,30 @@ def layout(counts: Sequence[int], endpoints: Sequence[str], coordinator_gpu: boo
     return sum(workers) + 1, tuple(float(c) for c in workers[:-1]) + (float(workers[-1] + 1),), (OUTPUT_ON_CPU,)
 
 
+def naming_worker(key: bytes, message: str) -> str:
+    """An error ``message`` about the worker tower at destination ``key``, as a
+    coordinator sends it (named_worker reads the tower back)."""
+    return f"worker tower {key.hex()}: {message}"
+
+
+_NAMED = re.compile(r"worker tower ([0-9a-f]{32}): ")
+
+
+def named_worker(message: str) -> bytes | None:
+    """The destination hash of the worker tower an error message is about (naming_worker), or None."""
+    found = _NAMED.search(message)
+    return bytes.fromhex(found.group(1)) if found else None
+
+
+class SplitOutOfMemory(WireError):
+    """The split model did not load for want of memory: on the worker behind
+    RPC ``endpoint``, or ("") on this tower. Code insufficient_memory."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(Code.INSUFFICIENT_MEMORY, message)
+        self.endpoint = endpoint
+
+
 class SplitModel:
     """A model split over RPC ``endpoints`` (``counts`` layers each, in order;
     the rest on this tower). ``key`` identifies the plan it was built for;
@@ -85,7 +110,8 @@ class SplitModel:
               quiet_s: float = LOAD_QUIET_S) -> Self:
         """Start the runner and wait for it to load. ``moved()``: bytes the
         model's tunnels carried so far; a load that moves none for ``quiet_s``
-        seconds is stuck (RPC has no timeouts of its own). Raises WireError."""
+        seconds is stuck (RPC has no timeouts of its own). Raises WireError
+        (SplitOutOfMemory when an allocation failed)."""
         try:
             self.runner.start(timeout, progress=moved, quiet_s=quiet_s)
         except LoadError as e:
@@ -93,9 +119,15 @@ class SplitModel:
             if e.stuck:
                 raise WireError(Code.TIMEOUT, f"a shard stopped answering while loading the split model "
                                               f"(nothing for {quiet_s:.0f} s); the split model was stopped") from None
+            if e.out_of_memory:
+                raise SplitOutOfMemory(self._endpoint_of(e.buffer), f"the split model did not load: {e}") from None
             raise WireError(Code.UNREACHABLE, f"the split model did not load: {e}") from None
         log.info("split model up: %s", self.weights_mib)
         return self
+
+    def _endpoint_of(self, buffer: str) -> str:
+        """The RPC endpoint llama.cpp's buffer name points at ("RPC0[127.0.0.1:50052]"), "" for a local one."""
+        return next((e for e in self.spec.rpc if buffer.endswith(f"[{e}]")), "")
 
     @property
     def alive(self) -> bool:

@@ -10,7 +10,11 @@ client planned it, see split/plan.py) runs on a split model in a child
 process, its first layers on the plan's workers, reached through tunnels
 over Links this tower opens (identified with its own identity). The stream
 goes to the client through the usual token stream: stop strings, usage,
-cancel and continue_tokens work as for a whole model.
+cancel and continue_tokens work as for a whole model. A split model that does
+not load for want of memory ends the stream with insufficient_memory, naming
+the worker tower whose RPC buffer llama.cpp could not allocate
+(split/supervisor.py naming_worker; none named: this tower's own), so the
+client believes that tower lends less (client/split.py).
 
 ``split`` request field::
 
@@ -44,7 +48,7 @@ from reticulum_grid.split import direct, experts
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
-from reticulum_grid.split.supervisor import SplitModel
+from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
 
@@ -213,7 +217,7 @@ class TowerSplit:
             try:
                 reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
             except WireError as e:
-                raise WireError(e.code, f"worker tower {key.hex()}: {e.message}") from None
+                raise WireError(e.code, naming_worker(key, e.message)) from None
             # conn.request set up the Link (and its router).
             listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(cast(ChannelRouter, conn.router)),
                                                                          owners)
@@ -227,7 +231,11 @@ class TowerSplit:
                                                threads=slot.settings.threads, experts=expert_mode,
                                                gpu=self._own_gpu(), draft=self.draft_for(slot))
         started = time.perf_counter()
-        model.start(moved=lambda: sum(_moved(carrier) for _, carrier in self.links))
+        try:
+            model.start(moved=lambda: sum(_moved(carrier) for _, carrier in self.links))
+        except SplitOutOfMemory as e:  # the client marks what the tower that lacked memory claims to lend
+            worker = next((key for (key, _, _), endpoint in zip(parts, endpoints) if endpoint == e.endpoint), None)
+            raise WireError(e.code, naming_worker(worker, e.message) if worker else e.message) from None
         seconds = time.perf_counter() - started
         for (key, _, _), (_, carrier) in zip(parts, self.links):
             self.probe.record_rate(key, _moved(carrier), seconds)
