@@ -58,8 +58,8 @@ class ApiError(Exception):
         return body
 
     def headers(self):
-        """Extra response headers: ``Retry-After`` in whole seconds for a busy answer."""
-        if self.status == 429:
+        """Extra response headers: ``Retry-After`` in whole seconds for a busy or overloaded answer."""
+        if self.status == 429 or self.retry_after is not None:
             return {"Retry-After": str(max(1, math.ceil(self.retry_after or 1)))}
         return {}
 

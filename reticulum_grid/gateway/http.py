@@ -1,9 +1,9 @@
 """What every route of the gateway shares: the API key, errors in the caller's
 API's shape, JSON bodies, and grid calls started from a request.
 
-``endpoint(shape)`` wraps a route method of a class holding ``gateway`` (the
-app.Gateway): it checks the API key and answers any failure as ``shape``
-says, "openai" or "ollama" (errors.py). ``start(request, work)`` runs a
+``endpoint(shape)`` wraps a route method: it answers any failure as ``shape``
+says, "openai" or "ollama" (errors.py); the API key was checked before the
+body was read (intake.py). ``start(request, work)`` runs a
 blocking grid call (bridge.Call) for the request and returns its first event
 and the rest; an error before the first event is raised there, so it keeps
 its HTTP status.
@@ -24,11 +24,12 @@ from reticulum_grid.gateway.inference import embeddings_work
 log = logging.getLogger("rngrid.gateway")
 
 
-def check_key(api_key, request):
-    """Raise ApiError(401) unless the request carries ``Authorization: Bearer API_KEY`` (None: no key needed)."""
+def check_key(api_key, headers):
+    """Raise ApiError(401) unless ``headers`` (a request's) carry ``Authorization: Bearer API_KEY`` (None: no key
+    needed)."""
     if api_key is None:
         return
-    header = request.headers.get("authorization", "")
+    header = headers.get("authorization", "")
     given = header[7:].strip() if header.lower().startswith("bearer ") else ""
     if not hmac.compare_digest(given.encode(), api_key.encode()):
         raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
@@ -43,14 +44,21 @@ def error_response(error, shape="openai"):
     return JSONResponse(body, status_code=api.status, headers=api.headers())
 
 
+def closing_response(error, shape="openai"):
+    """error_response() that also closes the connection: for a refusal answered
+    before the request's body was read, so the rest of it never is."""
+    response = error_response(error, shape)
+    response.headers["connection"] = "close"
+    return response
+
+
 def endpoint(shape="openai"):
-    """Route-method wrapper: API key check, every failure answered in ``shape``."""
+    """Route-method wrapper: every failure answered in ``shape``."""
 
     def wrap(handler):
         @functools.wraps(handler)
         async def wrapped(self, request):
             try:
-                check_key(self.gateway.api_key, request)
                 return await handler(self, request)
             except Stopped:
                 return Response(status_code=499)  # the client is gone; nobody reads this

@@ -40,9 +40,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from links.wire import Code
 from reticulum_grid.gateway import commands
-from reticulum_grid.gateway.bridge import MAX_BODY_BYTES, Call, Stopped
+from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.http import check_key
+from reticulum_grid.gateway.intake import MAX_BODY_BYTES
 
 log = logging.getLogger("rngrid.gateway")
 
@@ -105,7 +106,7 @@ class CommandSocket:
     def _authorization(self):
         """The ApiError(401) of the handshake's key, None when it passes."""
         try:
-            check_key(self.gateway.api_key, self.websocket)
+            check_key(self.gateway.api_key, self.websocket.headers)
         except ApiError as e:
             return e
         return None
