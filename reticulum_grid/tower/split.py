@@ -84,8 +84,9 @@ class TowerSplit:
         towers = validate(request, {"towers": Field(list, required=True, check=max_len(2 * MAX_PARTS))})["towers"]
         if any(not isinstance(t, bytes) or len(t) != 16 for t in towers):
             raise WireError(Code.BAD_REQUEST, "towers must list destination hashes (16 bytes)")
-        rtts, pending = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
+        rtts, pending, refused = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
         return {"rtts": {k.hex(): round(v, 5) for k, v in rtts.items()}, "pending": [k.hex() for k in pending],
+                "refused": [k.hex() for k in refused],
                 "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers}}
 
     def stop(self) -> None:
