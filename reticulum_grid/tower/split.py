@@ -26,8 +26,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-import RNS
-
 from announce.caps import Hardware
 
 from links.channel import ChannelRouter
@@ -261,11 +259,7 @@ class TowerSplit:
     def _check_worker(self, key: bytes) -> None:
         """Raise WireError(not_allowed) unless the tower at destination ``key`` is
         trusted here with ``shard`` (it would receive this tower's layers)."""
-        worker = RNS.Identity.recall(key)
-        if worker is None or not {"shard"} & self.tower.allow.roles_of(worker.hash):
-            who = worker.hash.hex() if worker is not None else "IDENTITY"
-            raise WireError(Code.NOT_ALLOWED, f"tower {key.hex()} is not trusted by {self.tower.config.name} to hold "
-                                              f"layers of its models; its admin can run: rngrid allow {who} --role shard")
+        self.tower.allow.check_tower(key, "shard", self.tower.config.name, "to hold layers of its models")
 
     def _drop_model(self) -> None:
         if self.model is not None:
