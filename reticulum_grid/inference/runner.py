@@ -1,14 +1,12 @@
 """One llama.cpp ``llama-server`` per loaded model: a supervised child on 127.0.0.1.
 
-As Ollama and LocalAI run it: the tower starts the server on an ephemeral
-loopback port with a random per-start API key that only the tower knows (no
-other local user can use it: the key goes in the child's environment, which
-/proc shows to its own user only, never on its command line, which every
-user can read), waits until ``/health`` says the model is
-loaded, and keeps its log beside the tower's (``last_error`` is the line a
-user is shown). A runner that dies is restarted with backoff (1, 2, 4 ... 60
-s) until it is closed. The child runs under node/childguard.py, so it ends
-with the tower even after ``kill -9`` of the tower.
+As Ollama and LocalAI run it: the tower starts the server on an ephemeral loopback port
+with a random per-start API key that only the tower knows (in the child's environment,
+never its command line: no other local user can use it), waits until ``/health`` says
+the model is loaded, and keeps its log beside the tower's (``last_error`` is the line a
+user is shown). A runner that dies is restarted with backoff (1, 2, 4 ... 60 s) until it
+is closed. The child runs under node/childguard.py, so it ends with the tower even after
+``kill -9`` of the tower.
 
 The server gives parallel slots with continuous batching over one copy of the
 weights and a unified KV cache (``parallel`` sequences of ``n_ctx`` tokens
@@ -37,8 +35,7 @@ from reticulum_grid.node.localgrid import free_port
 
 log = logging.getLogger("rngrid.runner")
 
-#: The environment variable llama-server reads its API key from (common/arg.cpp: ``--api-key``'s set_env).
-KEY_ENV = "LLAMA_API_KEY"
+KEY_ENV = "LLAMA_API_KEY"  #: llama-server's API key variable (common/arg.cpp); /proc/PID/environ: its user only
 #: Seconds a runner may take to load its model before it counts as failed.
 LOAD_TIMEOUT_S = 600.0
 #: Restart backoff after the n-th death in a row: min(2**n, MAX_BACKOFF_S) seconds.
@@ -93,7 +90,6 @@ class RunnerSpec:
     fit: bool = False  # llama.cpp chooses how many layers fit on the GPUs (the rest stay in RAM)
 
     def argv(self, port: int) -> list[str]:
-        """llama-server's command line; its API key goes in its environment (KEY_ENV), never here."""
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui",
