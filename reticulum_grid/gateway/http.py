@@ -13,6 +13,7 @@ import functools
 import hmac
 import json
 import logging
+import re
 
 from starlette.responses import JSONResponse, Response
 
@@ -22,6 +23,11 @@ from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.inference import embeddings_work
 
 log = logging.getLogger("rngrid.gateway")
+
+#: Deepest nesting of arrays and objects read (a tool's JSON schema needs a dozen levels).
+MAX_JSON_DEPTH = 64
+#: A UTF-16 surrogate left alone in a decoded string (json decodes escaped pairs into one character).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_key(api_key, headers):
@@ -78,9 +84,33 @@ async def json_body(request, empty=None):
             return empty
         raise bad_request("missing request body: send a JSON object")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not JSON: {e}") from None
+        return parse_json(raw)
+    except ValueError as e:
+        raise bad_request(f"the request body is not JSON the grid takes: {e}") from None
+
+
+def parse_json(raw):
+    """The value of JSON text ``raw`` (str or UTF-8 bytes). Raises ValueError for
+    what is not JSON, and for what JSON allows but no tower takes: nesting
+    deeper than MAX_JSON_DEPTH (Python's parser gives up at about a thousand
+    levels with RecursionError, msgpack at 512) and a lone UTF-16 surrogate
+    (``"\\ud800"``: valid JSON, no UTF-8 string)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str) and _SURROGATE.search(item):
+            raise ValueError(f"a string holds a lone UTF-16 surrogate ({_SURROGATE.search(item).group()!a}), "
+                             "which no UTF-8 text can")
+        if isinstance(item, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((part, depth + 1) for part in (
+                (*item.keys(), *item.values()) if isinstance(item, dict) else item))
+    return value
 
 
 async def start(request, work, name="rngrid-gateway-call"):
