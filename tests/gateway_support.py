@@ -97,15 +97,17 @@ def laptop(hub, tmp_path):
 
 
 @contextlib.contextmanager
-def serve_process(home, tower):
+def serve_process(home, tower, args=(), process=False):
     """`rngrid serve` as a user runs it (its own process, RNS and Grid) on a
-    free loopback port, connected to ``tower``; yields the port once it listens."""
+    free loopback port, connected to ``tower`` (or an RNS "host:port"), with more
+    ``args``; yields the port once it listens, or (port, the Popen) with ``process``."""
     port = free_port()
+    address = tower if isinstance(tower, str) else tower.address
     proc = subprocess.Popen([sys.executable, "-m", "reticulum_grid", "--home", str(home), "serve", "--listen",
-                             f"127.0.0.1:{port}", "--connect", tower.address], stderr=subprocess.PIPE, text=True)
+                             f"127.0.0.1:{port}", "--connect", address, *args], stderr=subprocess.PIPE, text=True)
     try:
         assert wait_port(port, 60), "rngrid serve did not listen"
-        yield port
+        yield (port, proc) if process else port
     finally:
         proc.terminate()
         try:

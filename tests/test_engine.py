@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -17,6 +18,7 @@ import pytest
 
 from reticulum_grid.client import ToolCallDelta, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
+from reticulum_grid.inference.runner import KEY_ENV
 from reticulum_grid.training.gguf_lora import peft_to_gguf
 from tests.tiny_models import renamed_copy
 
@@ -94,12 +96,24 @@ def test_the_runner_port_refuses_a_request_without_its_key(engine_tower):
     argv = runner.cmdline()
     port = argv[argv.index("--port") + 1]
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    for headers in ({}, {"Authorization": "Bearer guessed"}):
+
+    def completion(headers):
         request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST", headers=headers,
                                          data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode())
+        return urllib.request.urlopen(request, timeout=60)
+
+    for headers in ({}, {"Authorization": "Bearer guessed"}):
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
+            completion(headers)
         assert refused.value.code == 401
+    # The key is in the runner's environment (/proc/PID/environ: its own user only), not on its command line
+    # (/proc/PID/cmdline: every user): the one in the environment is the one the runner takes.
+    key = runner.environ()[KEY_ENV]
+    cmdline = (Path("/proc") / str(runner.pid) / "cmdline").read_bytes()
+    assert "--api-key" not in argv and key.encode() not in cmdline
+    assert oct(os.stat(f"/proc/{runner.pid}/environ").st_mode & 0o777) == "0o400"
+    with completion({"Authorization": f"Bearer {key}"}) as reply:
+        assert reply.status == 200
 
 
 def test_two_adapters_at_once_and_scale_zero_is_base(hub, engine_tower):

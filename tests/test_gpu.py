@@ -262,8 +262,8 @@ def test_a_model_too_big_for_the_vram_loads_partly_in_ram(monkeypatch, registry)
     hw = fake_gpus(monkeypatch, 60)
     slot = registry.find("smol")
     runner = registry.runner(slot)
-    assert runner.spec.fit and slot.partial and "-ngl" not in runner.spec.argv(1, "k")
-    assert ["--fit", "on"] == runner.spec.argv(1, "k")[runner.spec.argv(1, "k").index("--fit"):][:2]
+    assert runner.spec.fit and slot.partial and "-ngl" not in runner.spec.argv(1)
+    assert ["--fit", "on"] == runner.spec.argv(1)[runner.spec.argv(1).index("--fit"):][:2]
     assert slot.offloaded is False and registry.truthful(hw).backend == "cpu"
 
 

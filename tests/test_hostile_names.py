@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from reticulum_grid.node import trust
+from reticulum_grid.cli.common import visible
+from reticulum_grid.node import config, trust
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess
 from reticulum_grid.inference.default_model import default_model_path
@@ -97,3 +98,58 @@ def test_log_lines_show_escapes_as_text(hostile):
                  escapes.address, home=home)
     assert f"no caps/full from hostile-errors: internal: {SHOWN}" in run.stderr, run.stderr[-3000:]
     assert "\x1b" not in run.stderr and "\x07" not in run.stderr
+
+
+# -- names with control or invisible characters ---------------------------------------------------------------
+
+#: What a name may not hold: ESC, zero-width space, word joiner, right-to-left override, a Hangul filler.
+UNSEEN = {"a\x1b[2Jb": "U+001B", "ev\u200bil": "U+200B", "ev\u2060il": "U+2060", "a\u202eb": "U+202E",
+          "\u3164": "U+3164"}
+#: An announced name (the hostile tower lies past its config): zero-width space, word joiner, DEL, C1 CSI.
+HEARD = "ze\u200bro\u2060\x7f\x9b"
+HEARD_SHOWN = "ze\\u200bro\\u2060\\x7f\\x9b"
+
+
+@pytest.mark.parametrize("name", UNSEEN)
+def test_a_tower_name_that_does_not_show_as_itself_is_refused_at_config_load(tmp_path, name):
+    path = tmp_path / "tower.toml"
+    config.write_tower(path, name, {})
+    with pytest.raises(config.ConfigError) as refused:
+        config.load_tower(path)
+    assert UNSEEN[name] in str(refused.value) and "invisible" in str(refused.value)
+    with pytest.raises(config.ConfigError):
+        trust.check_name(name)  # nor can a client record it as a tower's name
+
+
+def test_the_tower_refuses_to_start_with_such_a_name_and_says_why(tmp_path):
+    path = tmp_path / "tower.toml"
+    config.write_tower(path, "ev\u200bil\x1b", {})
+    run = rngrid("tower", "--config", str(path), home=tmp_path, timeout=60)
+    assert run.returncode == 1 and "U+001B, U+200B" in run.stderr, run.stderr[-2000:]
+    assert "\x1b" not in run.stderr and "\u200b" not in run.stderr
+
+
+def test_kept_names_and_emoji_sequences_show_as_they_are(tmp_path):
+    for i, name in enumerate(("big-tower", "tour-été", "塔", "tower ☕")):
+        config.write_tower(tmp_path / f"{i}.toml", name, {})
+        assert config.load_tower(tmp_path / f"{i}.toml").name == name and visible(name) == name
+    assert visible("coder \U0001f469\u200d\U0001f4bb") == "coder \U0001f469\u200d\U0001f4bb"  # one emoji: kept
+    assert visible("a\u200db") == "a\\u200db" and visible("\U000e0041") == "\\U000e0041"
+
+
+@pytest.fixture(scope="module")
+def heard(hub, tmp_path_factory):
+    home = tmp_path_factory.mktemp("names-heard")
+    tower = HostileTower(hub.root, "hostile-unseen", {}, claim={"name": HEARD}, trusted=True, connect=[hub.address])
+    hub.towers.append(tower)
+    tower.start()
+    yield tower, home
+    tower.stop()
+
+
+def test_a_heard_name_with_invisible_characters_is_shown_escaped(heard):
+    tower, home = heard
+    table = rngrid("towers", "--wait", "10", "--connect", tower.address, home=home)
+    assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr[-2000:]
+    assert HEARD_SHOWN in table.stdout, table.stdout
+    assert not {"\u200b", "\u2060", "\x7f", "\x9b"} & set(table.stdout + table.stderr), table.stdout

@@ -183,7 +183,9 @@ def pair(hub):
     roles = ["infer", "sync", "train"]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", ONE_THREAD["OMP_NUM_THREADS"])  # the towers' workers inherit it
-        a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles}, dataplane=DATAPLANE)
+        # Each enlists only towers it trusts as training peers: a names b, and b names a.
+        a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-b"): ["train-peer"]},
+                            dataplane=DATAPLANE)
         # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
         b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
                             connect=[hub.address, a.address], dataplane=DATAPLANE)
@@ -272,6 +274,28 @@ def test_a_participant_without_train_is_refused(hub, pair):
         as_a.request("train/join", {**join, "job_id": "0123456789ab", "owner": "ab" * 16}, timeout=20)
     assert e.value.code == Code.NOT_ALLOWED and "owner" in e.value.message
     as_a.close()
+
+
+def test_a_coordinator_gives_its_secret_only_to_towers_it_trusts(hub, pair):
+    """The user names the towers; rank 0 enlists only those holding train-peer on its own allow-list:
+    one that would gladly join (it grants dp-a train-peer, the user train) but dp-a does not list is
+    left out, asked nothing, and the job runs without it."""
+    a, _ = pair
+    d = hub.start_tower("dp-d", allow={hub.grid.identity_hash: ["infer", "sync", "train"],
+                                       hub.tower_identity("dp-a"): ["train-peer"]},
+                        connect=[hub.address, a.address], dataplane=DATAPLANE)
+    hub.wait_tower(d.name)
+    entry, job_id = hub.grid.train({**JOB, "max_steps": 2, "output_alias": "dp-untrusted"}, data_path=DATA,
+                                   towers=[a.name, d.name])
+    events = list(hub.grid.watch(job_id, tower=a.name))
+    end = events[-1]
+    assert end["state"] == "succeeded", end
+    assert [e["world_size"] for e in events if e["type"] == "started"] == [1]
+    destination = hub.wait_tower(d.name).destination_hash.hex()
+    assert any(f"{destination[:8]} left out: not_allowed" in h and "not trusted by dp-a" in h
+               and f"rngrid allow {hub.tower_identity('dp-d')} --role train-peer" in h for h in end["history"]), end
+    assert f"job {job_id}: rank" not in d.log() and not rank_workers(d)
+    hub.stop_towers([d])
 
 
 def test_auto_n_takes_only_trusted_towers_that_grant_train(hub, pair, tmp_path):

@@ -15,30 +15,32 @@ import json
 import logging
 import sys
 import threading
-import unicodedata
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.text import Text
 
+from announce.unseen import BLANK_LETTERS, hidden
 from links.wire import WireError
 from reticulum_grid.node import config as cfg
 
-#: Characters of category Cf that reorder or hide text on a terminal (bidirectional controls).
-_BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-
 
 def visible(text, newlines=True):
-    """``text`` with every control character (C0, DEL, C1, and bidirectional
-    controls) written as an escape (``\x1b``, ``\u202e``); tabs stay, and
-    newlines too when ``newlines``."""
+    """``text`` with every character that does not show as itself (controls: C0,
+    DEL, C1; format characters: zero-width, bidirectional; blank letters; see
+    announce/unseen.py) written as an escape (``\x1b``, ``\u200b``); tabs stay,
+    and newlines too when ``newlines``."""
     text = str(text)
-    if text.isprintable():
+    if text.isprintable() and not BLANK_LETTERS.intersection(text):
         return text
     keep = "\t\n" if newlines else "\t"
-    return "".join(c if c in keep or not (unicodedata.category(c) == "Cc" or ord(c) in _BIDI)
-                   else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in text)
+    return "".join(c if c in keep or not hidden(text, i) else _escape(c) for i, c in enumerate(text))
+
+
+def _escape(c):
+    """Python's escape of one character: \\x1b, \\u200b, \\U000e0041."""
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
 
 
 class TextConsole(Console):

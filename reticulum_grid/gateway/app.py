@@ -36,10 +36,11 @@ from starlette.staticfiles import StaticFiles
 
 from links.wire import Code
 from reticulum_grid.gateway import audio, commands, websocket
-from reticulum_grid.gateway.bridge import Call, DisconnectWatch, Stopped
+from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request, shape_for
 from reticulum_grid.gateway.guard import BrowserGuard
 from reticulum_grid.gateway.http import endpoint, error_response, json_body
+from reticulum_grid.gateway.intake import BODY_TIMEOUT_S, MAX_REQUESTS, Intake
 from reticulum_grid.gateway.ollama_routes import OllamaRoutes
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
 from reticulum_grid.gateway.responses_routes import ResponsesRoutes
@@ -55,15 +56,16 @@ PING_S = 15
 class Gateway:
     """``grid``: a reticulum_grid.client.Grid; ``api_key``: required on every
     request when set; ``busy_wait_s``: how long a request waits while every
-    tower is busy."""
+    tower is busy; ``max_requests``, ``body_timeout_s``: intake.py's limits."""
 
-    def __init__(self, grid, api_key=None, busy_wait_s=BUSY_WAIT_S, origins=(), loopback=True):
+    def __init__(self, grid, api_key=None, busy_wait_s=BUSY_WAIT_S, origins=(), loopback=True,
+                 max_requests=MAX_REQUESTS, body_timeout_s=BODY_TIMEOUT_S):
         self.grid = grid
         self.api_key = api_key
         self.busy_wait_s = busy_wait_s
+        self.limits = {"max_requests": max_requests, "body_timeout_s": body_timeout_s}
         self.origins, self.loopback = tuple(origins), loopback
         self.views = Views(grid)
-        self.gateway = self  # endpoint() finds the API key here, as on the route classes
 
     def app(self):
         routes = [
@@ -80,7 +82,7 @@ class Gateway:
             *audio.routes(self),
         ]
         middleware = [Middleware(BrowserGuard, origins=self.origins, loopback=self.loopback),
-                      Middleware(DisconnectWatch)]
+                      Middleware(Intake, api_key=self.api_key, **self.limits)]
         return Starlette(routes=routes, middleware=middleware,
                          exception_handlers={HTTPException: self._http_error, Exception: self._crash})
 

@@ -16,7 +16,7 @@ other is an espeak-ng voice ("en-gb", "de", ...).
 
 While every tower is busy a request is tried again as their retry hints say,
 for up to the gateway's ``busy_wait_s``, then answered 429. The body limit
-is the gateway's (bridge.MAX_BODY_BYTES, 4 MiB): minutes of compressed
+is the gateway's (intake.MAX_BODY_BYTES, 4 MiB): minutes of compressed
 speech, about two of 16 kHz WAV.
 """
 

@@ -2,13 +2,12 @@
 
 The Grid is synchronous (RNS threads, blocking Links), so each request's grid
 work runs on a thread of its own (``Call``) and its events cross to the event
-loop through an asyncio queue. ``DisconnectWatch`` (ASGI middleware) notices
-a client that goes away (closed socket, aborted fetch) even while nothing is
-being sent, so that work can be cancelled on the tower at once.
+loop through an asyncio queue. A client that goes away (closed socket,
+aborted fetch) stops its call at once, even while nothing is being sent
+(intake.py sets the request's ``rngrid.gone``).
 """
 
 import asyncio
-import json
 import logging
 import threading
 from collections import deque
@@ -17,8 +16,6 @@ from reticulum_grid.client import Text
 
 log = logging.getLogger("rngrid.gateway")
 
-#: Largest request body read (bytes): the tower takes at most 1 MiB of msgpack.
-MAX_BODY_BYTES = 4 << 20
 _END = object()
 
 
@@ -127,58 +124,3 @@ class Call:
             self._put((_END, e))
         else:
             self._put((_END, None))
-
-
-class DisconnectWatch:
-    """ASGI middleware: reads each HTTP request's body (at most MAX_BODY_BYTES,
-    else 413), then watches the connection. ``scope["rngrid.gone"]`` is an
-    asyncio.Event set when the client disconnects (or the response is done);
-    the app's ``receive`` replays the body, then answers ``http.disconnect``
-    once that happens."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        gone = scope["rngrid.gone"] = asyncio.Event()
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            size += len(message.get("body", b""))
-            if size > MAX_BODY_BYTES:
-                return await _too_large(send)
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-
-        async def watch():
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        async def app_receive():
-            if replay:
-                return replay.pop()
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await self.app(scope, app_receive, send)
-        finally:
-            watcher.cancel()
-            gone.set()
-
-
-async def _too_large(send):
-    body = json.dumps({"error": {"message": f"request body over {MAX_BODY_BYTES} bytes",
-                                 "type": "invalid_request_error", "param": None,
-                                 "code": "request_too_large"}}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})

@@ -9,6 +9,8 @@ shape, whose clients read ``error``), with the same status codes. Nothing
 answers with a traceback.
 """
 
+import math
+
 from links.wire import Code, WireError
 
 #: WireError code -> HTTP status. Unlisted codes are the tower's own failure: 502.
@@ -57,11 +59,14 @@ class ApiError(Exception):
 
     def headers(self):
         """Extra response headers: ``Retry-After`` in whole seconds for a busy
-        answer (RFC 9110 allows no fraction), the tower's hint rounded down so it
-        is never later than the place it waits for (at least 1: a 0 invites a
-        retry at once); the body's ``retry_after`` keeps the fraction."""
+        or overloaded answer (RFC 9110 allows no fraction). A busy answer's is
+        the tower's hint rounded down, so it is never later than the place it
+        waits for (at least 1: a 0 invites a retry at once); the body's
+        ``retry_after`` keeps the fraction. The gateway's own 503s round up."""
         if self.status == 429:
             return {"Retry-After": str(max(1, int(self.retry_after or 1)))}
+        if self.retry_after is not None:
+            return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
         return {}
 
 

@@ -12,6 +12,11 @@ import time
 import uvicorn
 
 from reticulum_grid.gateway.app import Gateway
+from reticulum_grid.gateway.intake import BODY_TIMEOUT_S, MAX_REQUESTS
+
+#: Open connections at once, idle keep-alive ones and those still sending headers too (uvicorn answers 503
+#: beyond). Each costs at most uvicorn's 64 KiB read buffer before reading pauses.
+MAX_CONNECTIONS = 1024
 
 
 class BindRefused(ValueError):
@@ -34,15 +39,20 @@ def check_bind(host, api_key):
                           "(--api-key KEY or RNGRID_API_KEY)")
 
 
-def server(grid, host="127.0.0.1", port=8080, api_key=None, busy_wait_s=None, origins=(), log_level="warning"):
+def server(grid, host="127.0.0.1", port=8080, api_key=None, busy_wait_s=None, origins=(), log_level="warning",
+           max_requests=MAX_REQUESTS, body_timeout_s=BODY_TIMEOUT_S):
     """A uvicorn.Server for the gateway on ``host:port`` (not started); ``origins``:
-    web origins allowed to call it (CORS). Raises BindRefused."""
+    web origins allowed to call it (CORS); ``max_requests``, ``body_timeout_s``:
+    intake.py's limits. Raises BindRefused."""
     check_bind(host, api_key)
     options = {} if busy_wait_s is None else {"busy_wait_s": busy_wait_s}
-    app = Gateway(grid, api_key=api_key, origins=origins, loopback=is_loopback(host), **options).app()
-    # lifespan off: the app holds nothing that starts or stops with the server.
+    app = Gateway(grid, api_key=api_key, origins=origins, loopback=is_loopback(host), max_requests=max_requests,
+                  body_timeout_s=body_timeout_s, **options).app()
+    # lifespan off: the app holds nothing that starts or stops with the server. limit_concurrency caps
+    # open connections, also those that never finish their headers (the app never sees them); the app
+    # answers its own, clearer 503 below that (intake.py).
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=2, limit_concurrency=max(MAX_CONNECTIONS, max_requests))
     return uvicorn.Server(config)
 
 

@@ -40,9 +40,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from links.wire import Code
 from reticulum_grid.gateway import commands
-from reticulum_grid.gateway.bridge import MAX_BODY_BYTES, Call, Stopped
+from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
-from reticulum_grid.gateway.http import check_key
+from reticulum_grid.gateway.http import check_key, parse_json
+from reticulum_grid.gateway.intake import MAX_BODY_BYTES
 
 log = logging.getLogger("rngrid.gateway")
 
@@ -105,7 +106,7 @@ class CommandSocket:
     def _authorization(self):
         """The ApiError(401) of the handshake's key, None when it passes."""
         try:
-            check_key(self.gateway.api_key, self.websocket)
+            check_key(self.gateway.api_key, self.websocket.headers)
         except ApiError as e:
             return e
         return None
@@ -113,7 +114,7 @@ class CommandSocket:
     async def _authenticate(self):
         """True when the first message gives the right key."""
         try:
-            message = json.loads(await asyncio.wait_for(self._receive(), AUTH_TIMEOUT_S) or "null")
+            message = parse_json(await asyncio.wait_for(self._receive(), AUTH_TIMEOUT_S) or "null")
         except (asyncio.TimeoutError, ValueError, WebSocketDisconnect):
             message = None
         key = message.get("api_key") if isinstance(message, dict) and message.get("type") == "auth" else None
@@ -153,9 +154,9 @@ class CommandSocket:
         if text is None or len(text.encode()) > MAX_MESSAGE_BYTES:
             raise bad_request(f"a message must be a JSON object of at most {MAX_MESSAGE_BYTES} bytes", "message")
         try:
-            message = json.loads(text)
+            message = parse_json(text)
         except ValueError as e:
-            raise bad_request(f"the message is not JSON: {e}", "message") from None
+            raise bad_request(f"the message is not JSON the grid takes: {e}", "message") from None
         if not isinstance(message, dict):
             raise bad_request("a message must be a JSON object", "message")
         command_id = message.get("id")

@@ -1,12 +1,12 @@
 """One llama.cpp ``llama-server`` per loaded model: a supervised child on 127.0.0.1.
 
-As Ollama and LocalAI run it: the tower starts the server on an ephemeral
-loopback port with a random per-start API key that only the tower knows (no
-other local user can use it), waits until ``/health`` says the model is
-loaded, and keeps its log beside the tower's (``last_error`` is the line a
-user is shown). A runner that dies is restarted with backoff (1, 2, 4 ... 60
-s) until it is closed. The child runs under node/childguard.py, so it ends
-with the tower even after ``kill -9`` of the tower.
+As Ollama and LocalAI run it: the tower starts the server on an ephemeral loopback port
+with a random per-start API key that only the tower knows (in the child's environment,
+never its command line: no other local user can use it), waits until ``/health`` says
+the model is loaded, and keeps its log beside the tower's (``last_error`` is the line a
+user is shown). A runner that dies is restarted with backoff (1, 2, 4 ... 60 s) until it
+is closed. The child runs under node/childguard.py, so it ends with the tower even after
+``kill -9`` of the tower.
 
 The server gives parallel slots with continuous batching over one copy of the
 weights and a unified KV cache (``parallel`` sequences of ``n_ctx`` tokens
@@ -35,6 +35,7 @@ from reticulum_grid.node.localgrid import free_port
 
 log = logging.getLogger("rngrid.runner")
 
+KEY_ENV = "LLAMA_API_KEY"  #: llama-server's API key variable (common/arg.cpp); /proc/PID/environ: its user only
 #: Seconds a runner may take to load its model before it counts as failed.
 LOAD_TIMEOUT_S = 600.0
 #: Restart backoff after the n-th death in a row: min(2**n, MAX_BACKOFF_S) seconds.
@@ -88,9 +89,9 @@ class RunnerSpec:
     overrides: tuple[str, ...] = ()
     fit: bool = False  # llama.cpp chooses how many layers fit on the GPUs (the rest stay in RAM)
 
-    def argv(self, port: int, key: str) -> list[str]:
+    def argv(self, port: int) -> list[str]:
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
-                "--api-key", key, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
+                "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "--kv-unified", "--kv-unified-per-slot", str(self.n_ctx), "--no-webui",
                 "--fit", "on" if self.fit else "off", "--cache-ram", "0", "--metrics",
                 # verbosity 4: llama.cpp's buffer report (placement.py) is logged at this level
@@ -175,7 +176,7 @@ class Runner:
             os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         port, key = free_port(), secrets.token_urlsafe(24)
-        guard = childguard.start(self.spec.argv(port, key), self.log_path, env=engine.child_env())
+        guard = childguard.start(self.spec.argv(port), self.log_path, env={**engine.child_env(), KEY_ENV: key})
         self._life = _Life(guard, port, key, offset)
         self._up.clear()
         return self._life

@@ -5,8 +5,11 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import RNS
 import tomlkit
 
+from announce.announcer import tower_destination_hash
+from links.wire import Code, WireError
 from reticulum_grid.node.config import (
     ROLES,
     TOWER_ROLES,
@@ -76,3 +79,13 @@ class LiveAllowList:
                     self._on_error(e)
         roles = set(self._allow.get(identity_hash.hex(), ()))
         return (set(ROLES) - set(TOWER_ROLES)) | roles if "admin" in roles else roles
+
+    def check_tower(self, key: bytes, role: str, name: str, what: str) -> None:
+        """Raise WireError(not_allowed) unless the tower at destination ``key``
+        (heard here) holds tower ``role`` on this list. ``name``: this tower's;
+        ``what``: what the other would get, e.g. "to hold layers of its models"."""
+        other = RNS.Identity.recall(key)
+        if other is None or tower_destination_hash(other) != key or role not in self.roles_of(other.hash):
+            who = other.hash.hex() if other is not None else "IDENTITY"
+            raise WireError(Code.NOT_ALLOWED, f"tower {key.hex()} is not trusted by {name} {what}; its admin can "
+                                              f"run: rngrid allow {who} --role {role}")

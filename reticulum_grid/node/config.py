@@ -9,7 +9,7 @@ Layout (``RNGRID_HOME``, default ``~/.rngrid``)::
 
 A tower config (every key optional except as noted)::
 
-    name = "tower-a"                    # <= 32 bytes, shown in `rngrid towers`
+    name = "tower-a"                    # <= 32 bytes, shown in `rngrid towers`; no control or invisible characters
     [network]
     listen = "127.0.0.1:4242"           # TCP server interface; "" for none
     connect = ["100.64.0.7:4242"]       # TCP client interfaces
@@ -82,7 +82,7 @@ from typing import Any
 
 import tomlkit
 
-
+from announce.unseen import name_problem
 from reticulum_grid.node.config_values import ConfigError, bounded, check_alias, seconds, typed
 from reticulum_grid.node.voice_config import VoiceConfig, parse_voice  # noqa: F401 (VoiceConfig: part of this API)
 
@@ -174,6 +174,8 @@ def load_tower(path: str | os.PathLike[str]) -> TowerConfig:
     name = typed(doc, "name", str, path.parent.name or "tower")
     if not name or len(name.encode()) > NAME_MAX_BYTES:
         raise ConfigError(f"name must be 1..{NAME_MAX_BYTES} bytes")
+    if (problem := name_problem(name)) is not None:  # the caps decoder refuses it: nobody would hear the tower
+        raise ConfigError(f"name {name!a}: {problem}")
     return TowerConfig(
         path=path.resolve(),
         name=name,

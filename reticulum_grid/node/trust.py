@@ -23,7 +23,6 @@ Bad values raise ConfigError naming the key.
 
 import logging
 import os
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ import tomlkit
 
 from announce.announcer import APP_NAME, TOWER_ASPECT
 from announce.caps import Caps
+from announce.unseen import name_problem
 from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, write_toml
 
 log = logging.getLogger("rngrid.trust")
@@ -83,8 +83,8 @@ def check_name(name: str) -> str:
     """``name`` if it may name a tower here: 1..32 bytes of printable text, not a hash. Raises ConfigError."""
     if not name or len(name.encode()) > NAME_MAX_BYTES:
         raise ConfigError(f"a tower name is 1..{NAME_MAX_BYTES} bytes, got {name!r}")
-    if any(unicodedata.category(c).startswith("C") for c in name):
-        raise ConfigError(f"a tower name is printable text, got {name!r}")
+    if (problem := name_problem(name)) is not None:
+        raise ConfigError(f"{problem} ({name!a})")
     if len(name) == 32 and all(c in "0123456789abcdef" for c in name.lower()):
         raise ConfigError(f"{name!r} looks like a hash; give the tower a name")
     return name

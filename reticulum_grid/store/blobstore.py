@@ -37,6 +37,9 @@ from reticulum_grid.store.names import KINDS, check_alias, check_content, is_blo
 from reticulum_grid.store.blobinfo import BlobInfo
 from reticulum_grid.store.partial import Partial
 
+#: A verified blob's mode: read-only (it never changes), and its owner's alone (datasets are private).
+READ_ONLY = 0o400
+
 
 class BlobStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -130,7 +133,7 @@ class BlobStore:
             return
         tmp = target.with_suffix(".tmp")
         shutil.copyfile(path, tmp)
-        os.chmod(tmp, 0o444)
+        os.chmod(tmp, READ_ONLY)
         os.replace(tmp, target)
         self._index["external"].pop(blob_id.hex(), None)
 
@@ -356,7 +359,7 @@ class BlobStore:
         with self._lock:
             directory = self._object_dir(blob_id)
             directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(data_path, 0o444)
+            os.chmod(data_path, READ_ONLY)
             os.replace(data_path, directory / "data")
             self._write_manifest(blob_id, manifest_bytes)
 

@@ -29,6 +29,7 @@ from reticulum_grid.store.blobstore import BlobStore
 from reticulum_grid.store.collect import Collector
 from reticulum_grid.node.allowlist import LiveAllowList
 from reticulum_grid.node.config import TOWER_ROLES, TowerConfig
+from reticulum_grid.node.private import keep_private
 from reticulum_grid.inference.facts import ModelFactsReader
 from reticulum_grid.inference.registry import ModelRegistry
 from reticulum_grid.training.notify import Notifier
@@ -102,6 +103,7 @@ class Tower:
 
     # -- life cycle -------------------------------------------------------
     def start(self) -> None:
+        keep_private(self.config.directory)
         self.identity = identity.load_or_create(self.config.directory / "identity")
         net = self.config.network
         if net.listen and not net.rns_config:

@@ -2,7 +2,10 @@
 
 Coordinator (the tower a ``genome/train`` job with ``towers`` was sent to;
 rank 0): ``rendezvous(job_id, spec)`` runs when the job starts (and again
-after a lost rank). It asks each named tower over an RNS Link whether it can
+after a lost rank). A named tower must hold ``train-peer`` on this tower's
+own allow-list (the user names the towers; this tower decides whom it gives
+its job's secret and data-plane address); others are left out, asked
+nothing. It asks each of the others over an RNS Link whether it can
 take part (``train/join`` with ``check``), picks a free port on its own
 data-plane address and a fresh 32-byte secret, and sends each tower that said
 yes its rank, the world size, that address and port, and the secret
@@ -31,9 +34,11 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+import RNS
+
 from links.commands import Command, bind
 from links.wire import Code, Field, WireError, in_range, max_len, validate
-from reticulum_grid.node.connection import TowerConnection
+from reticulum_grid.node.connection import TowerConnection, wait_until
 from reticulum_grid.training import rendezvous as rdv, trainer
 from reticulum_grid.training.jobs import JobManager, Spec
 
@@ -96,6 +101,7 @@ class TowerDP:
         notes: list[str] = []
         for tower_hex in spec["towers"]:
             try:
+                self._check_peer(tower_hex)
                 reply = self._peer(tower_hex).request("train/join", {**base, "check": True}, timeout=JOIN_TIMEOUT_S,
                                                       link_timeout=JOIN_TIMEOUT_S)
                 address = reply.get("dataplane")
@@ -119,6 +125,17 @@ class TowerDP:
         notes.append(f"attempt {attempt}: {dp['world_size']} rank(s): this tower"
                      + "".join(f", {t[:8]}" for t in ready))
         return dp, notes
+
+    def _check_peer(self, tower_hex: str) -> None:
+        """Raise WireError(not_allowed) unless the tower at destination ``tower_hex``
+        is trusted here with ``train-peer``: it would get the job's secret and this
+        tower's data-plane address. A tower not heard yet is asked for its path first."""
+        key = bytes.fromhex(tower_hex)
+        if RNS.Identity.recall(key) is None:
+            RNS.Transport.request_path(key)
+            wait_until(lambda: RNS.Identity.recall(key) is not None, JOIN_TIMEOUT_S)
+        self.tower.allow.check_tower(key, "train-peer", self.tower.config.name,
+                                     "to take part in its training jobs (the job's secret)")
 
     def _peer(self, tower_hex: str) -> TowerConnection:
         conn = self.peers.get(tower_hex)

@@ -30,8 +30,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-import RNS
-
 from announce.caps import Hardware
 
 from links.channel import ChannelRouter
@@ -88,8 +86,9 @@ class TowerSplit:
         towers = validate(request, {"towers": Field(list, required=True, check=max_len(2 * MAX_PARTS))})["towers"]
         if any(not isinstance(t, bytes) or len(t) != 16 for t in towers):
             raise WireError(Code.BAD_REQUEST, "towers must list destination hashes (16 bytes)")
-        rtts, pending = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
+        rtts, pending, refused = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
         return {"rtts": {k.hex(): round(v, 5) for k, v in rtts.items()}, "pending": [k.hex() for k in pending],
+                "refused": [k.hex() for k in refused],
                 "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers}}
 
     def stop(self) -> None:
@@ -274,11 +273,7 @@ class TowerSplit:
     def _check_worker(self, key: bytes) -> None:
         """Raise WireError(not_allowed) unless the tower at destination ``key`` is
         trusted here with ``shard`` (it would receive this tower's layers)."""
-        worker = RNS.Identity.recall(key)
-        if worker is None or not {"shard"} & self.tower.allow.roles_of(worker.hash):
-            who = worker.hash.hex() if worker is not None else "IDENTITY"
-            raise WireError(Code.NOT_ALLOWED, f"tower {key.hex()} is not trusted by {self.tower.config.name} to hold "
-                                              f"layers of its models; its admin can run: rngrid allow {who} --role shard")
+        self.tower.allow.check_tower(key, "shard", self.tower.config.name, "to hold layers of its models")
 
     def _drop_model(self) -> None:
         if self.model is not None:
