@@ -15,10 +15,10 @@ of each load are the coordinator's own count ("bytes crossed" in its log).
 
 import re
 
-import psutil
 import pytest
 
 from bench import gpu_models
+from bench.split import drop_split_runner
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.split.tensorcache import HASH_THRESHOLD
@@ -90,16 +90,6 @@ def loads(coordinator):
     return [int(n) for n in re.findall(r"split model loaded in .*?; (\d+) bytes crossed", coordinator.log())]
 
 
-def drop_split_model(coordinator):
-    """Kill the coordinator's split runner (by its pid) so that the next request loads the model again."""
-    for child in psutil.Process(coordinator.proc.pid).children(recursive=True):
-        try:
-            if "--rpc" in child.cmdline():
-                child.kill()
-        except psutil.Error:  # a child that ended meanwhile
-            continue
-
-
 def cache_files(tower):
     return sorted((tower.dir / "rpc-cache" / "rpc").iterdir())
 
@@ -107,7 +97,7 @@ def cache_files(tower):
 def test_without_the_model_every_load_sends_the_weights_and_nothing_is_kept(cache_grid, cache_reference):
     towers, client, _ = cache_grid
     assert ask(client, cache_reference) == ["cache-b", "cache-a"]
-    drop_split_model(towers["cache-a"])
+    drop_split_runner(towers["cache-a"].proc.pid)
     assert ask(client, cache_reference) == ["cache-b", "cache-a"]
     first, second = loads(towers["cache-a"])[-2:]
     assert first > 3 * HASH_THRESHOLD and second > 3 * HASH_THRESHOLD, (first, second)
@@ -123,7 +113,7 @@ def test_a_worker_holding_the_model_moves_a_small_fraction(cache_grid, cache_ref
     full = loads(towers["cache-a"])[-1]
     BlobStore(towers["cache-b"].dir / "blobs").add_file(model, alias=ALIAS, kind="model")
     for _ in range(2):
-        drop_split_model(towers["cache-a"])
+        drop_split_runner(towers["cache-a"].proc.pid)
         assert ask(client, cache_reference) == ["cache-b", "cache-a"]
         assert loads(towers["cache-a"])[-1] <= 0.05 * full, (loads(towers["cache-a"]), full)
     assert len(cache_files(towers["cache-b"])) == 3  # the worker's block: ffn gate, up, down
@@ -139,7 +129,7 @@ def test_a_corrupt_or_foreign_cache_file_is_never_served(cache_grid, cache_refer
     files[0].write_bytes(bytes(broken))
     foreign = files[0].parent / "00000000deadbeef"
     foreign.write_bytes(b"\0" * 1024)
-    drop_split_model(towers["cache-a"])
+    drop_split_runner(towers["cache-a"].proc.pid)
     assert ask(client, cache_reference) == ["cache-b", "cache-a"]  # the text is the unsplit one
     assert files[0].read_bytes() == good, "the tower rewrote the corrupt file from its verified copy"
     assert not foreign.exists(), "a file the tower did not seed is removed before a plan uses the server"

@@ -38,3 +38,14 @@ def test_clean_removes_foreign_and_corrupt_files(tmp_path):
     assert sorted(cache.clean()) == sorted(["0123456789abcdef", broken.name])
     assert [p.name for p in cache.dir.iterdir()] == [kept.name]
     assert cache.seed([Tensor("b", 1024, 1024)], reader(blob)) == (1, 1024)  # rewritten from the source
+
+
+def test_the_blocks_a_worker_seeds_are_those_layout_gives_it():
+    from reticulum_grid.split.supervisor import layout, worker_blocks
+    # A GPU coordinator: every block offloaded, workers first in order (tensor_split's order).
+    assert layout([4, 6, 10], ["w1", "w2"], True)[:2] == (999, (4.0, 6.0, 11.0))
+    assert worker_blocks([4, 6, 10], True) == [(0, 4), (4, 10)]
+    # A CPU coordinator: the last sum(workers) blocks (+ the output layer) are offloaded to the workers.
+    ngl, split, _ = layout([4, 6, 10], ["w1", "w2"], False)
+    assert (ngl, split) == (11, (4.0, 7.0))
+    assert worker_blocks([4, 6, 10], False) == [(10, 14), (14, 20)]

@@ -73,6 +73,8 @@ Want = tuple[bytes, tuple[Part, ...], bool]
 SEED_WAIT_S = 300.0
 #: How often it asks (seconds).
 SEED_POLL_S = 0.25
+#: How long one ask may take: the worker answers at once (seconds).
+SEED_ASK_S = 5.0
 
 
 class TowerSplit:
@@ -350,12 +352,18 @@ class TowerSplit:
 def _await_seed(conn: TowerConnection, blob_id: bytes, blocks: tuple[int, int]) -> None:
     """Ask the worker behind ``conn`` to seed its tensor cache with ``blocks``
     of the model and wait (SEED_WAIT_S at most) until it has; a worker that
-    cannot (an older one, or without the model) just gets the weights sent."""
+    cannot (without the model; an older one, which lets the request time out
+    after SEED_ASK_S) just gets the weights sent. Raises WireError
+    (unreachable) when the worker cannot be reached at all."""
+    try:
+        conn.ensure_link()
+    except WireError as e:
+        raise WireError(e.code, f"worker tower {conn.destination_hash.hex()}: {e.message}") from None
     deadline = time.monotonic() + SEED_WAIT_S
     ask: dict[str, Any] = {"blob": blob_id, "blocks": list(blocks)}
     while True:
         try:
-            reply = conn.request("shard/seed", ask, timeout=15.0)
+            reply = conn.request("shard/seed", ask, timeout=SEED_ASK_S)
             ask["poll"] = True
         except WireError as e:
             log.info("worker %s seeds no tensor cache: %s", conn.name, e.message)
