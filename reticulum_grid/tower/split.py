@@ -16,7 +16,8 @@ cancel and continue_tokens work as for a whole model.
 
 ``shard/seed`` ``{"blob": blob id (32 bytes), "blocks": [first, end], "poll"?: bool}``
 (the llama.cpp blocks the worker will hold; ``poll``: only report) -> ``{"state": "seeding" | "ready" |
-"absent" | "failed", "tensors": n, "bytes": written, "message"?}``; the
+"absent" | "busy" | "failed", "tensors": n, "bytes": written, "message"?}`` (busy:
+another plan's seeding runs; one at a time); the
 coordinator asks again while "seeding" (SEED_WAIT_S at most), then loads.
 
 ``split`` request field::
@@ -93,6 +94,7 @@ class TowerSplit:
         # (TowerConnection, TunnelListener or Forwarder) of the loaded split model
         self.links: list[tuple[TowerConnection, Forwarder | TunnelListener | None]] = []
         self._lock = threading.Lock()
+        self._seed_lock = threading.Lock()
 
     def commands(self) -> list[Command]:
         return [bind("shard/tunnel", self.tunnel), bind("shard/seed", self.seed), bind("split/probe", self.probe_links)]
@@ -169,10 +171,13 @@ class TowerSplit:
         if not store.has(r["blob"]):
             return {"state": "absent", "tensors": 0, "bytes": 0}
         key = (r["blob"], (blocks[0], blocks[1]))
-        with self._lock:
+        with self._seed_lock:  # not self._lock: a build holds that while it waits on other towers
             state = self.seeding.get(key)
             # A plan's first ask seeds (again: every file it may be served is checked); its polls only report.
             if state is None or state["state"] != "seeding" and not r["poll"]:
+                if any(s["state"] == "seeding" for s in self.seeding.values()):
+                    return {"state": "busy", "tensors": 0, "bytes": 0}  # one seeding at a time; it loads meanwhile
+                self.seeding = {}
                 state = self.seeding[key] = {"state": "seeding", "tensors": 0, "bytes": 0}
                 threading.Thread(target=self._seed, args=(key, state), name="rngrid-seed", daemon=True).start()
             return dict(state)
