@@ -28,6 +28,15 @@ is what the client planned with (split/estimate.py) and ``round_trips_per_token`
 the split's extra time per token in coordinator-worker round trips (the
 estimate's ROUND_TRIPS_PER_STAGE comes from it).
 
+On loopback, after the pairs, the coordinator's split runner is stopped and
+one more request loads the same plan again: ``reload_bytes`` is what crossed
+then and ``reload_bytes_vs_first`` its ratio to the first load's
+``load_bytes`` (about 1: the worker keeps none of the bytes a peer sent).
+``--worker-holds`` first puts the GGUF in the worker's store, so that the
+second load's worker seeds its RPC tensor cache from it (split/tensorcache.py);
+goal then: reload_bytes_vs_first <= 0.05. llama.cpp offers only tensors over
+10 MiB by hash, none of the bundled model's layers: use ``--model``.
+
 ``--model GGUF`` splits another model (the GPU check's 8B-shaped one): the
 coordinator then lends just under the model's need and the worker about a
 tenth of it (``split_lends``), so the worker holds a few layers; ``--threads N``
@@ -48,6 +57,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+import psutil
 
 from bench.common import time_stream, with_end
 from reticulum_grid.client import Grid, Usage
@@ -211,6 +222,11 @@ def loopback(args, tmp):
         grid = Grid(home=home, connect=[t.address for t in towers])
         alone = (lambda placement: llama_alone(model, placement, threads, tmp)) if args.alone else None
         figures = measure(grid, args, alone)
+        if args.worker_holds:  # as `rngrid add` or a finished pull leaves it
+            BlobStore(worker.dir / "blobs").add_file(model, alias=ALIAS, kind="model")
+        drop_split_runner(coord.proc.pid)  # the same plan loads again on the next request
+        placement, entries = make_plan(grid, ALIAS)
+        timed(SplitStream(grid, payload(7, 8), placement, entries), 8)
         grid.close()
         return figures, coord.log()
     finally:
@@ -238,25 +254,43 @@ def lab(args, tmp):
         made.close()
 
 
+def drop_split_runner(tower_pid):
+    """Kill the split runner (llama-server --rpc) under the tower process ``tower_pid``,
+    by its pid, so that the tower's next split request loads the model again."""
+    for child in psutil.Process(tower_pid).children(recursive=True):
+        try:
+            if "--rpc" in child.cmdline():
+                child.kill()
+        except psutil.Error:  # a child that ended meanwhile
+            continue
+
+
 def load_figures(coord_log):
-    """Bytes that crossed to the worker while the split model loaded, the
-    seconds it took and their MB/s, from the coordinator's log ({} if absent)."""
-    loaded = LOADED.search(coord_log)
-    if not loaded:
+    """Bytes that crossed to the worker while the split model loaded the first
+    time, the seconds it took and their MB/s, and, when it loaded again, the
+    bytes of the last load and their ratio to the first's, from the
+    coordinator's log ({} if absent)."""
+    loads = LOADED.findall(coord_log)
+    if not loads:
         return {}
-    seconds, moved = float(loaded.group(1)), int(loaded.group(2))
-    return {"load_bytes": moved, "load_s": seconds, "load_mb_s": moved / 1e6 / max(seconds, 1e-3)}
+    seconds, moved = float(loads[0][0]), int(loads[0][1])
+    out = {"load_bytes": moved, "load_s": seconds, "load_mb_s": moved / 1e6 / max(seconds, 1e-3)}
+    if len(loads) > 1:
+        out["reload_bytes"] = int(loads[-1][1])
+        out["reload_bytes_vs_first"] = out["reload_bytes"] / max(moved, 1)
+    return out
 
 
 def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
-        path="dataplane", draft=False, alone=True):
+        path="dataplane", draft=False, alone=True, worker_holds=False):
     """The comparison; returns its figures (measure's and load_figures' keys;
     the plan as text). ``lends``: (coordinator, worker) MiB, default_lends
     when None; ``root``: the towers' folder (default a temporary one);
-    ``alone``: llama.cpp's own split as a third side (loopback only)."""
+    ``alone``: llama.cpp's own split as a third side (loopback only);
+    ``worker_holds``: the worker gets the GGUF before the second load (loopback only)."""
     args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
                               threads=threads, lends=lends or default_lends(draft), profile=profile, path=path,
-                              draft=draft, alone=alone)
+                              draft=draft, alone=alone, worker_holds=worker_holds)
     with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
     return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}
@@ -279,6 +313,7 @@ def main():
     parser.add_argument("--draft", action="store_true", help="also measure speculative decoding with a draft")
     parser.add_argument("--model", default="", metavar="GGUF", help="split this model (default: the bundled one)")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads on every tower")
+    parser.add_argument("--worker-holds", action="store_true", help="the worker gets the GGUF before the second load (loopback)")
     parser.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     parser.add_argument("--measure", nargs=2, metavar=("HOME", "RNS_CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -288,7 +323,7 @@ def main():
         return
     lends = split_lends(args.model) if args.model else None
     figures = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
-                  path=args.path, draft=args.draft)
+                  path=args.path, draft=args.draft, worker_holds=args.worker_holds)
     report(args, figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")

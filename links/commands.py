@@ -79,6 +79,8 @@ _TABLE = (
     Command("jobs/cancel", "train", "cancel a training job (its owner or an admin)"),
     Command("train/join", "train-peer", "enlist the tower as a rank of a multi-tower training job", TOWER),
     Command("shard/tunnel", "shard", "carry llama.cpp RPC to the tower's RPC server for a split model", TOWER),
+    Command("shard/seed", "shard", "fill the tower's RPC tensor cache from its own copy of a model", TOWER,
+            resendable=True),
     Command("split/probe", "infer", "the tower's round trips to other towers, for planning a split", CLIENT),
 )
 #: Every command, by path.

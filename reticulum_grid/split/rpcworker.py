@@ -12,8 +12,10 @@ What such a peer can still do is bounded by the process it talks to:
   (RLIMIT_DATA: lent MiB + RPC_HEADROOM_MIB), so an ALLOC_BUFFER beyond it
   fails inside the RPC server instead of taking the machine's RAM (GPU memory
   is the driver's to bound; a GPU tower lends what it announces);
-- it runs without llama.cpp's tensor cache (``-c``), so nothing it receives
-  is written to the tower's disk;
+- with a tensor cache (``-c``, split/tensorcache.py) its cache directory is
+  the tower's own (0700, under the tower's directory); what it writes there
+  from a peer is removed by the tower before the next plan uses the server,
+  and it serves only files the tower seeded from its own verified blobs;
 - a malformed command that makes it abort (GGML_ASSERT) ends only that child:
   the next request starts it again, after a backoff (1, 2, 4 ... 60 s) when
   it keeps dying.
@@ -29,6 +31,7 @@ from collections.abc import Callable
 
 from reticulum_grid.node import childguard, engine
 from reticulum_grid.node.localgrid import free_port, wait_port
+from reticulum_grid.split.tensorcache import TensorCache
 
 log = logging.getLogger("rngrid.split.worker")
 
@@ -49,11 +52,12 @@ class RpcUnavailable(RuntimeError):
 class RpcWorker:
     """The tower's RPC server child. ``endpoint()`` starts it (again, if it
     died) and returns its "127.0.0.1:port"; ``lend_mib()`` gives the memory
-    cap (MiB) of the next start, None for none."""
+    cap (MiB) of the next start, None for none; ``cache``: its tensor cache, if any."""
 
     def __init__(self, log_path: str | os.PathLike[str], threads: int = 0,
-                 lend_mib: Callable[[], int | None] = lambda: None) -> None:
+                 lend_mib: Callable[[], int | None] = lambda: None, cache: TensorCache | None = None) -> None:
         self.log_path = log_path
+        self.cache = cache
         self.threads = threads
         self.lend_mib = lend_mib
         self.guard: subprocess.Popen[bytes] | None = None
@@ -83,9 +87,13 @@ class RpcWorker:
         argv = [engine.binary(engine.RPC_SERVER), "-H", "127.0.0.1", "-p", str(port)]
         if self.threads:
             argv += ["-t", str(self.threads)]
+        env = engine.child_env()
+        if self.cache is not None:
+            argv.append("-c")
+            env.update(self.cache.env)
         lend = self.lend_mib()
         limits = {resource.RLIMIT_DATA: (lend + RPC_HEADROOM_MIB) << 20} if lend else None
-        self.guard = guard = childguard.start(argv, self.log_path, env=engine.child_env(), limits=limits)
+        self.guard = guard = childguard.start(argv, self.log_path, env=env, limits=limits)
         self._started = time.monotonic()
         if not wait_port(port, START_TIMEOUT_S):
             self.stop()

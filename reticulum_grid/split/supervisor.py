@@ -88,6 +88,19 @@ class SplitOutOfMemory(WireError):
         self.endpoint = endpoint
 
 
+def worker_blocks(counts: Sequence[int], coordinator_gpu: bool) -> list[tuple[int, int]]:
+    """[first, end) of the llama.cpp blocks (``blk.N``) each worker holds under
+    ``layout``: a GPU coordinator's workers hold the first blocks in order; a
+    CPU coordinator keeps the first blocks and its workers hold the last ones."""
+    workers = list(counts[:-1])
+    first = 0 if coordinator_gpu else sum(counts) - sum(workers)
+    out = []
+    for count in workers:
+        out.append((first, first + count))
+        first += count
+    return out
+
+
 class SplitModel:
     """A model split over RPC ``endpoints`` (``counts`` layers each, in order;
     the rest on this tower). ``key`` identifies the plan it was built for;

@@ -317,6 +317,24 @@ class BlobStore:
             raise WireError(Code.CORRUPT, f"chunk {index} of {path} changed on disk")
         return data
 
+    def read_verified(self, blob_id: bytes, offset: int, size: int) -> bytes:
+        """``size`` bytes of the blob from byte ``offset``, every chunk they
+        touch checked against the manifest (BLAKE3), external or not. Raises
+        WireError: unknown_blob, bad_request (outside the blob) or corrupt."""
+        manifest = self.manifest(blob_id)
+        if offset < 0 or size < 0 or offset + size > manifest.total_size:
+            raise WireError(Code.BAD_REQUEST, f"bytes {offset}+{size} are outside the blob")
+        out = bytearray()
+        index = offset // manifest.chunk_size
+        while len(out) < size:
+            data = self.read_chunk(blob_id, index)
+            if blake3.blake3(data).digest() != manifest.chunks[index][0]:
+                raise WireError(Code.CORRUPT, f"chunk {index} of blob {blob_id.hex()[:16]} does not match its manifest")
+            start = offset + len(out) - manifest.chunk_offset(index)
+            out += data[start:start + size - len(out)]
+            index += 1
+        return bytes(out)
+
     # -- receiving --------------------------------------------------------
     def receive(self, blob_id: bytes, manifest_bytes: bytes) -> Partial:
         """Start or resume receiving a blob. Checks that the manifest hashes to

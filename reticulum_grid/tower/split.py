@@ -1,7 +1,9 @@
 """Split inference on a tower (reticulum_grid.split): both ends.
 
 Worker end: ``shard/tunnel`` (role ``shard``) starts this tower's RPC server
-child (127.0.0.1 only) and lets the calling Link carry tunnels to it.
+child (127.0.0.1 only) and lets the calling Link carry tunnels to it;
+``shard/seed`` fills its tensor cache from this tower's own copy of the
+model, so those weights need not cross (split/tensorcache.py).
 Layers are the coordinator's model: it sends them only to workers whose
 tower identity holds ``shard`` on it too (towers that split models together
 grant each other ``shard``), whoever planned the split.
@@ -15,6 +17,12 @@ not load for want of memory ends the stream with insufficient_memory, naming
 the worker tower whose RPC buffer llama.cpp could not allocate
 (split/supervisor.py naming_worker; none named: this tower's own), so the
 client believes that tower lends less (client/split.py).
+
+``shard/seed`` ``{"blob": blob id (32 bytes), "blocks": [first, end], "poll"?: bool}``
+(the llama.cpp blocks the worker will hold; ``poll``: only report) -> ``{"state": "seeding" | "ready" |
+"absent" | "busy" | "failed", "tensors": n, "bytes": written, "message"?}`` (busy:
+another plan's seeding runs; one at a time); the
+coordinator asks again while "seeding" (SEED_WAIT_S at most), then loads.
 
 ``split`` request field::
 
@@ -46,7 +54,8 @@ from reticulum_grid.split import direct, experts
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
-from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker
+from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker, worker_blocks
+from reticulum_grid.split.tensorcache import TensorCache, block_tensors
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
 
@@ -63,23 +72,34 @@ HEADROOM_MIB = 1024
 Part = tuple[bytes, int, int]
 #: What a split model is built for: (the model's blob id, the plan's parts, expert placement).
 Want = tuple[bytes, tuple[Part, ...], bool]
+#: Longest a coordinator waits for a worker to seed its tensor cache before loading anyway (seconds).
+SEED_WAIT_S = 300.0
+#: How often it asks (seconds).
+SEED_POLL_S = 0.25
+#: How long one ask may take: the worker answers at once (seconds).
+SEED_ASK_S = 5.0
 
 
 class TowerSplit:
     def __init__(self, tower: "TowerParts") -> None:
         self.tower = tower
         directory = tower.config.directory
+        cache_mib = tower.config.shard_cache_mib
+        self.cache = TensorCache(directory / "rpc-cache", bound=cache_mib << 20) if cache_mib else None
+        #: (blob id, blocks) -> the state shard/seed reports for it
+        self.seeding: dict[tuple[bytes, tuple[int, int]], dict[str, Any]] = {}
         self.worker = RpcWorker(directory / "rpc-worker.log", threads=tower.config.shard_threads,
-                                lend_mib=self._cpu_lend_mib)
+                                lend_mib=self._cpu_lend_mib, cache=self.cache)
         self.queue = ModelQueue(tower.config.queue_depth)
         self.probe = LinkProbe(tower.identity)
         self.model: SplitModel | None = None
         # (TowerConnection, TunnelListener or Forwarder) of the loaded split model
         self.links: list[tuple[TowerConnection, Forwarder | TunnelListener | None]] = []
         self._lock = threading.Lock()
+        self._seed_lock = threading.Lock()
 
     def commands(self) -> list[Command]:
-        return [bind("shard/tunnel", self.tunnel), bind("split/probe", self.probe_links)]
+        return [bind("shard/tunnel", self.tunnel), bind("shard/seed", self.seed), bind("split/probe", self.probe_links)]
 
     def probe_links(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         """split/probe (split/probe.py): this tower's round trips to other towers."""
@@ -121,6 +141,10 @@ class TowerSplit:
             port = int(self.worker.endpoint().rsplit(":", 1)[1])
         except RpcUnavailable as e:
             raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
+        cache = self.cache
+        if cache is not None:  # what a peer's misses wrote is never served to the next plan
+            cache.clean(verify=False)
+            session.on_close(lambda: cache.clean(verify=False))
         tunnels = session.tunnels
         if tunnels is None:
             session.tunnels = Tunnels(session.router, target_port=port)
@@ -133,6 +157,50 @@ class TowerSplit:
             front, reply["dataplane"] = direct.offer(own, coordinator, port)
             session.on_close(front.close)
         return reply
+
+    def seed(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
+        """shard/seed: start (or report) seeding the tensor cache with a model's blocks from this tower's store."""
+        r = validate(request, {"blob": Field(bytes, required=True, check=max_len(32)),
+                               "blocks": Field(list, required=True, check=max_len(2)), "poll": Field(bool)})
+        blocks = r["blocks"]
+        if len(r["blob"]) != 32 or len(blocks) != 2 or not all(isinstance(b, int) and 0 <= b < 1 << 16 for b in blocks) \
+                or blocks[0] >= blocks[1]:
+            raise WireError(Code.BAD_REQUEST, "shard/seed needs a 32-byte blob id and blocks [first, end)")
+        if self.cache is None:
+            return {"state": "absent", "tensors": 0, "bytes": 0, "message": "this tower keeps no tensor cache"}
+        store = self.tower.store
+        if not store.has(r["blob"]):
+            store.reload()  # a model added since (rngrid add, a finished pull) is in the index on disk
+        if not store.has(r["blob"]):
+            return {"state": "absent", "tensors": 0, "bytes": 0}
+        key = (r["blob"], (blocks[0], blocks[1]))
+        with self._seed_lock:  # not self._lock: a build holds that while it waits on other towers
+            state = self.seeding.get(key)
+            # A plan's first ask seeds (again: every file it may be served is checked); its polls only report.
+            if state is None or state["state"] != "seeding" and not r["poll"]:
+                if any(s["state"] == "seeding" for s in self.seeding.values()):
+                    return {"state": "busy", "tensors": 0, "bytes": 0}  # one seeding at a time; it loads meanwhile
+                self.seeding = {}
+                state = self.seeding[key] = {"state": "seeding", "tensors": 0, "bytes": 0}
+                threading.Thread(target=self._seed, args=(key, state), name="rngrid-seed", daemon=True).start()
+            return dict(state)
+
+    def _seed(self, key: tuple[bytes, tuple[int, int]], state: dict[str, Any]) -> None:
+        blob, blocks = key
+        cache, store = cast(TensorCache, self.cache), self.tower.store
+        try:
+            path = store.data_path(blob)
+            if path is None:
+                raise FileNotFoundError(f"blob {blob.hex()[:16]} left the store")
+            tensors = block_tensors(path, blocks)
+            cached, written = cache.seed(tensors, lambda offset, size: store.read_verified(blob, offset, size),
+                                         blob=blob.hex())
+            state.update(state="ready", tensors=cached, bytes=written)
+            log.info("tensor cache: blocks %d-%d of %s: %d tensor(s) cached, %d bytes written", blocks[0],
+                     blocks[1] - 1, blob.hex()[:16], cached, written)
+        except Exception as e:  # a failed seed costs bytes on the link, never the plan
+            state.update(state="failed", message=str(e))
+            log.warning("tensor cache: seeding %s failed: %s", blob.hex()[:16], e)
 
     # -- coordinator end --------------------------------------------------
     def inference(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
@@ -209,10 +277,14 @@ class TowerSplit:
 
         endpoints: list[str] = []
         own = self.tower.config.dataplane
-        for key, _, _ in parts[:-1]:
+        counts = [end - first for _, first, end in parts]
+        blocks = worker_blocks(counts, bool(self._own_gpu()))
+        for (key, _, _), held in zip(parts[:-1], blocks):
             self._check_worker(key)
             conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
             self.links.append((conn, None))
+            if not expert_mode:
+                _await_seed(conn, slot.blob_id, held)
             try:
                 reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
             except WireError as e:
@@ -224,7 +296,6 @@ class TowerSplit:
             endpoints.append(listener.endpoint)
             log.info("split worker %s: RPC %s", key.hex()[:16],
                      "over the data plane" if reply.get("dataplane") else "through the RNS tunnel")
-        counts = [end - first for _, first, end in parts]
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
@@ -290,6 +361,31 @@ class TowerSplit:
         if error.code in LINK_LOST | {Code.RUNNER_LOST}:  # a worker went away: rebuild next time
             with self._lock:
                 self._drop_model()
+
+
+def _await_seed(conn: TowerConnection, blob_id: bytes, blocks: tuple[int, int]) -> None:
+    """Ask the worker behind ``conn`` to seed its tensor cache with ``blocks``
+    of the model and wait (SEED_WAIT_S at most) until it has; a worker that
+    cannot (without the model; an older one, which lets the request time out
+    after SEED_ASK_S) just gets the weights sent. Raises WireError
+    (unreachable) when the worker cannot be reached at all."""
+    try:
+        conn.ensure_link()
+    except WireError as e:
+        raise WireError(e.code, f"worker tower {conn.destination_hash.hex()}: {e.message}") from None
+    deadline = time.monotonic() + SEED_WAIT_S
+    ask: dict[str, Any] = {"blob": blob_id, "blocks": list(blocks)}
+    while True:
+        try:
+            reply = conn.request("shard/seed", ask, timeout=SEED_ASK_S)
+            ask["poll"] = True
+        except WireError as e:
+            log.info("worker %s seeds no tensor cache: %s", conn.name, e.message)
+            return
+        if reply.get("state") != "seeding" or time.monotonic() > deadline:
+            log.info("worker %s tensor cache: %s", conn.name, reply)
+            return
+        time.sleep(SEED_POLL_S)
 
 
 def _moved(listener: Forwarder | TunnelListener | None) -> int:
