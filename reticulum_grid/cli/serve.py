@@ -18,7 +18,8 @@ from reticulum_grid.node import config as cfg
 @click.option("--cors-origin", "origins", multiple=True, metavar="ORIGIN",
               help="A web app origin allowed to call the API from a browser, e.g. http://localhost:5173 (repeatable).")
 @click.pass_context
-def serve(ctx, connect, rns_config, listen, api_key, busy_wait, origins):
+def serve(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, listen: str, api_key: str | None,
+          busy_wait: float, origins: tuple[str, ...]) -> None:
     """Serve the grid to OpenAI clients (/v1), Ollama clients (/api), any language (/v1/grid/execute) and a
     browser (/)."""
     try:
