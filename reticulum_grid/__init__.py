@@ -5,8 +5,13 @@ one per capability, from the bottom: node, store, inference, training, split,
 voice, tower, client, gateway, cli. What each may import: docs/architecture.md.
 """
 
+from typing import TYPE_CHECKING
 
-def __getattr__(name):
+if TYPE_CHECKING:  # what __getattr__ hands on, as a type checker sees it
+    from reticulum_grid.client import Grid, Usage
+
+
+def __getattr__(name: str) -> type:
     # Lazy, so a trainer worker or a test of one package does not start RNS imports.
     if name in ("Grid", "Usage"):
         from reticulum_grid import client

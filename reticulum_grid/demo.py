@@ -8,6 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from reticulum_grid.node import identity, rnsnet
@@ -16,7 +17,7 @@ from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 
 
-def run_demo(prompt, max_tokens, out, err, temperature=0.7):
+def run_demo(prompt: str, max_tokens: int, out: Console, err: Console, temperature: float = 0.7) -> None:
     with tempfile.TemporaryDirectory(prefix="rngrid-demo-") as tmp:
         client_home = Path(tmp) / "client"
         client_id = identity.load_or_create(client_home / "identity").hash.hex()
@@ -37,7 +38,8 @@ def run_demo(prompt, max_tokens, out, err, temperature=0.7):
             err.print("tower stopped.")
 
 
-def _client(prompt, max_tokens, temperature, client_home, tower, out, err):
+def _client(prompt: str, max_tokens: int, temperature: float, client_home: Path, tower: TowerProcess, out: Console,
+            err: Console) -> None:
     grid = Grid(home=client_home, connect=[tower.address])
     started = time.monotonic()
     entry = grid.route(DEFAULT_ALIAS, timeout=120)

@@ -11,6 +11,7 @@ from links.chunks import TransferEnd
 from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
+from reticulum_grid.store.sync import SyncReport
 
 SIZE = 64 * 2**20 + 4321
 
@@ -229,3 +230,21 @@ def test_a_remote_push_cannot_replace_or_hide_a_configured_model(hub, sources):
     assert [(b["alias"], b["kind"]) for b in blobs] == [(DEFAULT_ALIAS, "model")]
     assert list(hub.grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": "Hi", "max_tokens": 3},
                                  tower=tower.name))[-1].completion_tokens > 0
+
+
+class StoreEmptiedDuringPull:
+    """A grid double whose pull completes, after which its store no longer has
+    the blob (another process ran ``rngrid models rm`` in between): the store
+    answers None for it."""
+
+    def pull(self, name, **_):
+        return None, SyncReport(bytes(32), SIZE, 1)
+
+
+def test_cli_pull_of_a_blob_removed_meanwhile_ends_with_an_error(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from reticulum_grid.cli import main, store
+    monkeypatch.setattr(store, "open_grid", lambda *_: StoreEmptiedDuringPull())
+    result = CliRunner().invoke(main, ["--home", str(tmp_path), "pull", "big"])
+    assert result.exit_code == 1 and "big was fetched but is no longer in the local store" in result.output, result

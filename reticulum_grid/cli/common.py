@@ -15,7 +15,10 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -25,8 +28,17 @@ from announce.unseen import BLANK_LETTERS, hidden
 from links.wire import WireError
 from reticulum_grid.node import config as cfg
 
+if TYPE_CHECKING:  # imported where used, so a command that needs neither pays nothing for them
+    from rich.progress import Progress, TaskID
 
-def visible(text, newlines=True):
+    from reticulum_grid.client import Grid
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+#: What logging hands a formatter for a traceback (sys.exc_info()).
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+def visible(text: object, newlines: bool = True) -> str:
     """``text`` with every character that does not show as itself (controls: C0,
     DEL, C1; format characters: zero-width, bidirectional; blank letters; see
     announce/unseen.py) written as an escape (``\x1b``, ``\u200b``); tabs stay,
@@ -38,7 +50,7 @@ def visible(text, newlines=True):
     return "".join(c if c in keep or not hidden(text, i) else _escape(c) for i, c in enumerate(text))
 
 
-def _escape(c):
+def _escape(c: str) -> str:
     """Python's escape of one character: \\x1b, \\u200b, \\U000e0041."""
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
 
@@ -47,15 +59,15 @@ class TextConsole(Console):
     """A rich Console that shows every string as plain text (``visible``): markup
     and emoji codes are never interpreted, whatever a caller passes."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(highlight=False, markup=False, emoji=False, **kwargs)
 
-    def render_str(self, text, **kwargs):
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         kwargs.update(markup=False, emoji=False)
         return super().render_str(visible(text), **kwargs)
 
 
-def styled(*parts):
+def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from ``parts``: strings, or (string, rich style) pairs; every string made ``visible``."""
     return Text.assemble(*((visible(p[0]), p[1]) if isinstance(p, tuple) else visible(p) for p in parts))
 
@@ -65,11 +77,11 @@ class VisibleFormatter(logging.Formatter):
     escapes (a name from the network cannot forge a line); tracebacks keep
     their lines."""
 
-    def formatMessage(self, record):
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = visible(record.message, newlines=False)
         return super().formatMessage(record)
 
-    def formatException(self, ei):
+    def formatException(self, ei: ExcInfo) -> str:
         return visible(super().formatException(ei))
 
 
@@ -82,7 +94,7 @@ err = TextConsole(stderr=True, soft_wrap=True)
 _stdout_lock = threading.Lock()
 
 
-def json_line(obj):
+def json_line(obj: object) -> None:
     """Print ``obj`` as one JSON document on one line of stdout, whole even
     when several threads print at once (a pull's sources report progress from
     their own threads). Every ``--json`` writer prints through this."""
@@ -92,12 +104,12 @@ def json_line(obj):
         sys.stdout.flush()
 
 
-def fail(message, code=1):
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(styled(("error:", "red"), " ", message))
     sys.exit(code)
 
 
-def ifac_options(f):
+def ifac_options(f: F) -> F:
     """``--network-name`` and ``--passphrase``: a private grid's RNS interface access code."""
     f = click.option("--network-name", default=None, envvar="RNGRID_NETWORK_NAME",
                      help="Private grid: the RNS network name (IFAC) of every interface rngrid writes.")(f)
@@ -107,11 +119,11 @@ def ifac_options(f):
     return f
 
 
-def client_options(f):
+def client_options(f: Callable[..., T]) -> Callable[..., T]:
     """``--connect``, ``--rns-config`` (passed to the command) and the IFAC
     options (kept for ``open_grid``; default: client.toml's [network])."""
     @functools.wraps(f)
-    def command(*args, network_name=None, passphrase=None, **kwargs):
+    def command(*args: Any, network_name: str | None = None, passphrase: str | None = None, **kwargs: Any) -> T:
         click.get_current_context().obj["ifac"] = (network_name, passphrase)
         return f(*args, **kwargs)
 
@@ -124,7 +136,7 @@ def client_options(f):
     return command
 
 
-def open_grid(ctx, connect, rns_config):
+def open_grid(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None) -> "Grid":
     from reticulum_grid.client import Grid
     network_name, passphrase = ctx.obj.get("ifac", (None, None))
     try:
@@ -139,7 +151,7 @@ def open_grid(ctx, connect, rns_config):
               help="Client home: identity and RNS state (default ~/.rngrid).")
 @click.option("-v", "--verbose", count=True, help="-v for progress, -vv for RNS debug logs.")
 @click.pass_context
-def main(ctx, home, verbose):
+def main(ctx: click.Context, home: str | None, verbose: int) -> None:
     """A GPU grid over Reticulum: run models on whichever of your machines can."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
@@ -154,16 +166,16 @@ class ProgressBar:
     """A progress callback ``(done_bytes, total_bytes)`` shown as a bar with rate
     and ETA on stderr (JSON lines on stdout with --json); silent until called."""
 
-    def __init__(self, as_json, label):
+    def __init__(self, as_json: bool, label: str) -> None:
         self.as_json = as_json
         self.label = label
-        self._bar = None
-        self._task = None
+        self._bar: "Progress | None" = None
+        self._task: "TaskID | None" = None
 
-    def __enter__(self):
+    def __enter__(self) -> "ProgressBar":
         return self
 
-    def __call__(self, done, total):
+    def __call__(self, done: int, total: int) -> None:
         if self.as_json:
             json_line({"progress": {"done_bytes": done, "total_bytes": total}})
             return
@@ -180,14 +192,15 @@ class ProgressBar:
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=err)
             self._bar.start()
             self._task = self._bar.add_task(visible(self.label, newlines=False), total=total)
+        assert self._task is not None  # added with the bar
         self._bar.update(self._task, completed=done, total=total)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
 
 
-def with_progress(as_json, label, run):
+def with_progress(as_json: bool, label: str, run: Callable[[ProgressBar], T]) -> T:
     """``run(progress)`` with a progress bar; a WireError ends the command."""
     try:
         with ProgressBar(as_json, label) as progress:

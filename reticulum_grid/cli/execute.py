@@ -5,6 +5,7 @@ JSON lines: the same table and events as ``POST /v1/grid/execute``
 import json
 import sys
 import threading
+from collections.abc import Callable
 
 import click
 
@@ -26,14 +27,14 @@ class LineCall:
     """The gateway's ``bridge.Call`` seen from a shell: ``emit`` prints each
     event as a JSON line; Ctrl-C stops the work (an inference stops on the tower)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stopped = threading.Event()
-        self._stoppers = []
+        self._stoppers: list[Callable[[], None]] = []
 
     def emit(self, event: dict) -> None:
         json_line(event)
 
-    def on_stop(self, fn) -> None:
+    def on_stop(self, fn: Callable[[], None]) -> None:
         self._stoppers.append(fn)
 
     def stop(self) -> None:
@@ -65,22 +66,23 @@ class ListedCommand(click.Command):
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to keep waiting while every tower is busy.")
 @click.pass_context
-def execute(ctx, connect, rns_config, command, params, tower, busy_wait):
+def execute(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, command: str, params: str,
+            tower: str | None, busy_wait: float) -> None:
     if command not in commands.known():
         fail(f"unknown command {command!r}; known: {', '.join(commands.known())}", 2)
     try:
-        params = json.loads(sys.stdin.read() if params == "-" else params)
+        payload = json.loads(sys.stdin.read() if params == "-" else params)
     except ValueError as e:
         fail(f"PARAMS must be a JSON object: {e}", 2)
-    if not isinstance(params, dict):
+    if not isinstance(payload, dict):
         fail("PARAMS must be a JSON object", 2)
     if tower:
-        params["tower"] = tower
+        payload["tower"] = tower
     grid = open_grid(ctx, connect, rns_config)
     from reticulum_grid.gateway.views import Views
     call = LineCall()
     try:
-        commands.work_for(grid, Views(grid), command, params, busy_wait)(call)
+        commands.work_for(grid, Views(grid), command, payload, busy_wait)(call)
     except ApiError as e:
         fail(e.message, 2)
     except WireError as e:

@@ -2,6 +2,8 @@
 
 import dataclasses
 import sys
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -10,13 +12,18 @@ from links.wire import WireError
 
 from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out, visible
 
+if TYPE_CHECKING:  # imported where used: a command that needs no grid never loads RNS
+    from reticulum_grid.client import Grid, Text, ToolCallDelta, Usage
+    from reticulum_grid.client.router import Choice
+    from reticulum_grid.split.plan import Estimate, Plan
+
 
 @main.command()
 @client_options
 @click.option("--wait", default=5.0, show_default=True, help="Seconds to listen for towers.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def towers(ctx, connect, rns_config, wait, as_json):
+def towers(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, wait: float, as_json: bool) -> None:
     """List the towers heard on the grid, each trusted one probed once: state
     "ok" with its RTT, or "silent" (no answer in its bound) / "failed" (and why).
     Towers this client does not trust are listed apart: heard, never used."""
@@ -42,7 +49,7 @@ def towers(ctx, connect, rns_config, wait, as_json):
         sys.exit(1)
 
 
-def _print_towers(rows):
+def _print_towers(rows: list[dict[str, Any]]) -> None:
     table = Table("name", "destination", "state", "hops", "age", "backend", "memory free/total", "models", "tok/s")
     table.columns[1].overflow = "fold"  # never cut a hash: it is what --tower takes
     for r in rows:
@@ -56,7 +63,7 @@ def _print_towers(rows):
                       f"{r['tokens_per_s']:.0f}")
     out.print(table)
 
-def _print_strangers(rows):
+def _print_strangers(rows: list[dict[str, Any]]) -> None:
     table = Table("announced name", "destination", "identity", "models", title="heard, not trusted: never used")
     table.columns[1].overflow = table.columns[2].overflow = "fold"
     for r in rows:
@@ -86,8 +93,9 @@ def _print_strangers(rows):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
-def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed, system, raw, adapter, adapter_scale,
-          busy_wait, split_policy, as_json, prompt):
+def infer(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str, tower: str | None,
+          max_tokens: int, temperature: float, seed: int | None, system: str | None, raw: bool, adapter: str | None,
+          adapter_scale: float, busy_wait: float, split_policy: str, as_json: bool, prompt: str) -> None:
     """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -102,7 +110,7 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
             {"role": "user", "content": prompt}]
     grid = open_grid(ctx, connect, rns_config)
 
-    def on_busy(error, pause_s):  # busy comes before any output, so a retry repeats nothing
+    def on_busy(error: WireError, pause_s: float) -> None:  # busy comes before any output, so a retry repeats nothing
         err.print(f"{error.message}; trying again within {pause_s:.1f} s (sooner if a place frees)")
 
     try:
@@ -117,7 +125,7 @@ def infer(ctx, connect, rns_config, model, tower, max_tokens, temperature, seed,
         sys.exit(130)
 
 
-def _stream(stream, as_json):
+def _stream(stream: "Iterable[Text | ToolCallDelta | Usage]", as_json: bool) -> None:
     from reticulum_grid.client import Usage
     for piece in stream:
         if isinstance(piece, Usage):
@@ -138,7 +146,8 @@ def _stream(stream, as_json):
 @click.option("--adapter", default=None, help="LoRA adapter the request would use.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def route(ctx, connect, rns_config, model, adapter, as_json):
+def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str, adapter: str | None,
+          as_json: bool) -> None:
     """Show how the grid would rank the towers for MODEL, and why."""
     grid = open_grid(ctx, connect, rns_config)
     try:
@@ -177,7 +186,7 @@ def route(ctx, connect, rns_config, model, adapter, as_json):
         _print_split(placement, _rpc_paths(grid, placement), single)
 
 
-def _rate(row):
+def _rate(row: dict[str, Any]) -> str:
     """The tokens/s routing used, and the tower's claim when that is not what it measured."""
     believed, announced = row["believed_tokens_per_s"], row["tokens_per_s"]
     if row["measured"]:
@@ -185,21 +194,21 @@ def _rate(row):
     return f"{believed:.0f} of {announced:.0f} announced" if believed < announced else f"{announced:.0f} announced"
 
 
-def _best_single(grid, model, ranked):
+def _best_single(grid: "Grid", model: str, ranked: "Sequence[Choice]") -> "Estimate | None":
     from reticulum_grid.client import estimates
     need = grid.needs.get(model, 0)
     size = grid.model_facts.get(model, {}).get("bytes") or need << 20
     return estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
 
 
-def _rpc_paths(grid, placement):
+def _rpc_paths(grid: "Grid", placement: "Plan") -> dict[str, str]:
     """{worker name: "data plane" | "RNS tunnel"}: how its RPC bytes would travel."""
     coordinator = grid.dataplanes.get(placement.coordinator.offer.key, False)
     return {p.offer.name: "data plane" if coordinator and grid.dataplanes.get(p.offer.key) else "RNS tunnel"
             for p in placement.workers}
 
 
-def _split_plan(grid, model, ranked, adapter):
+def _split_plan(grid: "Grid", model: str, ranked: "Sequence[Choice]", adapter: str | None) -> "Plan | None":
     """The split plan a request would use when no single tower has room (else None)."""
     from reticulum_grid.client.split import make_plan, needs_split
     if adapter or not needs_split(grid, model, ranked):
@@ -211,7 +220,7 @@ def _split_plan(grid, model, ranked, adapter):
         return None
 
 
-def _print_split(placement, rpc, single):
+def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | None") -> None:
     table = Table("tower", "role", "layers", "memory", "RPC", "RTT from coordinator",
                   title=f"no single tower has room: split over {len(placement.parts)} towers")
     for p in placement.parts:
@@ -238,7 +247,7 @@ def _print_split(placement, rpc, single):
 @click.option("--max-tokens", default=200, show_default=True, type=click.IntRange(1))
 @click.option("--temperature", default=0.7, show_default=True, type=click.FloatRange(0, 2),
               help="0: the same answer every time (greedy).")
-def demo(prompt, max_tokens, temperature):
+def demo(prompt: str, max_tokens: int, temperature: float) -> None:
     """Start a tower and a client on loopback and stream a real answer."""
     from reticulum_grid.demo import run_demo
     try:

@@ -26,7 +26,8 @@ MAX_REQUESTS, BODY_TIMEOUT_S = 256, 30.0
 @click.option("--cors-origin", "origins", multiple=True, metavar="ORIGIN",
               help="A web app origin allowed to call the API from a browser, e.g. http://localhost:5173 (repeatable).")
 @click.pass_context
-def serve(ctx, connect, rns_config, listen, api_key, busy_wait, max_requests, body_timeout, origins):
+def serve(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, listen: str, api_key: str | None,
+          busy_wait: float, max_requests: int, body_timeout: float, origins: tuple[str, ...]) -> None:
     """Serve the grid to OpenAI clients (/v1), Ollama clients (/api), any language (/v1/grid/execute) and a
     browser (/)."""
     try:

@@ -1,7 +1,9 @@
 """``rngrid models``, ``pull``, ``push``: the blob store and its sync."""
 
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -11,6 +13,11 @@ from links.wire import WireError
 from reticulum_grid.cli.common import json_line, with_progress, client_options, err, fail, main, open_grid, out, styled
 from reticulum_grid.store.sync import MAX_TRANSFER_S
 
+if TYPE_CHECKING:  # imported where used
+    from announce.table import TowerEntry
+    from reticulum_grid.store.blobstore import BlobStore
+    from reticulum_grid.store.importing import Candidate
+
 
 @main.group(invoke_without_command=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
@@ -19,7 +26,8 @@ from reticulum_grid.store.sync import MAX_TRANSFER_S
 @client_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def models(ctx, config_path, wait, connect, rns_config, as_json):
+def models(ctx: click.Context, config_path: str | None, wait: float, connect: tuple[str, ...], rns_config: str | None,
+           as_json: bool) -> None:
     """List the blobs (models, adapters, datasets) in the local store and the
     towers that hold them."""
     ctx.obj["store"] = _store(ctx, config_path)
@@ -43,7 +51,7 @@ def models(ctx, config_path, wait, connect, rns_config, as_json):
         err.print(styled(("not served:", "yellow"), f" {', '.join(b.aliases) or b.hex}: {b.problem}"))
 
 
-def _holders(blob_id, towers):
+def _holders(blob_id: bytes, towers: "Sequence[TowerEntry]") -> list[dict[str, str]]:
     """Towers whose caps list ``blob_id``, with "loaded" or "on disk"."""
     found = []
     for entry in towers:
@@ -53,14 +61,14 @@ def _holders(blob_id, towers):
     return found
 
 
-def _store(ctx, config_path):
+def _store(ctx: click.Context, config_path: str | None) -> "BlobStore":
     from reticulum_grid.store.blobstore import BlobStore
     if config_path:
         return BlobStore(Path(config_path).parent / "blobs")
     return BlobStore(ctx.obj["home"] / "blobs")
 
 
-def _mib(size):
+def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
@@ -71,7 +79,7 @@ def _mib(size):
               help="Default: from the file (GGUF model or adapter, .jsonl dataset, else file).")
 @click.option("--copy", is_flag=True, help="Copy the file into the store instead of referencing it in place.")
 @click.pass_context
-def models_add(ctx, path, alias, kind, copy):
+def models_add(ctx: click.Context, path: str, alias: str, kind: str | None, copy: bool) -> None:
     """Add a file to the store as a blob named by its BLAKE3 manifest hash."""
     from reticulum_grid.store.gguf_info import file_kind
     try:
@@ -89,7 +97,7 @@ def models_add(ctx, path, alias, kind, copy):
 @click.option("--alias", default=None, help="Name to use for it (default: the name its tool uses).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def models_import(ctx, source, alias, as_json):
+def models_import(ctx: click.Context, source: str | None, alias: str | None, as_json: bool) -> None:
     """Without SOURCE (or with a folder): list the GGUF models Ollama, the
     Hugging Face cache and LM Studio keep here (or the folder's), with size,
     architecture, quantisation and whether this llama.cpp loads them.
@@ -117,19 +125,19 @@ def models_import(ctx, source, alias, as_json):
               f"{candidate.quantization or ''}) in place at {info.path}; store {store.root}")
 
 
-def _tower_store(ctx):
+def _tower_store(ctx: click.Context) -> "BlobStore":
     from reticulum_grid.store.blobstore import BlobStore
     return BlobStore(ctx.obj["home"] / "tower" / "blobs")
 
 
-def _found_row(c):
+def _found_row(c: "Candidate") -> dict[str, Any]:
     f = c.found
     return {"source": f.source, "ref": f.ref, "name": f.name, "path": str(f.path) if f.path else None,
             "size": f.size, "architecture": c.architecture, "quantization": c.quantization, "loadable": c.loadable,
             "problem": c.problem}
 
 
-def _list_found(candidates, as_json):
+def _list_found(candidates: "Sequence[Candidate]", as_json: bool) -> None:
     from reticulum_grid.store.names import alias_problem
     rows = [_found_row(c) for c in candidates]
     if as_json:
@@ -148,7 +156,7 @@ def _list_found(candidates, as_json):
 @models.command("rm")
 @click.argument("name")
 @click.pass_context
-def models_rm(ctx, name):
+def models_rm(ctx: click.Context, name: str) -> None:
     """Forget an alias (or a blob id); a blob left without aliases is deleted
     (a file referenced in place is only forgotten)."""
     try:
@@ -166,13 +174,16 @@ def models_rm(ctx, name):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
 @click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
 @click.pass_context
-def pull(ctx, connect, rns_config, name, from_tower, alias, as_json, force):
+def pull(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, name: str, from_tower: str | None,
+         alias: str | None, as_json: bool, force: bool) -> None:
     """Fetch a blob (alias or blob id) into the local store, from several towers at once.
     On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
     grid = open_grid(ctx, connect, rns_config)
     limit = None if force else MAX_TRANSFER_S
     info, report = with_progress(as_json, f"pull {name}", lambda progress: grid.pull(
         name, from_tower=from_tower, alias=alias, progress=progress, max_seconds=limit))
+    if info is None:  # fetched and verified, then removed (rngrid models rm) before it could be read back
+        fail(f"{name} was fetched but is no longer in the local store")
     _report(report.to_map(), as_json, f"{', '.join(info.aliases) or info.hex} is in {info.path}")
 
 
@@ -184,7 +195,8 @@ def pull(ctx, connect, rns_config, name, from_tower, alias, as_json, force):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
 @click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
 @click.pass_context
-def push(ctx, connect, rns_config, name, to_tower, alias, as_json, force):
+def push(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, name: str, to_tower: str,
+         alias: str | None, as_json: bool, force: bool) -> None:
     """Send a blob from the local store to a tower (needs the sync role there).
     On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
     grid = open_grid(ctx, connect, rns_config)
@@ -194,7 +206,7 @@ def push(ctx, connect, rns_config, name, to_tower, alias, as_json, force):
     _report(report, as_json, f"{name} is on {to_tower}")
 
 
-def _report(report, as_json, summary):
+def _report(report: dict[str, Any], as_json: bool, summary: str) -> None:
     if as_json:
         json_line({"report": report})
         return

@@ -5,7 +5,9 @@ import logging
 import shlex
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -31,7 +33,8 @@ from reticulum_grid.cli.common import err, fail, ifac_options, main, out, styled
                    "(default: when both are installed).")
 @ifac_options
 @click.pass_context
-def tower(ctx, config_path, name, listen, connect, models, voice, network_name, passphrase):
+def tower(ctx: click.Context, config_path: str | None, name: str | None, listen: str, connect: tuple[str, ...],
+          models: tuple[str, ...], voice: bool | None, network_name: str | None, passphrase: str | None) -> None:
     """Run a tower: serve the models in its config to allowed identities
     (--network-name/--passphrase: a private grid's IFAC, for a new config)."""
     from reticulum_grid.node.identity import IdentityError
@@ -55,6 +58,8 @@ def tower(ctx, config_path, name, listen, connect, models, voice, network_name, 
         tower.start()
     except (cfg.ConfigError, IdentityError, OSError, ValueError) as e:
         fail(str(e))
+    # start() set these, or raised.
+    assert tower.registry is not None and tower.destination is not None and tower.identity is not None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -84,7 +89,8 @@ def tower(ctx, config_path, name, listen, connect, models, voice, network_name, 
                    "paces announces to 2 % of it. It does not limit the rate.")
 @ifac_options
 @click.pass_context
-def transport(ctx, config_dir, listen, connect, link_bitrate, network_name, passphrase):
+def transport(ctx: click.Context, config_dir: str | None, listen: str, connect: tuple[str, ...], link_bitrate: int,
+              network_name: str | None, passphrase: str | None) -> None:
     """Run an RNS transport node for the grid (forwards announces and links
     between towers and clients that are not directly connected); with
     --network-name/--passphrase only nodes of that private grid get through."""
@@ -105,20 +111,21 @@ def transport(ctx, config_dir, listen, connect, link_bitrate, network_name, pass
     rnsnet.stop()
 
 
-def _host_name():
+def _host_name() -> str:
     import socket
     name = socket.gethostname().split(".")[0] or "tower"
     return name.encode()[:cfg.NAME_MAX_BYTES].decode(errors="ignore")
 
 
-def _voice_installed():
+def _voice_installed() -> bool:
     import importlib.util
     import shutil
     return importlib.util.find_spec("faster_whisper") is not None and shutil.which("espeak-ng") is not None
 
 
-def _new_tower_config(path, name, listen, connect, models, network_name="", passphrase="", voice=False):
-    parsed = {}
+def _new_tower_config(path: Path, name: str, listen: str, connect: Sequence[str], models: Sequence[str],
+                      network_name: str = "", passphrase: str = "", voice: bool = False) -> None:
+    parsed: dict[str, str] = {}
     for spec in models:
         alias, sep, gguf = spec.partition("=")
         if not sep:
@@ -126,7 +133,8 @@ def _new_tower_config(path, name, listen, connect, models, network_name="", pass
         parsed[alias] = gguf if cfg.is_source_ref(gguf) else str(Path(gguf).expanduser().resolve())
     if not parsed:
         parsed = {DEFAULT_ALIAS: default_model_path()}
-    sections = {"voice": {"whisper-base": {"kind": "stt"}, "espeak-ng": {"kind": "tts"}}} if voice else {}
+    sections: dict[str, Any] = ({"voice": {"whisper-base": {"kind": "stt"}, "espeak-ng": {"kind": "tts"}}}
+                                if voice else {})
     cfg.write_tower(path, name, parsed, listen=listen, connect=connect, network_name=network_name,
                     passphrase=passphrase, **sections)
 
@@ -135,7 +143,7 @@ def _new_tower_config(path, name, listen, connect, models, network_name="", pass
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Show a tower's identity and destination instead of this client's.")
 @click.pass_context
-def show_id(ctx, config_path):
+def show_id(ctx: click.Context, config_path: str | None) -> None:
     """Print this machine's identity hash (what towers put on their allow-list)."""
     from announce.announcer import tower_destination_hash
     from reticulum_grid.node.identity import IdentityError, load_or_create
@@ -167,7 +175,7 @@ def roles_help() -> str:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Tower config to edit (default HOME/tower/tower.toml).")
 @click.pass_context
-def allow(ctx, identity_hash, roles, config_path):
+def allow(ctx: click.Context, identity_hash: str, roles: tuple[str, ...], config_path: str | None) -> None:
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:
         granted = allowlist.allow(path, identity_hash, roles)
@@ -184,7 +192,7 @@ def allow(ctx, identity_hash, roles, config_path):
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Tower config to edit (default HOME/tower/tower.toml).")
 @click.pass_context
-def revoke(ctx, identity_hash, config_path):
+def revoke(ctx: click.Context, identity_hash: str, config_path: str | None) -> None:
     """Remove IDENTITY_HASH from a tower's allow-list (takes effect at once)."""
     path = Path(config_path) if config_path else ctx.obj["home"] / "tower" / "tower.toml"
     try:

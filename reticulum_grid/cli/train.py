@@ -3,6 +3,7 @@
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -11,6 +12,9 @@ from links.wire import WireError
 
 from reticulum_grid.cli.common import (client_options, err, fail, json_line, main, open_grid, out, styled, visible,
                                        with_progress)
+
+if TYPE_CHECKING:  # imported where used: a command that needs no grid never loads RNS
+    from reticulum_grid.client import Grid
 
 
 @main.command()
@@ -37,8 +41,9 @@ from reticulum_grid.cli.common import (client_options, err, fail, json_line, mai
 @click.option("--detach", is_flag=True, help="Print the job id and return instead of watching.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.pass_context
-def train(ctx, connect, rns_config, base, data_path, output_alias, tower, towers, target_modules, detach, as_json,
-          **options):
+def train(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, base: str, data_path: str,
+          output_alias: str, tower: str, towers: str | None, target_modules: str, detach: bool, as_json: bool,
+          **options: Any) -> None:
     """Start LoRA fine-tuning on a tower; it keeps running if you leave."""
     request = {"base": base, "dataset": "", "output_alias": output_alias,
                "target_modules": [t.strip() for t in target_modules.split(",") if t.strip()],
@@ -61,7 +66,8 @@ def train(ctx, connect, rns_config, base, data_path, output_alias, tower, towers
 @click.option("--tower", default=None, help="Only this tower.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def jobs(ctx, connect, rns_config, tower, as_json):
+def jobs(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, tower: str | None,
+         as_json: bool) -> None:
     """List your training jobs (watch and cancel them with the subcommands)."""
     ctx.obj["client"] = (connect, rns_config)
     if ctx.invoked_subcommand is not None:
@@ -87,7 +93,7 @@ def jobs(ctx, connect, rns_config, tower, as_json):
 @click.option("--tower", default=None)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def jobs_watch(ctx, job_id, tower, as_json):
+def jobs_watch(ctx: click.Context, job_id: str, tower: str | None, as_json: bool) -> None:
     """Follow a job's progress (from any client, as often as you like)."""
     _watch(open_grid(ctx, *ctx.obj["client"]), job_id, tower, as_json)
 
@@ -96,7 +102,7 @@ def jobs_watch(ctx, job_id, tower, as_json):
 @click.argument("job_id")
 @click.option("--tower", default=None)
 @click.pass_context
-def jobs_cancel(ctx, job_id, tower):
+def jobs_cancel(ctx: click.Context, job_id: str, tower: str | None) -> None:
     """Cancel a queued or running job."""
     try:
         job = open_grid(ctx, *ctx.obj["client"]).cancel_job(job_id, tower)
@@ -105,7 +111,7 @@ def jobs_cancel(ctx, job_id, tower):
     err.print(f"job {job_id}: {job['state']}" + ("" if job["state"] == "cancelled" else ", cancel requested"))
 
 
-def _watch(grid, job_id, tower, as_json):
+def _watch(grid: "Grid", job_id: str, tower: str | None, as_json: bool) -> None:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -133,7 +139,7 @@ def _watch(grid, job_id, tower, as_json):
                     err.print(f"{event['truncated']} of {event.get('examples')} examples are longer than --seq-len "
                               f"{event.get('seq_len')} tokens and are cut: what comes after is not learned",
                               style="yellow")
-            elif event["type"] == "progress":
+            elif event["type"] == "progress" and bar is not None:  # bar is None only with --json, printed above
                 ranks = "".join(f"  r{r['rank']}:{r['step']} {r['samples_per_s']:.1f}/s" for r in event.get("ranks", ()))
                 bar.update(task, completed=event["step"], total=event["total_steps"],
                            info=f"loss {event['loss']:.4f}  lr {event['lr']:.2e}  {event['tokens_per_s']:.0f} tok/s"
@@ -168,7 +174,8 @@ def _watch(grid, job_id, tower, as_json):
 @click.option("--count", default=None, type=click.IntRange(1), help="Stop after this many messages.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 @click.pass_context
-def inbox(ctx, connect, rns_config, wait, from_tower, count, as_json):
+def inbox(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, wait: float, from_tower: str | None,
+          count: int | None, as_json: bool) -> None:
     """Receive LXMF messages (job notifications) for this identity."""
     import queue
 

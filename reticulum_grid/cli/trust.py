@@ -13,7 +13,7 @@ from reticulum_grid.cli.common import err, fail, main, out
 @click.argument("identity_hash")
 @click.option("--name", default=None, help="What this client calls the tower (default: the name it announces).")
 @click.pass_context
-def trust(ctx, identity_hash, name):
+def trust(ctx: click.Context, identity_hash: str, name: str | None) -> None:
     """Trust the tower with IDENTITY_HASH: this client sends it prompts, datasets,
     adapters and shard plans (``rngrid tower`` prints the line to run)."""
     path = ctx.obj["home"] / "client.toml"
@@ -29,7 +29,7 @@ def trust(ctx, identity_hash, name):
 @main.command()
 @click.argument("identity_hash")
 @click.pass_context
-def untrust(ctx, identity_hash):
+def untrust(ctx: click.Context, identity_hash: str) -> None:
     """Stop trusting the tower with IDENTITY_HASH (nothing more is sent to it)."""
     path = ctx.obj["home"] / "client.toml"
     try:

@@ -2,19 +2,23 @@
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
 from links.wire import Code, WireError
 from reticulum_grid.cli.common import client_options, err, fail, json_line, main, open_grid, out, visible
 
+T = TypeVar("T")
+
 BUSY = click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
                     help="Seconds to keep retrying while every voice tower is busy.")
 TOWER = click.option("--tower", default=None, help="Run on this tower (name or destination hash) instead of routing.")
 
 
-def _retrying(run, busy_wait):
+def _retrying(run: Callable[[], T], busy_wait: float) -> T:
     """``run()``, again while every tower is busy (busy comes before any output) for up to ``busy_wait`` s."""
     deadline = time.monotonic() + busy_wait
     while True:
@@ -40,20 +44,25 @@ def _retrying(run, busy_wait):
               help="Print JSON lines: {\"segment\": {start_s, end_s, text}} each, then {\"end\": ...}.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.pass_context
-def transcribe(ctx, connect, rns_config, model, language, prompt, tower, busy_wait, force, as_json, file):
+def transcribe(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str | None,
+               language: str | None, prompt: str | None, tower: str | None, busy_wait: float, force: bool,
+               as_json: bool, file: str) -> None:
     """Transcribe the audio FILE (WAV, Ogg, FLAC, MP3, M4A, ...; "-" reads standard input) on the grid,
     printing each segment as it is decoded."""
+    from reticulum_grid.voice.request import Segment
     data = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
     grid = open_grid(ctx, connect, rns_config)
 
-    def run():
+    def run() -> None:
         stream = grid.transcribe(data, model=model, language=language, prompt=prompt, tower=tower, force=force)
         for item in stream:
-            if hasattr(item, "text") and hasattr(item, "start_s"):
+            if isinstance(item, Segment):
                 if as_json:
                     json_line({"segment": {"start_s": item.start_s, "end_s": item.end_s, "text": item.text}})
                 else:
                     out.print(f"[{item.start_s:7.2f} -> {item.end_s:7.2f}] {visible(item.text)}")
+            elif item is None:  # never: a stream's last item is the end its attempt read
+                continue
             elif as_json:
                 json_line({"end": {**item.to_map(), "failovers": stream.failovers, "sent_bytes": stream.sent_bytes,
                                    "sent_as": stream.sent_as}})
@@ -83,7 +92,8 @@ def transcribe(ctx, connect, rns_config, model, language, prompt, tower, busy_wa
 @click.option("--json", "as_json", is_flag=True, help="Print the end figures as JSON.")
 @click.argument("text")
 @click.pass_context
-def say(ctx, connect, rns_config, output, model, voice, wpm, tower, busy_wait, as_json, text):
+def say(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, output: str, model: str | None,
+        voice: str | None, wpm: int | None, tower: str | None, busy_wait: float, as_json: bool, text: str) -> None:
     """Speak TEXT on the grid into a file ("-" reads the text from standard input)."""
     if text == "-":
         text = sys.stdin.read()
