@@ -79,7 +79,8 @@ class Job(TypedDict):
     history: list[str]
 
 
-#: A job's spec (training/request.py's parse, plus what the tower adds: base_path, dataset_path, owner, ...).
+#: A job's spec (training/request.py's TrainRequest.job_spec: the request's training fields and what the tower
+#: adds, base_path, dataset_path, owner, ...; JSON, kept with the job).
 Spec = dict[str, Any]
 #: A progress event for watchers (links/jobevents.py): {"type": "state" | "progress" | "note" | "end", ...}.
 Event = dict[str, Any]
