@@ -58,13 +58,14 @@ USAGE_KIND = "kind"
 class EndUsage:
     """A stream end's usage shape: ``KIND`` is its tag on the wire. Each shape
     has ``to_map()`` (tagged) and ``from_map(raw)``, which trusts no field and
-    never raises. Subclasses register themselves by their KIND (``kinds()``)."""
+    never raises. A subclass that sets its own KIND registers by it (``kinds()``)."""
     KIND: ClassVar[str] = ""
     _by_kind: ClassVar[dict[str, type["EndUsage"]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.KIND:
+        # A shape of its own; a subclass that only adds to one (client/pieces.py's Usage) is not.
+        if "KIND" in cls.__dict__:
             EndUsage._by_kind[cls.KIND] = cls
 
     @staticmethod
@@ -150,7 +151,8 @@ class EmbeddingsUsage(EndUsage):
     def from_map(cls, raw: object) -> Self:
         """Read like StreamUsage.from_map; a bad ``dims`` or ``count`` reads as 0."""
         counts = raw if isinstance(raw, dict) else {}
-        return cls(usage=StreamUsage.from_map(raw), dims=_count(counts.get("dims")), count=_count(counts.get("count")))
+        return cls(usage=StreamUsage.from_map(raw), dims=_count(counts.get("dims")),
+                   count=_count(counts.get("count")))
 
 
 def _count(value: object) -> int:

@@ -184,3 +184,15 @@ def test_caps_full_rejects_bad_fields(mutate, reason):
     mutate(raw)
     with pytest.raises(c.CapsError, match=reason):
         CapsFull.from_map(raw)
+
+
+def test_caps_full_is_built_by_keyword_only():
+    """A field added to CapsFull can never shift another one's value by position."""
+    from announce.capsfull import Caller, CapsFull, GpuInfo
+    full = full_reply()
+    with pytest.raises(TypeError):
+        CapsFull(full.caps, full.blobs)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Caller("ab" * 16, ("infer",))  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        GpuInfo(0, "gpu", 1, 1)  # type: ignore[misc]

@@ -279,7 +279,7 @@ class JobManager:
                 del self._procs[job_id]
             else:
                 if "units" not in spec:  # fixed for the job's life: a resumed job repeats the same arithmetic
-                    spec["units"] = dp["units"]
+                    spec = {**spec, "units": dp["units"]}
                     self._update(job_id, spec=json.dumps(spec))
                 proc = self._procs[job_id] = self._spawn(job_id, {**spec, "dp": dp},
                                                          "reticulum_grid.training.distributed")
