@@ -37,6 +37,7 @@ first token comes from the prompt's last batch, so llama.cpp's
 ``tokens_per_s`` is ``(completion_tokens - 1) / decode_s``.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -55,7 +56,7 @@ MAX_SPLIT = 16
 USAGE_KIND = "kind"
 
 
-class EndUsage:
+class EndUsage(ABC):
     """A stream end's usage shape: ``KIND`` is its tag on the wire. Each shape
     has ``to_map()`` (tagged) and ``from_map(raw)``, which trusts no field and
     never raises. A subclass that sets its own KIND registers by it (``kinds()``)."""
@@ -73,12 +74,14 @@ class EndUsage:
         """Every shape known in this process, by tag."""
         return dict(EndUsage._by_kind)
 
+    @abstractmethod
     def to_map(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The usage map, with ``USAGE_KIND``."""
 
     @classmethod
+    @abstractmethod
     def from_map(cls, raw: object) -> Self:
-        raise NotImplementedError
+        """Read a usage map (anything the wire gave), trusting no field."""
 
 
 _Usage = TypeVar("_Usage", bound=EndUsage)
