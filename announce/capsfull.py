@@ -181,7 +181,7 @@ _BLOB: dict[str, Check] = {
     "gguf": lambda value, what: ModelSummary.from_map(value)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuInfo:
     """One GPU of the tower (the caps carry their sum): memory in MiB."""
     index: int
@@ -223,7 +223,7 @@ _VOICE: dict[str, Check] = {
     "error": _text(TEXT_MAX_BYTES, controls=True)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Caller:
     """The identity that asked (hex) and the roles the tower grants it."""
     identity: str
@@ -235,7 +235,7 @@ class Caller:
     @classmethod
     def from_map(cls, raw: object) -> "Caller":
         values = _read(raw, _CALLER, "you", required=("identity",))
-        return cls(values["identity"], tuple(values.get("roles", ())))
+        return cls(identity=values["identity"], roles=tuple(values.get("roles", ())))
 
 
 def _roles(value: object, what: str) -> tuple[str, ...]:
@@ -245,9 +245,10 @@ def _roles(value: object, what: str) -> tuple[str, ...]:
 _CALLER: dict[str, Check] = {"identity": _text(64, allow_empty=False), "roles": _roles}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CapsFull:
-    """A tower's caps/full reply (see the module doc)."""
+    """A tower's caps/full reply (see the module doc). Built by keyword only, so
+    a field added here can never shift another one's value."""
     caps: Caps
     blobs: tuple[BlobFacts, ...] = ()
     gpus: tuple[GpuInfo, ...] = ()
@@ -281,12 +282,12 @@ class CapsFull:
     def from_map(cls, raw: object) -> "CapsFull":
         """Decode a caps/full reply map. Raises CapsError."""
         raw = map_field(raw, "caps/full reply")
-        return cls(capscodec.decode_full(raw.get("caps")),
-                   tuple(BlobFacts.from_map(b) for b in _rows(raw, "blobs", MAX_BLOBS)),
-                   tuple(GpuInfo.from_map(g) for g in _rows(raw, "gpus", MAX_GPUS)),
-                   tuple(VoiceInfo.from_map(v) for v in _rows(raw, "voice", MAX_COUNT)),
-                   bool_field(raw.get("dataplane", False), "dataplane"),
-                   None if raw.get("you") is None else Caller.from_map(raw["you"]))
+        return cls(caps=capscodec.decode_full(raw.get("caps")),
+                   blobs=tuple(BlobFacts.from_map(b) for b in _rows(raw, "blobs", MAX_BLOBS)),
+                   gpus=tuple(GpuInfo.from_map(g) for g in _rows(raw, "gpus", MAX_GPUS)),
+                   voice=tuple(VoiceInfo.from_map(v) for v in _rows(raw, "voice", MAX_COUNT)),
+                   dataplane=bool_field(raw.get("dataplane", False), "dataplane"),
+                   you=None if raw.get("you") is None else Caller.from_map(raw["you"]))
 
 
 def _rows(raw: dict, key: str, most: int) -> list:

@@ -2,7 +2,13 @@
 
 Each target feeds generated input to one decoder: random bytes, msgpack of
 random values, and valid messages with a few bytes changed, so the input
-reaches past the msgpack layer into the field checks. A decoder may only
+reaches past the msgpack layer into the field checks. The contract's own
+tables make the targets: one per Channel message type in links/protocol.py's
+MESSAGE_TYPES (``message:<class>``, its input shaped like a packed default
+instance), one per end usage shape links/usage.py knows (``usage:<kind>``),
+and the caps and caps/full keys their decoders read (found by reading a full
+sample through them), so a new message, usage or field is fuzzed with no edit
+here. A decoder may only
 raise its documented error (CapsError, WireError, ProtocolError,
 ManifestError, ConfigError, DatasetError, the gateway's ApiError(400));
 anything else is an uncaught
@@ -18,6 +24,8 @@ tests/test_fuzz.py runs the same targets with a few hundred inputs each.
 
 import argparse
 import collections
+import dataclasses
+import importlib
 import json
 import math
 import signal
@@ -34,13 +42,11 @@ from rich.markup import escape  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # noqa: E402
 
 from announce import caps as capscodec  # noqa: E402
+from announce import capsfull  # noqa: E402
 from announce.capsfull import CapsFull  # noqa: E402
-from links import manifest as mf, wire  # noqa: E402
+from links import manifest as mf, protocol, usage, wire  # noqa: E402
 from links.channel import ProtocolError  # noqa: E402
-from links.chunks import ChunkCancel, ChunkData, ChunkError, ChunkRequest, TransferEnd, TransferProgress  # noqa: E402
 from links.jobevents import JobEvent  # noqa: E402
-from links.stream import StreamCancel, StreamEnd, StreamError, TokenChunk  # noqa: E402
-from links.usage import StreamUsage  # noqa: E402
 from links.wire import WireError  # noqa: E402
 from reticulum_grid.client import pieces  # noqa: E402
 from reticulum_grid.client.models import TowerModel  # noqa: E402
@@ -105,15 +111,6 @@ _alias = st.sampled_from(["smollm2-135m", "a", "x/y", "..", "", "\x00", "a" * 40
 _blob = st.binary(min_size=32, max_size=32) | st.binary(max_size=40)
 _token_ids = st.lists(st.integers(-1, 1 << 32), max_size=8)
 
-CAPS = st.fixed_dictionaries({
-    "v": st.sampled_from([capscodec.SCHEMA_VERSION] * 2 + [0, 1, capscodec.SCHEMA_VERSION + 1, True]),
-    "n": _alias, "hb": _small,
-    "hw": st.tuples(st.sampled_from(["cpu", "cuda", "x"]), _text, _small, _small, _small, _small, _small).map(list),
-    "m": st.lists(st.tuples(_alias, st.binary(min_size=3, max_size=5), st.integers(-1, 2)).map(list), max_size=4),
-    "l": st.tuples(_small, _small, _small).map(list),
-}, optional={"a": st.lists(st.tuples(_alias, st.binary(min_size=4, max_size=4)).map(list), max_size=3),
-             "t": _ints, "sh": VALUES, "more": VALUES})
-
 INFERENCE = _map_of({
     "model": _alias, "prompt": _text, "stream_id": _id, "max_tokens": _ints, "temperature": st.floats(),
     "top_p": st.floats(), "top_k": _ints, "min_p": st.floats(), "repeat_penalty": st.floats(), "seed": _ints,
@@ -132,16 +129,6 @@ BLOBS = _map_of({"blob_id": _blob | _text, "manifest": st.binary(max_size=80), "
 
 RESPONSE = st.one_of(st.fixed_dictionaries({"ok": VALUES}, optional={"error": VALUES | st.fixed_dictionaries(
     {"code": _text, "message": _text, "retry_after": VALUES})}), VALUES)
-
-STREAM = st.one_of(st.tuples(_id, _id, st.binary(max_size=30), _token_ids).map(list),
-                   st.tuples(_id, _text, VALUES).map(list), st.tuples(_id, _text, _text).map(list),
-                   st.tuples(_id).map(list))
-
-CHUNK = st.one_of(st.tuples(_id, _blob, st.lists(_id, max_size=6)).map(list),
-                  st.tuples(_id, _id, _id, st.binary(max_size=30)).map(list),
-                  st.tuples(_id, st.integers(-2, 5), _text, _text).map(list),
-                  st.tuples(_id, _id, _id).map(list),
-                  st.tuples(_id, st.booleans(), _text, _text, VALUES).map(list))
 
 EVENT = st.tuples(_id, _map_of({"type": st.sampled_from(["state", "progress", "end"]), "step": VALUES,
                                 "loss": st.floats(), "state": _text, "error": _text})).map(list)
@@ -202,27 +189,6 @@ _line = st.one_of(VALUES.map(_json),
 DATASET = st.one_of(st.lists(_line, max_size=5).map(lambda lines: "\n".join(lines).encode()),
                     st.binary(max_size=200))
 
-#: caps/full's blob rows as a tower sends them (announce/capsfull.py decodes them).
-TOWER_MODELS = st.one_of(st.fixed_dictionaries({"blobs": st.lists(_map_of({
-    "alias": _alias, "blob_id": _blob, "size": _ints, "kind": st.sampled_from(["model", "adapter", "x"]),
-    "loaded": VALUES | st.booleans(), "on_gpu": VALUES, "gpu_mib": _ints, "host_mib": _small, "slots": _small,
-    "slots_free": _ints, "n_ctx": _ints, "need_mib": _small, "n_layers": _small, "reading": st.booleans(),
-    "gguf": _map_of({"architecture": _text, "parameters": _ints, "pooling": VALUES, "context_length": _small,
-                     "name": VALUES})}) | VALUES, max_size=4)}), VALUES)
-#: Whole caps/full replies: their caps, blob rows, GPUs, voice engines and the caller.
-CAPS_FULL = st.one_of(_map_of({
-    "caps": st.one_of(CAPS.map(_pack), _mutated(CAPS.map(_pack))), "blobs": TOWER_MODELS.map(
-        lambda v: v.get("blobs") if isinstance(v, dict) else v),
-    "gpus": st.lists(_map_of({"index": _small, "name": _text, "total_mib": _ints, "free_mib": _small}), max_size=3),
-    "voice": st.lists(_map_of({"alias": _alias, "kind": st.sampled_from(["stt", "tts", "x"]), "language": _text,
-                               "realtime": st.floats() | _small, "ready": VALUES, "error": _text}), max_size=3),
-    "dataplane": VALUES, "you": _map_of({"identity": _text, "roles": st.lists(_text | VALUES, max_size=4)})}),
-    VALUES)
-#: A stream end's usage map as a tower sends it (links/usage.py decodes it).
-USAGE = _map_of({"prompt_tokens": _ints, "completion_tokens": _small, "tower_ttft_s": st.floats(),
-                 "tokens_per_s": st.floats() | _ints, "queued_s": st.floats(), "tower": _alias,
-                 "cached_tokens": _ints, "draft_tokens": _small, "draft_accepted": _small,
-                 "split": st.lists(st.text(max_size=32) | st.just("ab" * 16) | VALUES, max_size=4)}) | VALUES
 #: Per-token probabilities as a tower's token chunk carries them (client/stream.py checks them).
 LOGPROBS = st.lists(_map_of({"token": _text, "logprob": st.floats() | VALUES, "bytes": st.lists(_ints) | VALUES,
                              "top": st.lists(_map_of({"token": _text, "logprob": st.floats()}) | VALUES,
@@ -261,14 +227,140 @@ LXMF = st.tuples(st.binary(max_size=40) | _text.map(str.encode), st.binary(max_s
                  st.binary(max_size=20), VALUES)
 
 
+# -- strategies derived from the contract ------------------------------------
+# Channel messages come from links/protocol.py's registry, end usages from
+# links/usage.py's, and the keys of caps and caps/full from what their decoders
+# read: a message, usage or field added there is fuzzed here with no edit.
+class _Reads(dict):
+    """A map that notes each key a decoder reads from it (and from the maps inside it), by path."""
+
+    def __init__(self, raw, seen, path=()):
+        super().__init__({k: _noting(v, seen, path + (k,)) for k, v in raw.items()})
+        self.seen, self.path = seen, path
+
+    def get(self, key, default=None):
+        self.seen.add(self.path + (key,))
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.seen.add(self.path + (key,))
+        return super().__getitem__(key)
+
+
+def _noting(value, seen, path):
+    if isinstance(value, dict):
+        return _Reads(value, seen, path)
+    if isinstance(value, list):
+        return [_noting(v, seen, path + ("*",)) for v in value]
+    return value
+
+
+def keys_read(decode, sample):
+    """The key paths ``decode`` reads from the map ``sample`` (a valid one reads them all)."""
+    seen = set()
+    decode(_Reads(sample, seen))
+    return seen
+
+
+def _mostly(valid, changed):
+    """``valid`` 15 times in 16: a generated value has a few parts changed and
+    reaches the checks behind the first one."""
+    return st.one_of(*[valid.map(_same) for _ in range(15)], changed)  # distinct objects: one_of would merge them
+
+
+def _same(value):
+    return value
+
+
+def _leaf(value):
+    """The value itself (mostly), another of its type, or anything."""
+    if isinstance(value, bool):
+        other = st.booleans()
+    elif isinstance(value, int):
+        other = _ints | _small
+    elif isinstance(value, float):
+        other = st.floats() | _small
+    elif isinstance(value, str):
+        other = _text
+    elif isinstance(value, bytes):
+        other = st.binary(max_size=max(40, len(value) + 4))
+    else:
+        other = VALUES
+    return _mostly(st.just(value), other | VALUES)
+
+
+def shaped(sample, reads=frozenset(), path=()):
+    """Values shaped like ``sample`` (a decoded msgpack value) with a few parts
+    changed: its maps keep their keys and may gain the ``reads`` at that path
+    (keys a decoder reads that the sample lacks), its lists keep their item
+    shape; any part may become another value of its type or anything."""
+    if isinstance(sample, dict):
+        keys = dict.fromkeys([*sample, *(p[-1] for p in reads if p[:-1] == path)])
+        parts = {k: shaped(sample[k], reads, path + (k,)) if k in sample else VALUES for k in keys}
+        kept = st.fixed_dictionaries({k: v for k, v in parts.items() if k in sample},
+                                     optional={k: v for k, v in parts.items() if k not in sample})
+        return _mostly(kept, _map_of(parts) | VALUES)
+    if isinstance(sample, (list, tuple)):
+        items = [shaped(v, reads, path + ("*",)) for v in sample]
+        other = st.lists(st.one_of(*items), max_size=len(items) + 2) if items else st.lists(VALUES, max_size=4)
+        return _mostly(st.tuples(*items).map(list), other | VALUES)
+    return _leaf(sample)
+
+
+#: Caps with every field set (announce/caps.py): what a busy tower with voice engines announces.
+SAMPLE_CAPS = capscodec.Caps(
+    "tower-a", capscodec.Hardware("cuda", "RTX 5090", 32607, 30000, 64000, 50000, 1),
+    (capscodec.ModelCap("smollm2-135m", b"\x01\x02\x03\x04", True, 3, 2), capscodec.ModelCap("disk", b"abcd")),
+    (capscodec.AdapterCap("lora-a", b"\x05\x06\x07\x08"),), capscodec.Load(1, 1, 2), 42.5, 900, 8192,
+    (capscodec.VoiceCap("whisper", "stt", "en", 31.5, 1), capscodec.VoiceCap("espeak", "tts", "", 300.0, 2)), True)
+_SAMPLE_CAPS_MAP = msgpack.unpackb(capscodec.encode(SAMPLE_CAPS, budget=1 << 20))
+_CAPS_READS = keys_read(capscodec.from_map, _SAMPLE_CAPS_MAP)
+CAPS = shaped(_SAMPLE_CAPS_MAP, _CAPS_READS)
+
+#: A caps/full reply with every field set (announce/capsfull.py).
+SAMPLE_CAPS_FULL = capsfull.CapsFull(
+    caps=SAMPLE_CAPS,
+    blobs=(capsfull.BlobFacts("smollm2-135m", b"\x01" * 32, 1 << 27, "model", True, on_gpu=True, gpu_mib=900,
+                              host_mib=10, gpu_model_mib=800, host_model_mib=5, vram_mib=950, slots=4, slots_free=3,
+                              n_ctx=4096, need_mib=1200, n_layers=30, embedding=576, reading=True,
+                              gguf=capsfull.ModelSummary("llama", 134_515_008, "Q4_1", 8192, 576, 30, 0, "SmolLM2")),
+           capsfull.BlobFacts("", b"\x02" * 32, 12, "dataset")),
+    gpus=(capsfull.GpuInfo(index=0, name="RTX 5090", total_mib=32607, free_mib=30000),),
+    voice=(capsfull.VoiceInfo("whisper", "stt", "en", 31.5, True, "none"),),
+    dataplane=True, you=capsfull.Caller(identity="ab" * 16, roles=("infer", "train")))
+_SAMPLE_FULL_MAP = SAMPLE_CAPS_FULL.to_map()
+# Its packed caps are mostly the sample's (the caps target fuzzes what is inside them).
+CAPS_FULL = shaped(_SAMPLE_FULL_MAP, keys_read(CapsFull.from_map, _SAMPLE_FULL_MAP))
+#: caps/full's rows as a tower sends them, beside valid caps (Grid.tower_models reads them).
+TOWER_MODELS = CAPS_FULL.map(lambda reply: {**reply, "caps": _SAMPLE_FULL_MAP["caps"]}
+                             if isinstance(reply, dict) else reply)
+
+
+def _message_sample(cls):
+    return msgpack.unpackb(cls().pack(), raw=False)
+
+
+# The voice streams' end usages register in links/usage.py when their module loads.
+importlib.import_module("reticulum_grid.voice.request")
+
+
+def _usage_sample(cls):
+    """An end usage map of ``cls`` with each field set to a value of its type (tagged)."""
+    values = {int: 3, float: 1.5, str: "x", bytes: b"x"}
+    return {usage.USAGE_KIND: cls.KIND, **{f.name: values.get(f.type, ["ab" * 16]) for f in dataclasses.fields(cls)
+                                           if f.type in values or f.type == tuple[str, ...]}}
+
+
 # -- targets ---------------------------------------------------------------
-def _each(classes):
+def _unpack(cls):
     def run(data):
-        for cls in classes:
-            try:
-                cls().unpack(data)
-            except ProtocolError:
-                pass
+        cls().unpack(data)
+    return run
+
+
+def _usage_of(cls):
+    def run(raw):
+        usage.decode_usage(raw, cls).to_map()
     return run
 
 
@@ -280,7 +372,7 @@ def _train(request, scratch):
     dataset = scratch / "data.jsonl"
     if not dataset.exists():
         dataset.write_text('{"text": "hello"}\n')
-    train_request.parse(request, {"q_proj", "v_proj"}, dataset)
+    train_request.TrainRequest.from_map(request).check_on({"q_proj", "v_proj"}, dataset)
 
 
 def _blobs(request):
@@ -299,13 +391,9 @@ def _event(data):
     json.dumps(event.event)  # `rngrid jobs watch --json` prints events as they came
 
 
-#: A caps blob every caps/full of the tower_models target carries (its rows are what is fuzzed).
-_CAPS_BYTES = capscodec.encode(capscodec.Caps("t"))
-
-
 def _tower_models(reply):
     """A tower's caps/full rows as Grid.tower_models reads them."""
-    full = CapsFull.from_map({"caps": _CAPS_BYTES, **reply} if isinstance(reply, dict) else reply)
+    full = CapsFull.from_map(reply)
     return [TowerModel.of("t", blob) for blob in full.blobs]
 
 
@@ -353,9 +441,6 @@ def targets(scratch):
         "train_request": (TRAIN, lambda r: _train(r, scratch), (WireError,)),
         "blob_requests": (BLOBS, _blobs, ()),
         "response": (_bytes_from(RESPONSE), wire.parse_response, (WireError,)),
-        "stream_messages": (_bytes_from(STREAM), _each((TokenChunk, StreamEnd, StreamError, StreamCancel)), ()),
-        "chunk_messages": (_bytes_from(CHUNK), _each((ChunkRequest, ChunkData, ChunkError, ChunkCancel,
-                                                      TransferProgress, TransferEnd)), ()),
         "job_events": (_bytes_from(EVENT), _event, (ProtocolError,)),
         "manifest": (_bytes_from(_manifest()), mf.unpack, (mf.ManifestError,)),
         "lxmf_fields": (LXMF, _lxmf, ()),
@@ -363,10 +448,20 @@ def targets(scratch):
         "dataset": (DATASET, lambda d: _dataset(d, scratch), (datasets.DatasetError,)),
         "tower_models": (TOWER_MODELS, _tower_models, (capscodec.CapsError,)),
         "logprobs": (LOGPROBS, pieces.logprobs, ()),
-        "stream_usage": (USAGE, StreamUsage.from_map, ()),
         "gateway_bodies": (HTTP_BODIES, _http_body, ()),
         "checkpoint": (_checkpoints(), checkpoint.unpack, (checkpoint.CheckpointError,)),
+        **contract_targets(),
     }
+
+
+def contract_targets():
+    """A target per Channel message type of links/protocol.py (``message:<class>``)
+    and per end usage shape of links/usage.py (``usage:<kind>``)."""
+    out = {f"message:{cls.__name__}": (_bytes_from(shaped(_message_sample(cls))), _unpack(cls), (ProtocolError,))
+           for cls in protocol.all_message_types()}
+    for kind, cls in usage.EndUsage.kinds().items():
+        out[f"usage:{kind}"] = (shaped(_usage_sample(cls)) | VALUES, _usage_of(cls), (WireError,))
+    return out
 
 
 def _checkpoints():

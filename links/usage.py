@@ -6,9 +6,18 @@ stream's end message (links/stream.py ``StreamEnd``); the client decodes it
 once with ``StreamUsage.from_map`` and adds what only it can measure
 (client/stream.py ``Usage``), which the CLI and the gateway print.
 
-Wire map (keys at 0 or empty are left out; a decoder ignores keys it does not know)::
+Every end usage map says which shape it is in ``"kind"`` (``USAGE_KIND``):
+``"inference"`` (StreamUsage), ``"embeddings"`` (EmbeddingsUsage: StreamUsage's
+keys plus ``dims`` and ``count``), ``"transcript"`` and ``"speech"``
+(voice/request.py's TranscriptEnd and SpeechEnd). ``decode_usage`` reads a map
+as the shape its tag names and refuses another known shape; a map without the
+tag comes from a tower older than it and reads as the shape the stream expects.
 
-    {"prompt_tokens": int, "completion_tokens": int,
+Wire map of an inference stream (keys at 0 or empty are left out; a decoder
+ignores keys it does not know)::
+
+    {"kind": "inference",
+     "prompt_tokens": int, "completion_tokens": int,
      "tower_ttft_s": float,   # the tower's prompt processing to the first token (seconds)
      "tokens_per_s": float,   # llama.cpp's eval rate: generated tokens over the time generating them
      "queued_s": float,       # seconds the request waited for a slot
@@ -28,7 +37,11 @@ first token comes from the prompt's last batch, so llama.cpp's
 ``tokens_per_s`` is ``(completion_tokens - 1) / decode_s``.
 """
 
-from dataclasses import dataclass, fields
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self, TypeVar
+
+from links.wire import Code, WireError
 
 #: The most tokens a count may say (anything above is no real stream).
 MAX_TOKENS = 1 << 40
@@ -39,10 +52,59 @@ NAME_MAX = 64
 MAX_SPLIT = 16
 
 
+#: The key of an end usage map that names its shape.
+USAGE_KIND = "kind"
+
+
+class EndUsage(ABC):
+    """A stream end's usage shape: ``KIND`` is its tag on the wire. Each shape
+    has ``to_map()`` (tagged) and ``from_map(raw)``, which trusts no field and
+    never raises. A subclass that sets its own KIND registers by it (``kinds()``)."""
+    KIND: ClassVar[str] = ""
+    _by_kind: ClassVar[dict[str, type["EndUsage"]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A shape of its own; a subclass that only adds to one (client/pieces.py's Usage) is not.
+        if "KIND" in cls.__dict__:
+            EndUsage._by_kind[cls.KIND] = cls
+
+    @staticmethod
+    def kinds() -> dict[str, type["EndUsage"]]:
+        """Every shape known in this process, by tag."""
+        return dict(EndUsage._by_kind)
+
+    @abstractmethod
+    def to_map(self) -> dict[str, Any]:
+        """The usage map, with ``USAGE_KIND``."""
+
+    @classmethod
+    @abstractmethod
+    def from_map(cls, raw: object) -> Self:
+        """Read a usage map (anything the wire gave), trusting no field."""
+
+
+_Usage = TypeVar("_Usage", bound=EndUsage)
+
+
+def decode_usage(raw: object, expected: type[_Usage]) -> _Usage:
+    """``raw`` (an end message's usage map) read as ``expected``. Its ``kind``
+    tag must name that shape; a map without a tag (an older tower) or with one
+    this end does not know (a newer one) is read as ``expected``, field by
+    field. Raises WireError(internal) when the tag names another known shape:
+    the tower ended the stream with another stream's figures."""
+    kind = raw.get(USAGE_KIND) if isinstance(raw, dict) else None
+    if isinstance(kind, str) and kind != expected.KIND and kind in EndUsage._by_kind:
+        raise WireError(Code.INTERNAL, f"the stream ended with {kind!r} figures where "
+                                       f"{expected.KIND!r} ones belong")
+    return expected.from_map(raw)
+
+
 @dataclass(frozen=True)
-class StreamUsage:
+class StreamUsage(EndUsage):
     """An inference stream's end figures as its tower reports them: token
     counts, times in seconds, the rate in tokens/s (see the module doc)."""
+    KIND: ClassVar[str] = "inference"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     tower_ttft_s: float = 0.0
@@ -56,13 +118,13 @@ class StreamUsage:
     prompt_s: float = 0.0
     decode_s: float = 0.0
 
-    def to_map(self) -> dict[str, object]:
-        """The end message's usage map (fields at their default left out)."""
-        return {f.name: list(value) if isinstance(value, tuple) else value for f in fields(StreamUsage)
-                if (value := getattr(self, f.name)) != f.default}
+    def to_map(self) -> dict[str, Any]:
+        """The end message's usage map, tagged (fields at their default left out)."""
+        return {USAGE_KIND: self.KIND, **{f.name: list(value) if isinstance(value, tuple) else value
+                                          for f in fields(StreamUsage) if (value := getattr(self, f.name)) != f.default}}
 
     @classmethod
-    def from_map(cls, raw: object) -> "StreamUsage":
+    def from_map(cls, raw: object) -> Self:
         """Decode a tower's usage map, trusting no field: one of the wrong
         type or out of range reads as unknown (0, "" or empty), so a stream
         that ended is never lost to a figure."""
@@ -74,6 +136,26 @@ class StreamUsage:
                    queued_s=_number(raw.get("queued_s"), MAX_SECONDS), tower=_name(raw.get("tower")),
                    split=_split(raw.get("split")), prompt_s=_number(raw.get("prompt_s"), MAX_SECONDS),
                    decode_s=_number(raw.get("decode_s"), MAX_SECONDS))
+
+
+@dataclass(frozen=True)
+class EmbeddingsUsage(EndUsage):
+    """An embeddings stream's end: its ``usage`` (prompt tokens, queue time,
+    tower) and the vectors it sent, ``count`` of ``dims`` float32 each."""
+    KIND: ClassVar[str] = "embeddings"
+    usage: StreamUsage = field(default_factory=StreamUsage)
+    dims: int = 0
+    count: int = 0
+
+    def to_map(self) -> dict[str, Any]:
+        return {**self.usage.to_map(), USAGE_KIND: self.KIND, "dims": self.dims, "count": self.count}
+
+    @classmethod
+    def from_map(cls, raw: object) -> Self:
+        """Read like StreamUsage.from_map; a bad ``dims`` or ``count`` reads as 0."""
+        counts = raw if isinstance(raw, dict) else {}
+        return cls(usage=StreamUsage.from_map(raw), dims=_count(counts.get("dims")),
+                   count=_count(counts.get("count")))
 
 
 def _count(value: object) -> int:

@@ -129,11 +129,12 @@ def full_reply():
     model = BlobFacts("model-0", b"\x01" * 32, 1 << 30, "model", True, on_gpu=True, gpu_mib=900, slots=4,
                       slots_free=3, n_ctx=4096, need_mib=1200, n_layers=30, embedding=576,
                       gguf=ModelSummary("llama", 134_515_008, "Q4_1", 8192, 576, 30, 0, "SmolLM2"))
-    return CapsFull(full_caps(), (model, BlobFacts("", b"\x02" * 32, 12, "dataset"),
-                                  BlobFacts("reader", b"\x03" * 32, 5, "model", reading=True)),
-                    (GpuInfo(0, "NVIDIA GeForce RTX 5090", 32607, 30000),),
-                    (VoiceInfo("espeak-ng", "tts", "en", 310.5, True), VoiceInfo("whisper", "stt", error="Boom:\nno")),
-                    True, Caller("ab" * 16, ("infer", "sync")))
+    return CapsFull(caps=full_caps(), blobs=(model, BlobFacts("", b"\x02" * 32, 12, "dataset"),
+                                             BlobFacts("reader", b"\x03" * 32, 5, "model", reading=True)),
+                    gpus=(GpuInfo(index=0, name="NVIDIA GeForce RTX 5090", total_mib=32607, free_mib=30000),),
+                    voice=(VoiceInfo("espeak-ng", "tts", "en", 310.5, True),
+                           VoiceInfo("whisper", "stt", error="Boom:\nno")),
+                    dataplane=True, you=Caller(identity="ab" * 16, roles=("infer", "sync")))
 
 
 def wire(full):
@@ -183,3 +184,15 @@ def test_caps_full_rejects_bad_fields(mutate, reason):
     mutate(raw)
     with pytest.raises(c.CapsError, match=reason):
         CapsFull.from_map(raw)
+
+
+def test_caps_full_is_built_by_keyword_only():
+    """A field added to CapsFull can never shift another one's value by position."""
+    from announce.capsfull import Caller, CapsFull, GpuInfo
+    full = full_reply()
+    with pytest.raises(TypeError):
+        CapsFull(full.caps, full.blobs)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Caller("ab" * 16, ("infer",))  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        GpuInfo(0, "gpu", 1, 1)  # type: ignore[misc]

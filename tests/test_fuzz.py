@@ -36,6 +36,58 @@ def test_decoder_survives_generated_input(name, tmp_path):
     assert stats["uncaught"] == 0 and stats["hangs"] == 0, stats["first"]
 
 
+def test_every_protocol_message_type_is_a_fuzz_target():
+    """A message type added to links/protocol.py's registry is fuzzed with no edit to bench/."""
+    from links import protocol
+    names = set(FUZZ.targets("/nonexistent"))
+    missing = [cls.__name__ for cls in protocol.all_message_types() if f"message:{cls.__name__}" not in names]
+    assert not missing, f"message types not fuzzed: {missing}"
+    assert {"message:TunnelOpen", "message:TunnelData", "message:TunnelClose"} <= names
+
+
+def test_every_end_usage_shape_is_a_fuzz_target():
+    from links.usage import EndUsage
+    kinds = EndUsage.kinds()
+    assert {"inference", "embeddings", "transcript", "speech"} <= set(kinds)
+    names = set(FUZZ.targets("/nonexistent"))
+    assert {f"usage:{kind}" for kind in kinds} <= names
+
+
+def test_every_caps_key_the_decoders_read_is_fuzzed():
+    """The caps strategy holds each key announce/caps.py's decoder reads, "vo" and "qf" included."""
+    read = {path[0] for path in FUZZ._CAPS_READS}
+    assert {"v", "n", "hb", "hw", "m", "qf", "a", "l", "t", "sh", "vo", "more"} <= read
+
+
+def test_a_caps_key_the_sample_lacks_is_still_generated():
+    """A field added to the decoder reaches the fuzzer before anyone adds it to bench/'s sample."""
+    from hypothesis import find, settings
+    sample = {k: v for k, v in FUZZ._SAMPLE_CAPS_MAP.items() if k != "vo"}
+    found = find(FUZZ.shaped(sample, FUZZ._CAPS_READS), lambda m: isinstance(m, dict) and "vo" in m,
+                 settings=settings(max_examples=2000, database=None))
+    assert "vo" in found
+
+
+def test_a_new_message_type_becomes_a_fuzz_target(monkeypatch):
+    import RNS
+
+    from links import protocol
+
+    class Probe(RNS.MessageBase):
+        MSGTYPE = 0x04FF
+
+        def pack(self):
+            return msgpack.packb([1, "x"])
+
+        def unpack(self, raw):
+            raise ValueError("not a ProtocolError: the fuzzer must count it")
+
+    monkeypatch.setitem(protocol.MESSAGE_TYPES, "tunnel", (*protocol.MESSAGE_TYPES["tunnel"], Probe))
+    strategy, function, allowed = FUZZ.targets("/nonexistent")["message:Probe"]
+    stats = FUZZ.fuzz("message:Probe", strategy, function, allowed, 20, seed=0)
+    assert stats["uncaught"] == stats["inputs"] > 0
+
+
 # -- found by fuzzing -------------------------------------------------------------
 def test_deeply_nested_dataset_line_is_a_dataset_error(tmp_path):
     path = tmp_path / "deep.jsonl"

@@ -253,3 +253,45 @@ def test_stream_usage_round_trips_and_distrusts_the_wire():
     assert StreamUsage.from_map(usage.to_map()) == usage
     assert StreamUsage.from_map({"prompt_tokens": True, "tokens_per_s": float("nan"), "tower": "x\n",
                                  "split": ["zz" * 16], "prompt_s": -1.0, "decode_s": "1", "future": 1}) == StreamUsage()
+
+
+def _end_usages():
+    from links.usage import EmbeddingsUsage, StreamUsage
+    from reticulum_grid.voice.request import SpeechEnd, TranscriptEnd
+    inference = StreamUsage(12, 8, 0.05, 40.0, 0.001, "tower-a")
+    return [inference, EmbeddingsUsage(usage=StreamUsage(prompt_tokens=5, tower="tower-a"), dims=576, count=2),
+            TranscriptEnd("en", 0.98, 3.2, 0.4, 8.0, 0.01, 2, "whisper", "tower-a"),
+            SpeechEnd("opus", 22050, 1.5, 0.1, 15.0, 0.0, "en", "espeak", "tower-a")]
+
+
+@pytest.mark.parametrize("end", _end_usages(), ids=lambda end: end.KIND)
+def test_each_end_usage_is_tagged_and_decoded_by_its_tag(end):
+    from links.stream import StreamEnd
+    from links.usage import USAGE_KIND, EndUsage, decode_usage
+    message = StreamEnd(3, "stop", end.to_map())
+    received = StreamEnd()
+    received.unpack(message.pack())  # as it crosses a Link
+    assert received.usage[USAGE_KIND] == end.KIND and EndUsage.kinds()[end.KIND] is type(end)
+    assert decode_usage(received.usage, type(end)) == end
+    for other in _end_usages():
+        if type(other) is not type(end):  # another stream's figures are refused, not misread
+            with pytest.raises(WireError) as e:
+                decode_usage(received.usage, type(other))
+            assert e.value.code == "internal" and repr(end.KIND) in e.value.message
+
+
+@pytest.mark.parametrize("end", _end_usages(), ids=lambda end: end.KIND)
+def test_an_untagged_end_usage_from_an_older_tower_still_decodes(end):
+    from links.usage import USAGE_KIND, decode_usage
+    old = {k: v for k, v in end.to_map().items() if k != USAGE_KIND}  # what towers sent before the tag
+    assert decode_usage(old, type(end)) == end
+    future = {**end.to_map(), USAGE_KIND: "hologram"}  # a shape a newer tower may add
+    assert decode_usage(future, type(end)) == end
+
+
+def test_an_end_usage_that_is_not_a_map_reads_as_unknown_figures():
+    from links.usage import EmbeddingsUsage, StreamUsage, decode_usage
+    from reticulum_grid.voice.request import TranscriptEnd
+    assert decode_usage(["x"], StreamUsage) == StreamUsage()
+    assert decode_usage(None, EmbeddingsUsage) == EmbeddingsUsage()
+    assert decode_usage(7, TranscriptEnd).tower == ""

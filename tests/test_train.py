@@ -173,6 +173,21 @@ def test_validation_errors(hub, tower, change, words):
     assert words in e.value.message, e.value
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"rank": 0}, "field 'rank'"),
+    ({"use_dora": True}, "DoRA"),
+    ({"colour": "red"}, "unknown field(s): colour"),
+    ({"dataset": ""}, "missing field 'dataset'"),
+    ({"target_modules": ["q_porj"], "dataset": "no-such-dataset"}, "no-such-dataset"),
+])
+def test_the_tower_checks_a_request_that_skipped_the_client(hub, tower, change, words):
+    """A peer that sends its own map (not a TrainRequest) meets the same checks on the tower."""
+    conn = hub.grid.connection(hub.wait_tower(tower.name))
+    with pytest.raises(WireError) as e:
+        conn.request("genome/train", {**JOB, **change})
+    assert words in e.value.message, e.value
+
+
 def test_dataset_that_does_not_parse(hub, tower, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"messages": "not a list"}\n')

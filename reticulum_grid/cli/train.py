@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 
 from links.wire import WireError
+from reticulum_grid.training.request import TrainRequest
 
 from reticulum_grid.cli.common import (client_options, err, fail, json_line, main, open_grid, out, styled, visible,
                                        with_progress)
@@ -45,9 +46,13 @@ def train(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
           output_alias: str, tower: str, towers: str | None, target_modules: str, detach: bool, as_json: bool,
           **options: Any) -> None:
     """Start LoRA fine-tuning on a tower; it keeps running if you leave."""
-    request = {"base": base, "dataset": "", "output_alias": output_alias,
-               "target_modules": [t.strip() for t in target_modules.split(",") if t.strip()],
-               **{k: v for k, v in options.items() if v is not None}}
+    try:
+        request = TrainRequest.from_map({
+            "base": base, "output_alias": output_alias,
+            "target_modules": [t.strip() for t in target_modules.split(",") if t.strip()],
+            **{k: v for k, v in options.items() if v is not None}})
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
     grid = open_grid(ctx, connect, rns_config)
     entry, job_id = with_progress(as_json, "sending", lambda progress: grid.train(request, data_path, tower, progress,
                                                                                        towers=towers))

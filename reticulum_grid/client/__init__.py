@@ -1,6 +1,7 @@
 """The Grid client: discovery, routing, failover, inference streams, pull/push, jobs.
 
-Uses `split` (plans, estimates), `voice` (codecs, its requests), `store`, `node`, `announce` and `links`.
+Uses `split` (plans, estimates), `training` (its request), `voice` (codecs, its requests), `store`, `node`,
+`announce` and `links`.
 """
 
 from reticulum_grid.client.grid import Grid

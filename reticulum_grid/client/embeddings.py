@@ -17,7 +17,7 @@ import RNS
 from announce.table import TowerEntry
 
 from links.stream import MAX_STREAM_ID, TokenEvent
-from links.usage import StreamUsage
+from links.usage import EmbeddingsUsage, decode_usage
 from links.wire import Code, WireError
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.client.parts import GridParts
@@ -86,15 +86,14 @@ def _ask(grid: GridParts, entry: TowerEntry, model: str, texts: list[str]) -> Em
             if isinstance(event, TokenEvent):
                 data += event.data
                 continue
-            usage = event.usage
-            dims, count = usage.get("dims"), usage.get("count")
-            if not isinstance(dims, int) or not isinstance(count, int) or dims * count * 4 != len(data):
+            end = decode_usage(event.usage, EmbeddingsUsage)
+            dims, count = end.dims, end.count
+            if count != len(texts) or dims * count * 4 != len(data) or not dims:
                 raise WireError(Code.INTERNAL, f"tower {entry.name} sent {len(data)} bytes of vectors, "
-                                               f"not {count} x {dims} float32")
+                                               f"not {len(texts)} x {dims} float32")
             flat = struct.unpack(f"<{dims * count}f", bytes(data))
             vectors = [list(flat[i * dims:(i + 1) * dims]) for i in range(count)]
-            reported = StreamUsage.from_map(usage)
-            return Embeddings(vectors, reported.prompt_tokens, entry.name, reported.queued_s)
+            return Embeddings(vectors, end.usage.prompt_tokens, entry.name, end.usage.queued_s)
     finally:
         conn.close_stream(stream_id)
     raise WireError(Code.INTERNAL, f"tower {entry.name} ended the embeddings stream without its end")

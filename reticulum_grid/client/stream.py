@@ -33,7 +33,7 @@ from typing import Any, cast
 from announce.caps import ModelCap
 from announce.table import TowerEntry
 from links.stream import MAX_STREAM_ID, EndEvent, StreamReceiver, TextDecoder, TokenEvent, decoded
-from links.usage import StreamUsage
+from links.usage import StreamUsage, decode_usage
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.client.busy import BusyWait
 from reticulum_grid.client.parts import GridParts
@@ -355,7 +355,7 @@ class InferenceStream:
     def _usage(self, entry: TowerEntry, end: EndEvent, before: tuple[int, int]) -> Usage:
         """The stream's Usage from its EndEvent, counting the tokens of the
         towers ``before`` this one ((ids, generated) so far)."""
-        reported, (ids_before, generated_before) = StreamUsage.from_map(end.usage), before
+        reported, (ids_before, generated_before) = decode_usage(end.usage, StreamUsage), before
         return Usage.of(reported, prompt_tokens=reported.prompt_tokens - ids_before,
                         completion_tokens=reported.completion_tokens + generated_before,
                         ttft_s=(self._first_at or time.perf_counter()) - self.started, tower=entry.name,

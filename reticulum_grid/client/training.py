@@ -5,12 +5,14 @@ A mixin of ``Grid`` (client/grid.py): it uses the Grid's table, store and Links.
 
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
 from reticulum_grid.store.sync import Progress
+from reticulum_grid.training.request import TrainRequest
 
 if TYPE_CHECKING:
     from reticulum_grid.client.parts import GridParts
@@ -65,32 +67,34 @@ class JobCommands(_Parts):
         return min(entries, key=lambda e: (e.caps.load.jobs > 0, base is not None and e.caps.model(base) is None,
                                            -e.caps.hardware.memory_free_mib))
 
-    def train(self, request: dict[str, Any], data_path: str | os.PathLike[str] | None = None,
+    def train(self, request: TrainRequest | Mapping[str, Any], data_path: str | os.PathLike[str] | None = None,
               tower: str | None = None, progress: Progress | None = None,
               towers: str | Sequence[str] | None = None) -> tuple[TowerEntry, str]:
-        """Submit a ``genome/train`` job (see training/request.py). ``data_path``: a
-        local JSONL file, sent to the tower(s) first. ``towers``: train on several
-        towers at once, data-parallel: a list of names or hashes (the first
-        coordinates) or ``"auto:N"``; the base model and dataset are synced to
-        each first. Returns (coordinating tower entry, job id). Raises WireError."""
-        entries = train_towers(self, towers, request.get("base")) if towers else [
-            self.train_tower(tower, request.get("base"))]
+        """Submit a ``genome/train`` job: ``request`` a TrainRequest or its map
+        (training/request.py; a map is checked here, before anything is sent).
+        ``data_path``: a local JSONL file, sent to the tower(s) first. ``towers``:
+        train on several towers at once, data-parallel: a list of names or
+        hashes (the first coordinates) or ``"auto:N"``; the base model and
+        dataset are synced to each first. Returns (coordinating tower entry, job
+        id). Raises WireError."""
+        asked = request if isinstance(request, TrainRequest) else TrainRequest.from_map(request)
+        entries = train_towers(self, towers, asked.base) if towers else [self.train_tower(tower, asked.base)]
         for i, entry in enumerate(entries):
-            if entry.caps.model(request["base"]) is None:
-                entries[i] = self.sync_to(entry, request["base"], "model", progress)
+            if entry.caps.model(asked.base) is None:
+                entries[i] = self.sync_to(entry, asked.base, "model", progress)
         if data_path is not None:
             info = self.store.add_file(data_path, kind="dataset")
             for entry in entries:
                 self.push(info.hex, entry, progress=progress)
-            request = {**request, "dataset": info.hex}
+            asked = replace(asked, dataset=info.hex)
             if not info.aliases:  # the tower holds it now: nothing here refers to it
                 self.store.remove(info.hex)
         if len(entries) > 1:
-            request = {**request, "towers": [e.destination_hash.hex() for e in entries[1:]]}
+            asked = replace(asked, towers=tuple(e.destination_hash.hex() for e in entries[1:]))
         # A fresh submit_id makes this request distinct, so the tower answers a copy
         # resent after a lost reply with the same job instead of a second one.
-        request = {**request, "submit_id": secrets.randbelow(1 << 63)}
-        return entries[0], self.connection(entries[0]).request("genome/train", request)["job_id"]
+        asked = replace(asked, submit_id=secrets.randbelow(1 << 63))
+        return entries[0], self.connection(entries[0]).request("genome/train", asked.to_map())["job_id"]
 
     def job_tower(self, job_id: str, tower: str | None = None) -> TowerEntry:
         """The tower that runs ``job_id`` (asking every live tower when none is named)."""

@@ -32,6 +32,7 @@ from announce.table import TowerEntry
 
 from links.channel import ChannelRouter
 from links.stream import MAX_STREAM_ID, TokenEvent
+from links.usage import decode_usage
 from links.wire import Code, WireError
 from reticulum_grid.client import router
 from reticulum_grid.client.parts import GridParts
@@ -214,7 +215,7 @@ class TranscriptStream:
         try:
             for item in _stream(self.grid, entry, "audio/transcribe", payload):
                 if isinstance(item, dict):
-                    self.end = TranscriptEnd.from_map(item)
+                    self.end = decode_usage(item, TranscriptEnd)
                     return
                 for segment in reader.feed(item):
                     self.segments.append(segment)
@@ -291,7 +292,7 @@ def speak(grid: GridParts, text: str, model: str | None = None, voice: str | Non
                 raise
             attempts.failed(grid, choice.entry, e, busy=e.code == Code.BUSY)
             continue
-        end = SpeechEnd.from_map(usage)
+        end = decode_usage(usage, SpeechEnd)
         rate = end.sample_rate or RATE
         if wire_format == "opus":
             data = received if fmt == "opus" else audio.convert(audio.pcm16(audio.decode(bytes(received), rate)),

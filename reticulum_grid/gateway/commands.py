@@ -42,6 +42,7 @@ from links import commands
 from links.wire import Code, WireError, json_safe
 from reticulum_grid.gateway.errors import bad_request
 from reticulum_grid.gateway.inference import embeddings_work, inference_work
+from reticulum_grid.training.request import TrainRequest
 
 #: genome/train params that are not part of the tower's job request.
 TRAIN_LOCAL = ("data", "examples", "tower", "watch")
@@ -161,12 +162,10 @@ def _follow(events, call):
 
 
 def _train(grid, params, call):
-    request = {k: v for k, v in params.items() if k not in TRAIN_LOCAL}
+    asked = TrainRequest.from_map({k: v for k, v in params.items() if k not in TRAIN_LOCAL})
     data_path = _data_file(grid, params)
-    if data_path:
-        request.setdefault("dataset", "")
     progress = lambda done, total: call.emit({"type": "transfer", "done_bytes": done, "total_bytes": total})
-    entry, job_id = grid.train(request, data_path, params.get("tower"), progress)
+    entry, job_id = grid.train(asked, data_path, params.get("tower"), progress)
     call.emit({"type": "job", "job_id": job_id, "tower": entry.name})
     if params.get("watch", True) and not call.stopped.is_set():
         _follow(grid.watch(job_id, entry.name), call)

@@ -264,12 +264,13 @@ class Tower:
         voice = cast(TowerVoice, self.voice)  # a command: start() made every part
         caps = self.caps()
         you = None if session.identity is None else Caller(
-            session.identity.hash.hex(), tuple(sorted(self.allow.roles_of(session.identity.hash))))
-        return CapsFull(caps, self._blob_facts(you is not None and bool(you.roles)),
-                        () if caps.hardware.backend == "cpu" else  # each GPU; caps carry their sum
-                        tuple(GpuInfo(g.index, g.name, g.total_mib, g.free_mib) for g in self.hardware.gpus),
-                        voice.details(),  # every configured voice engine, ready or not (and why)
-                        bool(self.config.dataplane), you).to_map()  # offered for training (not the address)
+            identity=session.identity.hash.hex(), roles=tuple(sorted(self.allow.roles_of(session.identity.hash))))
+        gpus = () if caps.hardware.backend == "cpu" else tuple(  # each GPU; caps carry their sum
+            GpuInfo(index=g.index, name=g.name, total_mib=g.total_mib, free_mib=g.free_mib) for g in self.hardware.gpus)
+        return CapsFull(caps=caps, blobs=self._blob_facts(you is not None and bool(you.roles)), gpus=gpus,
+                        voice=voice.details(),  # every configured voice engine, ready or not (and why)
+                        dataplane=bool(self.config.dataplane),  # offered for training (not the address)
+                        you=you).to_map()
 
     def _blob_facts(self, known: bool) -> tuple[BlobFacts, ...]:
         """caps/full's rows: models and adapters for anyone (they are in the

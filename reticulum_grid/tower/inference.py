@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from links.commands import Command, bind
 from links.wire import Code, WireError
-from links.usage import StreamUsage
+from links.usage import EmbeddingsUsage, StreamUsage
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.generation import Generation, Piece
 from reticulum_grid.inference.runner import Runner
@@ -84,7 +84,8 @@ class TowerInference:
 
     def _embeddings_usage(self, result: Generation, queued_s: float) -> dict[str, Any]:
         """The usage map of an embeddings stream: its usage, and the vectors' ``dims`` and ``count``."""
-        return {**self.usage(result, queued_s).to_map(), **result.extra}
+        return EmbeddingsUsage(usage=self.usage(result, queued_s), dims=result.extra.get("dims", 0),
+                               count=result.extra.get("count", 0)).to_map()
 
     def adapter_path(self, name: str | None) -> str | None:
         """The path of the GGUF LoRA adapter ``name`` (None for none). Raises WireError(unknown_adapter)."""

@@ -32,6 +32,7 @@ from reticulum_grid.training import request as train_request, trainer
 from reticulum_grid.inference.registry import ModelSlot
 from reticulum_grid.store.blobstore import BlobInfo
 from reticulum_grid.training.jobs import Event, Job, JobManager, Spec
+from reticulum_grid.training.request import TrainRequest
 from reticulum_grid.training.notify import Notifier, delivery_hash
 from reticulum_grid.tower.dp import TowerDP
 
@@ -134,21 +135,21 @@ class TowerJobs:
         if missing:
             raise WireError(Code.UNSUPPORTED, f"this tower cannot train ({', '.join(missing)} missing); "
                                               "install it with: pip install 'reticulum-grid[train]'")
-        if not isinstance(request.get("base"), str) or not isinstance(request.get("dataset"), str):
-            raise WireError(Code.BAD_REQUEST, "genome/train needs 'base' and 'dataset' strings")
-        slot = self.tower.registry.find(request["base"])
-        dataset = self.tower.store.info(self.tower.store.resolve(request["dataset"]))
+        asked = TrainRequest.from_map(request)
+        if not asked.dataset:
+            raise WireError(Code.BAD_REQUEST, "missing field 'dataset'")
+        slot = self.tower.registry.find(asked.base)
+        dataset = self.tower.store.info(self.tower.store.resolve(asked.dataset))
         if dataset is None:
-            raise WireError(Code.UNKNOWN_BLOB, f"dataset {request['dataset']!r} is not complete on this tower")
-        # A complete blob has a path.
-        spec = train_request.parse(request, self._base_modules(slot), dataset.path)  # type: ignore[arg-type]
+            raise WireError(Code.UNKNOWN_BLOB, f"dataset {asked.dataset!r} is not complete on this tower")
+        asked.check_on(self._base_modules(slot), dataset.path)  # type: ignore[arg-type]  # a complete blob has a path
         # The outputs are published under these aliases: refuse a clash now, not after training.
-        self.tower.remote_alias(spec["output_alias"], "adapter")
-        self.tower.remote_alias(spec["output_alias"] + train_request.PEFT_SUFFIX, "peft")
+        self.tower.remote_alias(asked.output_alias, "adapter")
+        self.tower.remote_alias(asked.output_alias + train_request.PEFT_SUFFIX, "peft")
         identity = session.identity
-        notify = spec.pop("notify") or delivery_hash(identity)
-        spec.update(base_path=slot.path, dataset_path=str(dataset.path))
-        self._several_towers(spec, identity, slot, dataset)
+        notify = asked.notify or delivery_hash(identity)
+        spec = asked.job_spec(base_path=slot.path, dataset_path=str(dataset.path),
+                              **self._several_towers(asked, identity, slot, dataset))
         waiting = [j for j in self.manager.list(identity.hash.hex()) if j["state"] == "queued"]
         if len(waiting) >= MAX_QUEUED_PER_OWNER:
             raise WireError(Code.BUSY, f"you have {len(waiting)} jobs queued on this tower already",
@@ -156,18 +157,20 @@ class TowerJobs:
         job_id = self.manager.submit(spec, identity.hash.hex(), identity.get_public_key(), notify.hex())
         return {"job_id": job_id}
 
-    def _several_towers(self, spec: Spec, identity: Any, slot: ModelSlot, dataset: BlobInfo) -> None:
-        """A one-tower job's spec stays as it was; one with ``towers`` gets what
-        the participants need (owner, blob ids). Raises WireError."""
+    def _several_towers(self, asked: TrainRequest, identity: Any, slot: ModelSlot,
+                        dataset: BlobInfo) -> dict[str, Any]:
+        """What a job with ``towers`` (other than this one) adds to its spec: the
+        towers and what the participants need (owner, blob ids); nothing for a
+        one-tower job. Raises WireError."""
         own = self.tower.destination.hash.hex()
-        spec["towers"] = [t for t in spec["towers"] if t != own]
-        if not spec["towers"]:
-            del spec["towers"]
-            return
+        towers = [t for t in asked.towers if t != own]
+        if not towers:
+            return {}
         if not self.tower.config.dataplane:
             raise WireError(Code.UNSUPPORTED, f"{self.tower.config.name} has no [network] dataplane address: "
                                               "it cannot coordinate a multi-tower job")
-        spec.update(owner=identity.hash.hex(), base_blob=slot.blob_id.hex(), dataset_blob=dataset.hex)
+        return {"towers": towers, "owner": identity.hash.hex(), "base_blob": slot.blob_id.hex(),
+                "dataset_blob": dataset.hex}
 
     def _base_modules(self, slot: ModelSlot) -> set[str]:
         if slot.blob_id not in self._modules:

@@ -79,7 +79,8 @@ class Job(TypedDict):
     history: list[str]
 
 
-#: A job's spec (training/request.py's parse, plus what the tower adds: base_path, dataset_path, owner, ...).
+#: A job's spec (training/request.py's TrainRequest.job_spec: the request's training fields and what the tower
+#: adds, base_path, dataset_path, owner, ...; JSON, kept with the job).
 Spec = dict[str, Any]
 #: A progress event for watchers (links/jobevents.py): {"type": "state" | "progress" | "note" | "end", ...}.
 Event = dict[str, Any]
@@ -278,7 +279,7 @@ class JobManager:
                 del self._procs[job_id]
             else:
                 if "units" not in spec:  # fixed for the job's life: a resumed job repeats the same arithmetic
-                    spec["units"] = dp["units"]
+                    spec = {**spec, "units": dp["units"]}
                     self._update(job_id, spec=json.dumps(spec))
                 proc = self._procs[job_id] = self._spawn(job_id, {**spec, "dp": dp},
                                                          "reticulum_grid.training.distributed")

@@ -1,6 +1,7 @@
-"""The ``genome/train`` request: schema and validation before anything runs.
+"""The ``genome/train`` request: one frozen ``TrainRequest`` from the CLI and the
+gateway through the client to the tower, checked when it is made.
 
-Request map (msgpack)::
+Request map (msgpack; ``TrainRequest.to_map`` / ``from_map``)::
 
     {"base": model alias or blob id, "dataset": dataset alias or blob id (on the tower),
      "output_alias": str, "rank": int = 8, "alpha": float = 16, "dropout": float = 0,
@@ -17,14 +18,17 @@ Request map (msgpack)::
 With ``towers`` the global batch is still ``batch_size`` examples (the ranks
 share it), so ``batch_size`` must be at least the number of towers.
 
-Unlike peft, which skips misspelled target modules as long as one matches, every
-target must name a linear layer the base model has. The dataset must parse.
-Reply: ``{"job_id": str}`` at once.
+What only the tower can check waits for it (``TrainRequest.check_on``): unlike
+peft, which skips misspelled target modules as long as one matches, every
+target must name a linear layer the base model has, and the dataset must parse.
+The tower's job spec (``job_spec``) is a new map built from the request, never
+the request changed. Reply: ``{"job_id": str}`` at once.
 """
 
 import os
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.store.names import check_alias
@@ -36,15 +40,16 @@ PEFT_SUFFIX = ".peft"
 QUICK_CHECK_BYTES = 16 << 20
 #: Most towers (ranks) one job may use.
 MAX_TOWERS = 16
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 SCHEMA = {
     "base": Field(str, required=True, check=max_len(128)),
-    "dataset": Field(str, required=True, check=max_len(128)),
+    "dataset": Field(str, default="", check=lambda v: None if len(v) <= 128 else f"length {len(v)} over 128"),
     "output_alias": Field(str, required=True),
     "rank": Field(int, default=8, check=in_range(1, 1024)),
     "alpha": Field(float, default=16.0, check=in_range(1e-3, 1e5)),
     "dropout": Field(float, default=0.0, check=in_range(0.0, 0.9)),
-    "target_modules": Field(list, default=["q_proj", "k_proj", "v_proj", "o_proj"], check=max_len(64)),
+    "target_modules": Field((list, tuple), default=DEFAULT_TARGETS, check=max_len(64)),
     "learning_rate": Field(float, default=2e-4, check=in_range(1e-8, 1.0)),
     "epochs": Field(int, check=in_range(1, 10_000)),
     "max_steps": Field(int, check=in_range(1, 10_000_000)),
@@ -55,40 +60,101 @@ SCHEMA = {
     "notify": Field((bytes, str)),
     "modules_to_save": Field(list, default=[]),
     "use_dora": Field(bool, default=False),
-    "towers": Field(list, default=[], check=max_len(MAX_TOWERS - 1)),
+    "towers": Field((list, tuple), default=(), check=lambda v: None if len(v) < MAX_TOWERS else
+                    f"{len(v)} towers, at most {MAX_TOWERS - 1} beside the coordinator"),
     "submit_id": Field(int, check=in_range(0, (1 << 63) - 1)),
 }
 
 
-def parse(request: dict[str, Any], base_modules: Collection[str],
-          dataset_path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Validated spec (a dict) from an unpacked request. ``base_modules``: the
-    linear modules the base model has; ``dataset_path``: the dataset file.
-    Raises WireError(bad_request)."""
-    r = validate(request, SCHEMA)
-    check_alias(r["output_alias"])
-    check_alias(r["output_alias"] + PEFT_SUFFIX)  # the PEFT copy is published as "<alias>.peft"
-    if r["modules_to_save"]:
-        raise WireError(Code.BAD_REQUEST, "modules_to_save cannot be carried by a GGUF LoRA; "
-                                          "train LoRA on linear layers only")
-    if r["use_dora"]:
-        raise WireError(Code.BAD_REQUEST, "DoRA adapters cannot be converted to a GGUF LoRA")
-    if r["epochs"] and r["max_steps"]:
-        raise WireError(Code.BAD_REQUEST, "give epochs or max_steps, not both")
-    _check_targets(r["target_modules"], base_modules)
-    try:
-        read_examples(dataset_path, max_bytes=QUICK_CHECK_BYTES)
-    except DatasetError as e:
-        raise WireError(Code.BAD_REQUEST, f"dataset: {e}") from None
-    r["notify"] = _notify(r["notify"])
-    r["towers"] = _towers(r["towers"], r["batch_size"])
-    del r["submit_id"]  # it only tells requests apart; the job does not need it
-    if not r["epochs"] and not r["max_steps"]:
-        r["epochs"] = 1
-    return r
+@dataclass(frozen=True, kw_only=True)
+class TrainRequest:
+    """A LoRA training request (the module doc gives each field). Checked
+    when made, never changed: derive another with ``dataclasses.replace``,
+    which checks it again. ``dataset`` is "" until the client has sent a local
+    file (the tower refuses a request without one). ``epochs`` and
+    ``max_steps`` both None: one epoch. Raises WireError(bad_request)."""
+    base: str
+    output_alias: str
+    dataset: str = ""
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    learning_rate: float = 2e-4
+    epochs: int | None = None
+    max_steps: int | None = None
+    seq_len: int = 512
+    batch_size: int = 4
+    seed: int = 0
+    checkpoint_every: int = 50
+    notify: bytes | None = None
+    towers: tuple[str, ...] = ()
+    submit_id: int | None = None
+
+    def __post_init__(self) -> None:
+        validate(self.to_map(), SCHEMA)
+        check_alias(self.output_alias)
+        check_alias(self.output_alias + PEFT_SUFFIX)  # the PEFT copy is published as "<alias>.peft"
+        if self.epochs and self.max_steps:
+            raise WireError(Code.BAD_REQUEST, "give epochs or max_steps, not both")
+        _check_target_names(self.target_modules)
+        if _notify(self.notify) != self.notify:
+            raise WireError(Code.BAD_REQUEST, "notify must be an LXMF address of 16 bytes")
+        if _towers(self.towers, self.batch_size) != list(self.towers):
+            raise WireError(Code.BAD_REQUEST, "towers must be distinct lower-case hashes (32 hex characters)")
+
+    @classmethod
+    def from_map(cls, raw: Mapping[Any, Any]) -> Self:
+        """A request from its wire map (or the CLI's and the gateway's options):
+        unknown keys, wrong types and values out of range are refused, hex
+        ``notify`` and upper-case ``towers`` are read as the request means them.
+        Raises WireError(bad_request)."""
+        if not isinstance(raw, Mapping):
+            raise WireError(Code.BAD_REQUEST, f"a train request is a map, not {type(raw).__name__}")
+        r = validate(raw, SCHEMA)
+        if r["modules_to_save"]:
+            raise WireError(Code.BAD_REQUEST, "modules_to_save cannot be carried by a GGUF LoRA; "
+                                              "train LoRA on linear layers only")
+        if r["use_dora"]:
+            raise WireError(Code.BAD_REQUEST, "DoRA adapters cannot be converted to a GGUF LoRA")
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in r.items() if k in known}, "target_modules": tuple(r["target_modules"]),
+                      "notify": _notify(r["notify"]), "towers": tuple(_towers(r["towers"], r["batch_size"]))})
+
+    def to_map(self) -> dict[str, Any]:
+        """The wire map (None, "" and no towers left out)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value != "" and value != ():
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def check_on(self, base_modules: Collection[str], dataset_path: str | os.PathLike[str]) -> None:
+        """What only the tower can check: ``base_modules`` (the linear modules its
+        base model has) hold every target, and ``dataset_path`` (the dataset
+        file) parses. Raises WireError(bad_request)."""
+        for t in self.target_modules:
+            if t not in base_modules:
+                raise WireError(Code.BAD_REQUEST, f"unknown target module {t!r}; this base model has: "
+                                                  f"{', '.join(sorted(base_modules))}")
+        try:
+            read_examples(dataset_path, max_bytes=QUICK_CHECK_BYTES)
+        except DatasetError as e:
+            raise WireError(Code.BAD_REQUEST, f"dataset: {e}") from None
+
+    def job_spec(self, **tower: Any) -> dict[str, Any]:
+        """The job spec as training/trainer.py reads it (JSON, kept with the
+        job): the training fields, one epoch when no length was given, and
+        what the ``tower`` adds (base_path, dataset_path, towers, owner, ...).
+        ``notify``, ``towers`` and ``submit_id`` stay with the request."""
+        spec = {k: v for k, v in self.to_map().items() if k not in ("notify", "towers", "submit_id")}
+        spec.setdefault("max_steps", None)
+        spec.setdefault("epochs", None if self.max_steps else 1)
+        return {**spec, **tower}
 
 
-def _check_targets(targets: list[Any], base_modules: Collection[str]) -> None:
+def _check_target_names(targets: tuple[Any, ...]) -> None:
     if not targets:
         raise WireError(Code.BAD_REQUEST, "target_modules is empty")
     for t in targets:
@@ -97,9 +163,6 @@ def _check_targets(targets: list[Any], base_modules: Collection[str]) -> None:
         if t in ("embed_tokens", "lm_head"):
             raise WireError(Code.BAD_REQUEST, f"target {t!r}: a GGUF LoRA carries only linear layers "
                                               f"({', '.join(LINEAR_TARGETS)})")
-        if t not in base_modules:
-            raise WireError(Code.BAD_REQUEST, f"unknown target module {t!r}; this base model has: "
-                                              f"{', '.join(sorted(base_modules))}")
 
 
 def _notify(value: bytes | str | None) -> bytes | None:
@@ -115,7 +178,7 @@ def _notify(value: bytes | str | None) -> bytes | None:
     raise WireError(Code.BAD_REQUEST, "notify must be an LXMF address (16 bytes or 32 hex characters)")
 
 
-def _towers(value: list[Any], batch_size: int) -> list[str]:
+def _towers(value: list[Any] | tuple[Any, ...], batch_size: int) -> list[str]:
     towers: list[str] = []
     for t in value:
         if not isinstance(t, str) or len(t) != 32:

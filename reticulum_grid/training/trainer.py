@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: the tower never loads them
 
     from reticulum_grid.training.datasets import Example
 
-#: A job's spec (jobs.py's Spec; training/request.py names its keys).
+#: A job's spec (jobs.py's Spec; training/request.py's TrainRequest.job_spec names its keys).
 Spec = dict[str, Any]
 
 SPEC = "spec.json"

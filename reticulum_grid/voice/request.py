@@ -26,11 +26,12 @@ spoken, whose end usage is a SpeechEnd.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import msgpack
 
 from links.stream import MAX_STREAM_ID
+from links.usage import USAGE_KIND, EndUsage
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.voice.audio import MAX_AUDIO_S, STREAM_FORMATS
 from reticulum_grid.voice.tts import MAX_CHARS, WPM_RANGE
@@ -160,11 +161,12 @@ def _text(usage: dict[str, Any], key: str, limit: int = 64) -> str:
 
 
 @dataclass
-class TranscriptEnd:
+class TranscriptEnd(EndUsage):
     """A transcript stream's end figures: ``language`` (ISO 639-1) and its
     probability, ``audio_s`` (seconds of audio), ``work_s`` (the tower's
     seconds of work), ``realtime`` (audio_s / work_s), ``queued_s``,
-    ``segments`` (count), ``model`` and ``tower``."""
+    ``segments`` (count), ``model`` and ``tower``. Tagged ``"transcript"`` (links/usage.py)."""
+    KIND: ClassVar[str] = "transcript"
     language: str
     language_probability: float
     audio_s: float
@@ -176,21 +178,23 @@ class TranscriptEnd:
     tower: str
 
     def to_map(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {USAGE_KIND: self.KIND, **self.__dict__}
 
     @classmethod
-    def from_map(cls, usage: dict[str, Any]) -> Self:
+    def from_map(cls, raw: object) -> Self:
         """Read from a StreamEnd's usage map, trusting no field."""
+        usage = raw if isinstance(raw, dict) else {}
         return cls(_text(usage, "language", 16), _num(usage, "language_probability"), _num(usage, "audio_s"),
                    _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
                    _num(usage, "segments", int), _text(usage, "model", 32), _text(usage, "tower", 32))
 
 
 @dataclass
-class SpeechEnd:
+class SpeechEnd(EndUsage):
     """A speech stream's end figures: ``format`` ("pcm" or "opus"),
     ``sample_rate`` (Hz of the PCM), ``audio_s`` (seconds spoken), ``work_s``,
-    ``realtime`` (audio_s / work_s), ``queued_s``, ``voice``, ``model``, ``tower``."""
+    ``realtime`` (audio_s / work_s), ``queued_s``, ``voice``, ``model``, ``tower``. Tagged ``"speech"``."""
+    KIND: ClassVar[str] = "speech"
     format: str
     sample_rate: int
     audio_s: float
@@ -202,10 +206,12 @@ class SpeechEnd:
     tower: str
 
     def to_map(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {USAGE_KIND: self.KIND, **self.__dict__}
 
     @classmethod
-    def from_map(cls, usage: dict[str, Any]) -> Self:
+    def from_map(cls, raw: object) -> Self:
+        """Read from a StreamEnd's usage map, trusting no field."""
+        usage = raw if isinstance(raw, dict) else {}
         return cls(_text(usage, "format", 8), _num(usage, "sample_rate", int), _num(usage, "audio_s"),
                    _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
                    _text(usage, "voice", 32), _text(usage, "model", 32), _text(usage, "tower", 32))
