@@ -64,7 +64,7 @@ HANG_S = 2.0
 #: Inputs drawn per hypothesis example, and for targets whose inputs are too
 #: big to draw ten at once (hypothesis would discard most examples as overruns).
 BATCH = 10
-BATCHES = {"train_request": 1}
+BATCHES = {"train_request": 1, "caps_full": 1, "tower_models": 1}
 
 # -- strategies ------------------------------------------------------------
 _ints = st.integers(-(1 << 63), (1 << 64) - 1)
