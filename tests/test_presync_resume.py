@@ -7,8 +7,6 @@ only through the lab's shaping relay (a few MB/s), so the pull lasts long
 enough to kill presync-dst half-way."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -16,8 +14,7 @@ from links.wire import WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.connection import wait_until
-from reticulum_grid.node.localgrid import free_port, wait_port
-from tests.leftovers import end
+from tests.lab.shaper import tcp_relay
 
 MODEL = "presync-model"
 RATE_BPS = 40_000_000  # 5 MB/s from src to dst: ~19 s for the bundled model
@@ -30,22 +27,16 @@ TRANSFER = re.compile(r"transfer \d+: [0-9a-f]+ complete, (\d+) chunk\(s\), (\d+
 def towers(hub):
     source = hub.start_tower("presync-src", models={MODEL: default_model_path()},
                              allow={hub.tower_identity("presync-dst"): ["sync"]})
-    port = free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "tests.lab.shaper", "--mode", "tcp", "--listen",
-                              f"127.0.0.1:{port}", "--target", source.address, "--rate", str(RATE_BPS),
-                              "--mtu", "16384"])
     target = None
     try:
-        assert wait_port(port, 15), "the shaping relay did not listen"
-        # dst reaches src only through the relay; the hub (not a transport node) joins neither.
-        target = hub.start_tower("presync-dst", models={}, roles=("infer", "sync"),
-                                 connect=[hub.address, f"127.0.0.1:{port}"])
-        hub.wait_tower(source.name)
-        hub.wait_tower(target.name)
-        yield target, source
+        with tcp_relay(source.address, RATE_BPS) as relay:
+            # dst reaches src only through the relay; the hub (not a transport node) joins neither.
+            target = hub.start_tower("presync-dst", models={}, roles=("infer", "sync"), connect=[hub.address, relay])
+            hub.wait_tower(source.name)
+            hub.wait_tower(target.name)
+            yield target, source
     finally:
         hub.stop_towers([t for t in (target, source) if t])
-        end(relay)
 
 
 def test_a_cut_pre_sync_resumes_and_the_request_then_runs(hub, towers, reference):

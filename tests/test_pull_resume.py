@@ -5,15 +5,12 @@ Tower A pulls from tower B over a link shaped to a few MB/s (the lab's
 shaping relay), so the transfer lasts long enough to kill A half-way."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.node.connection import wait_until
-from reticulum_grid.node.localgrid import free_port, wait_port
-from tests.leftovers import end
+from tests.lab.shaper import tcp_relay
 
 SIZE = 24 << 20
 RATE_BPS = 40_000_000  # 5 MB/s from B to A: ~5 s for the whole blob
@@ -30,23 +27,16 @@ def blob(tmp_path_factory):
 def towers(hub, blob):
     source = hub.start_tower("resume-b", models={}, blobs=[(blob, "big", "dataset", False)],
                              allow={hub.tower_identity("resume-a"): ["sync"]})
-    port = free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "tests.lab.shaper", "--mode", "tcp", "--listen",
-                              f"127.0.0.1:{port}", "--target", source.address, "--rate", str(RATE_BPS),
-                              "--mtu", "16384"])
     puller = None
     try:
-        assert wait_port(port, 15), "the shaping relay did not listen"
-        # A reaches B only through the relay; the hub (not a transport node) joins neither.
-        puller = hub.start_tower("resume-a", models={}, roles=("sync",), connect=[hub.address, f"127.0.0.1:{port}"])
-        hub.wait_tower(source.name)
-        hub.wait_tower(puller.name)
-        yield puller, source
+        with tcp_relay(source.address, RATE_BPS) as relay:
+            # A reaches B only through the relay; the hub (not a transport node) joins neither.
+            puller = hub.start_tower("resume-a", models={}, roles=("sync",), connect=[hub.address, relay])
+            hub.wait_tower(source.name)
+            hub.wait_tower(puller.name)
+            yield puller, source
     finally:
-        for tower in (puller, source):
-            if tower:
-                tower.stop()
-        end(relay)
+        hub.stop_towers([t for t in (puller, source) if t])
 
 
 def test_a_killed_pull_resumes_from_the_have_map(hub, towers, blob):

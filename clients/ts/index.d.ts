@@ -237,15 +237,8 @@ export declare class GridError extends Error {
   readonly param: string | null;
 }
 
-/**
- * One command on the grid: iterate it for its events as they come, or await it for
- * the result; nothing is sent before either. Leaving the loop early, cancel() or an
- * aborted signal ends the request: an inference stops on the tower; a training job
- * keeps running (only the watching stops). After cancel() a `for await` loop simply
- * ends, and awaiting the result rejects with GridError code "cancelled"; an aborted
- * signal of your own rejects as fetch does (AbortError). Read it once.
- */
-export declare class CommandRun<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
+/** What CommandRun and SocketRun share: iterate for the events, await for the result. */
+export declare abstract class Run<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
   readonly command: C;
   readonly params: ParamsOf<C>;
   cancel(): void;
@@ -264,23 +257,22 @@ export declare class CommandRun<C extends CommandName> implements AsyncIterable<
 }
 
 /**
+ * One command on the grid: iterate it for its events as they come, or await it for
+ * the result; nothing is sent before either. Leaving the loop early, cancel() or an
+ * aborted signal ends the request: an inference stops on the tower; a training job
+ * keeps running (only the watching stops). After cancel() a `for await` loop simply
+ * ends, and awaiting the result rejects with GridError code "cancelled"; an aborted
+ * signal of your own rejects as fetch does (AbortError). Read it once.
+ */
+export declare class CommandRun<C extends CommandName> extends Run<C> {}
+
+/**
  * One command on a GridSocket: the same events, result and cancel() as a CommandRun
  * (cancel() stops an inference on its tower; the loop then ends quietly). Read it once.
  */
-export declare class SocketRun<C extends CommandName> implements AsyncIterable<EventOf<C>>, PromiseLike<ResultOf<C>> {
+export declare class SocketRun<C extends CommandName> extends Run<C> {
   /** The command's id on its socket. */
   readonly id: string;
-  readonly command: C;
-  readonly params: ParamsOf<C>;
-  cancel(): void;
-  readonly cancelled: boolean;
-  [Symbol.asyncIterator](): AsyncIterator<EventOf<C>>;
-  result(): Promise<ResultOf<C>>;
-  text(): Promise<string>;
-  then<T = ResultOf<C>, E = never>(
-    onFulfilled?: ((value: ResultOf<C>) => T | PromiseLike<T>) | null,
-    onRejected?: ((reason: unknown) => E | PromiseLike<E>) | null,
-  ): Promise<T | E>;
 }
 
 /**

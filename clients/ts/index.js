@@ -113,61 +113,14 @@ const RESULTS = {
 };
 
 /**
- * One command on the grid. Iterate it (`for await`) for its events as they come,
- * or await it for the result. Nothing is sent until you do either. Leaving the loop
- * early, cancel() or an aborted `signal` ends the request: an inference stops on the
- * tower; a training job keeps running (only the watching stops). After cancel() a
- * `for await` loop simply ends (no error), and awaiting the result rejects with a
- * GridError whose code is "cancelled"; your own aborted `signal` rejects as fetch
- * does (an AbortError).
+ * What every run of a command gives besides its events (CommandRun, SocketRun):
+ * await it for the command's result. A subclass iterates the events and says
+ * whether cancel() ended it first (`cancelled`).
  */
-export class CommandRun {
-  constructor(client, command, params, { signal } = {}) {
-    this.command = command;
-    this.params = params;
-    this._client = client;
-    this._abort = new AbortController();
-    this._started = false;
-    this._cancelled = false;
-    this._ended = false;
-    if (signal) {
-      if (signal.aborted) this._abort.abort(signal.reason);
-      else signal.addEventListener("abort", () => this._abort.abort(signal.reason), { once: true });
-    }
-  }
-
-  /** Stop the command (see the class comment). */
-  cancel() {
-    this._cancelled = true;
-    this._abort.abort();
-  }
-
+class Run {
   /** Whether cancel() was called before the command's events ended. */
   get cancelled() {
     return this._cancelled && !this._ended;
-  }
-
-  async *[Symbol.asyncIterator]() {
-    if (this._started) throw new Error(`${this.command}: a CommandRun can be read once`);
-    this._started = true;
-    let finished = false;
-    try {
-      const response = await this._client._post("/v1/grid/execute", { command: this.command, params: this.params },
-        this._abort.signal);
-      if (!response.ok) throw await errorFrom(response);
-      for await (const event of ndjson(response.body)) {
-        if (event.type === "error") {
-          throw new GridError(event.code, event.message, { status: response.status, retryAfter: event.retry_after });
-        }
-        yield event;
-      }
-      finished = this._ended = true;
-    } catch (error) {
-      if (!this._cancelled) throw error;
-      // cancel() aborted the request: the loop ends quietly (the abort is what was asked for)
-    } finally {
-      if (!finished) this._abort.abort(); // left early: close the connection so the gateway stops
-    }
   }
 
   /** All events, then the command's result (e.g. {text, usage, tool_calls} for ai/inference).
@@ -195,6 +148,61 @@ export class CommandRun {
 
   finally(onFinally) {
     return this.result().finally(onFinally);
+  }
+}
+
+/**
+ * One command on the grid. Iterate it (`for await`) for its events as they come,
+ * or await it for the result. Nothing is sent until you do either. Leaving the loop
+ * early, cancel() or an aborted `signal` ends the request: an inference stops on the
+ * tower; a training job keeps running (only the watching stops). After cancel() a
+ * `for await` loop simply ends (no error), and awaiting the result rejects with a
+ * GridError whose code is "cancelled"; your own aborted `signal` rejects as fetch
+ * does (an AbortError).
+ */
+export class CommandRun extends Run {
+  constructor(client, command, params, { signal } = {}) {
+    super();
+    this.command = command;
+    this.params = params;
+    this._client = client;
+    this._abort = new AbortController();
+    this._started = false;
+    this._cancelled = false;
+    this._ended = false;
+    if (signal) {
+      if (signal.aborted) this._abort.abort(signal.reason);
+      else signal.addEventListener("abort", () => this._abort.abort(signal.reason), { once: true });
+    }
+  }
+
+  /** Stop the command (see the class comment). */
+  cancel() {
+    this._cancelled = true;
+    this._abort.abort();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    if (this._started) throw new Error(`${this.command}: a CommandRun can be read once`);
+    this._started = true;
+    let finished = false;
+    try {
+      const response = await this._client._post("/v1/grid/execute", { command: this.command, params: this.params },
+        this._abort.signal);
+      if (!response.ok) throw await errorFrom(response);
+      for await (const event of ndjson(response.body)) {
+        if (event.type === "error") {
+          throw new GridError(event.code, event.message, { status: response.status, retryAfter: event.retry_after });
+        }
+        yield event;
+      }
+      finished = this._ended = true;
+    } catch (error) {
+      if (!this._cancelled) throw error;
+      // cancel() aborted the request: the loop ends quietly (the abort is what was asked for)
+    } finally {
+      if (!finished) this._abort.abort(); // left early: close the connection so the gateway stops
+    }
   }
 }
 
@@ -268,8 +276,9 @@ export class GridSocket {
 }
 
 /** One command on a GridSocket: iterate it for its events, or await it for the result. */
-export class SocketRun {
+export class SocketRun extends Run {
   constructor(socket, id, command, params) {
+    super();
     this.id = id;
     this.command = command;
     this.params = params;
@@ -285,11 +294,6 @@ export class SocketRun {
   cancel() {
     this._cancelled = true;
     this._socket._cancel(this);
-  }
-
-  /** cancel() was called before the command's events ended. */
-  get cancelled() {
-    return this._cancelled && !this._ended;
   }
 
   _push(event) {
@@ -319,24 +323,6 @@ export class SocketRun {
       if (!finished && !this._cancelled) this.cancel(); // left early: stop it on the tower
       this._socket._runs.delete(this.id);
     }
-  }
-
-  async result() {
-    const events = [];
-    for await (const event of this) events.push(event);
-    if (this.cancelled) {
-      throw new GridError("cancelled", `${this.command} was cancelled before it ended`);
-    }
-    const pick = RESULTS[this.command];
-    return pick ? pick(events) : events;
-  }
-
-  async text() {
-    return (await this.result()).text;
-  }
-
-  then(onFulfilled, onRejected) {
-    return this.result().then(onFulfilled, onRejected);
   }
 }
 

@@ -23,11 +23,14 @@ Run: ``python -m tests.lab.shaper --mode udp --listen H:P --target H:P ...``.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -296,6 +299,23 @@ class _Delivery:
 def _hostport(text):
     host, _, port = text.rpartition(":")
     return host, int(port)
+
+
+@contextlib.contextmanager
+def tcp_relay(target, rate_bps, mtu=16384):
+    """A ``tcp`` relay process on a free 127.0.0.1 port towards ``target``
+    ("host:port"), at ``rate_bps`` bits/s in ``mtu``-byte segments; yields its
+    address ("127.0.0.1:port") once it listens, and ends it afterwards."""
+    from reticulum_grid.node.localgrid import free_port, wait_port
+    from tests.leftovers import end
+    port = free_port()
+    relay = subprocess.Popen([sys.executable, "-m", "tests.lab.shaper", "--mode", "tcp", "--listen",
+                              f"127.0.0.1:{port}", "--target", target, "--rate", str(rate_bps), "--mtu", str(mtu)])
+    try:
+        assert wait_port(port, 15), "the shaping relay did not listen"
+        yield f"127.0.0.1:{port}"
+    finally:
+        end(relay)
 
 
 def main(argv=None):
