@@ -18,8 +18,9 @@ piece really took, for the usage.
 
 Requests with ``tools`` go to the runner's ``/v1/chat/completions`` (its
 tool-call parser for the model's template) and stream text and tool-call
-deltas, or, for a template without tools, ask for one JSON answer
-(tools.py); they are not continued elsewhere once text arrived.
+deltas, or, for a template without tools, ask for one JSON answer whose text
+and call stream as it grows (tools.py); they are not continued elsewhere once
+text arrived.
 """
 
 import threading
@@ -135,17 +136,8 @@ def generate(runner: Runner, request: "InferenceRequest", cancel: threading.Even
     afresh). Raises ValueError, ContextLengthExceeded, RunnerError."""
     if request.tools and runner.supports_tools:
         yield from _chat(runner, request, cancel, result, lora)
-    elif request.tools:  # a template without tools: one JSON answer (tools.py)
-        assert request.messages is not None  # parse(): tools come with messages
-        pieces = list(_complete(runner, request, cancel, result, lora, tools.messages(
-            request.messages, request.tools, request.tool_choice), tools.schema(request.tools, request.tool_choice),
-            cache_prompt))
-        text, calls = tools.answer(b"".join(p.data for p in pieces).decode("utf-8", "replace"))
-        if pieces:
-            yield Piece(text.encode("utf-8"), [], sum(p.n for p in pieces), [lp for p in pieces for lp in p.logprobs],
-                        calls, exact=False)
-        if calls and result.finish_reason == "stop":
-            result.finish_reason = "tool_calls"
+    elif request.tools:
+        yield from _json_answer(runner, request, cancel, result, lora, cache_prompt)
     else:
         yield from _complete(runner, request, cancel, result, lora, request.messages, request.json_schema,
                              cache_prompt)
@@ -193,6 +185,29 @@ def _complete(runner: Runner, request: "InferenceRequest", cancel: threading.Eve
             yield piece
     if cancel.is_set():
         result.finish_reason = "cancelled"
+
+
+def _json_answer(runner: Runner, request: "InferenceRequest", cancel: threading.Event, result: Generation,
+                 lora: Lora, cache_prompt: bool) -> Iterator[Piece]:
+    """A request with tools for a template without tools: one JSON answer
+    (tools.py), given out as its text and tool-call deltas while it grows.
+    Tokens that add neither (the JSON around them) count in the next piece."""
+    assert request.messages is not None and request.tools  # parse(): tools come with messages
+    messages, schema = tools.prompt(request.messages, request.tools, request.tool_choice)
+    answer = tools.Answer()
+    logprobs: list[dict[str, Any]]
+    n, logprobs = 0, []  # of the tokens not given out yet
+    for piece in _complete(runner, request, cancel, result, lora, messages, schema, cache_prompt):
+        n, logprobs = n + piece.n, logprobs + piece.logprobs
+        text, calls = answer.feed(piece.data.decode("utf-8", "replace"))
+        if text or calls:
+            yield Piece(text.encode("utf-8", "replace"), [], n, logprobs, calls, exact=False)
+            n, logprobs = 0, []
+    text, calls = answer.end()
+    if text or calls or n:
+        yield Piece(text.encode("utf-8", "replace"), [], n, logprobs, calls, exact=False)
+    if answer.called and result.finish_reason == "stop":
+        result.finish_reason = "tool_calls"
 
 
 def _replay(runner: Runner, tokens: list[int], continued: int, cancel: threading.Event) -> int:
