@@ -179,9 +179,10 @@ def test_a_forced_tool_call_comes_back_as_a_call(hub, engine_tower):
                                                               "properties": {"city": {"type": "string"}}}}}]
     pieces, usage = run(hub, engine_tower, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
                         tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=60)
-    calls = [p for p in pieces if isinstance(p, ToolCallDelta)]
-    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id
-    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    # One call, in deltas as OpenAI streams it: its id and name first, then pieces of its arguments.
+    deltas = [p for p in pieces if isinstance(p, ToolCallDelta)]
+    assert {d.index for d in deltas} == {0} and deltas[0].name == "get_weather" and deltas[0].id
+    assert isinstance(json.loads("".join(d.arguments for d in deltas))["city"], str)
     assert usage.finish_reason == "tool_calls"
 
 
