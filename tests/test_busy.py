@@ -116,10 +116,11 @@ def wait_turns(tower, count, timeout=30.0):
 
 
 def test_a_free_slot_announce_wakes_a_waiting_request(hub, model_path, caplog):
-    """One slot, no line: a request that comes while a short stream runs is told
-    busy with the tower's hint (its first guess of a generation's time, 5 s,
-    far longer than that stream); the tower announces when the slot frees
-    (floor 1 s), and the request runs then instead of after the hint."""
+    """One slot, no line: a request that comes while a long stream runs is told
+    busy with the tower's hint (its first guess of a generation's time, 5 s, as
+    no stream ended there yet); the long stream is then cancelled, the tower
+    announces the freed slot (floor 1 s), and the request runs then instead of
+    after the hint."""
     tower = hub.start_tower("busy-b", models={WOKEN_MODEL: {"path": model_path, "parallel": 1}},
                             limits={"queue_depth": 0})
     hub.wait_tower(tower.name)
@@ -127,18 +128,21 @@ def test_a_free_slot_announce_wakes_a_waiting_request(hub, model_path, caplog):
     with serve(hub) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
         running = iter(hub.grid.execute("ai/inference", {"model": WOKEN_MODEL, "prompt": "Numbers: 1, 2, 3,",
-                                                         "max_tokens": 8, "temperature": 0.0}))
-        next(running)  # the slot is taken
-        reply = client.completions.create(model=WOKEN_MODEL, prompt="Numbers: 7, 8, 9,", max_tokens=4, temperature=0)
-        list(running)
+                                                         "max_tokens": 2000, "temperature": 0.0}))
+        next(running)  # the slot is taken, for far longer than the hint
+        done = {}
+        asking = threading.Thread(target=lambda: done.update(reply=client.completions.create(
+            model=WOKEN_MODEL, prompt="Numbers: 7, 8, 9,", max_tokens=4, temperature=0)))
+        asking.start()
+        told = logged(caplog, "is busy")
+        running.close()  # leaving the stream cancels it on the tower: the slot frees now
+        asking.join(120)
     [hint_s] = busy_waits(caplog)
     woken = [r.getMessage() for r in caplog.records if "announced a free slot: asking again now" in r.getMessage()]
-    print(f"told busy with a {hint_s:.1f} s hint; {woken}")
-    assert reply.usage.completion_tokens == 4
-    assert hint_s >= 3.0, hint_s  # the tower's first guess: far longer than the 8-token stream
+    print(f"told busy with a {hint_s:.1f} s hint ({told}); {woken}")
+    assert done["reply"].usage.completion_tokens == 4
+    assert hint_s >= 3.0, hint_s  # the tower's first guess: far longer than the slot stayed taken
     assert woken == [f"a tower with {WOKEN_MODEL} announced a free slot: asking again now"], woken
-
-
 
 
 def logged(caplog, text, timeout=60.0):

@@ -6,22 +6,19 @@ Both towers hold the model on disk, not loaded (``preload = false``; a
 loaded model is routed by its load instead), so the router's ``no_room`` key
 decides."""
 
-import os
-
 import pytest
 
 from announce.caps import decode_full
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.connection import wait_until
-from reticulum_grid.store import gguf_info
 from tests.cgroups import child_group
 from tests.requirements import need
 
 MODEL = "room-model"
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 #: The tight tower's limit (bytes): its own process (~100-200 MiB) plus less than the model needs.
-LIMIT = 420 << 20
+LIMIT = 360 << 20
 
 
 def free_mib(hub, name):
@@ -45,10 +42,13 @@ def towers(hub):
 
 def test_the_tower_without_room_ranks_last_and_requests_run_where_there_is_room(hub, towers):
     big, tight = towers
-    gguf = default_model_path()
-    need_mib = gguf_info.need_mib(gguf, 0, os.path.getsize(gguf))
+    # The client learns the model's need from the towers' caps/full (routing compares free memory with it).
+    # (a tower reads a model's facts from its GGUF in the background, seconds after it starts).
+    entries = [hub.wait_tower(big.name), hub.wait_tower(tight.name)]
+    assert wait_until(lambda: hub.grid.caps_full(entries) and hub.grid.needs.get(MODEL, 0) > 0, 30)
+    need_mib = hub.grid.needs[MODEL]
     # The tight tower tells its limit, not the machine's memory.
-    assert wait_until(lambda: free_mib(hub, tight.name) < need_mib, 30), free_mib(hub, tight.name)
+    assert wait_until(lambda: free_mib(hub, tight.name) < need_mib, 30), (free_mib(hub, tight.name), need_mib)
     assert free_mib(hub, big.name) > need_mib
     for _ in range(5):  # equal towers would each come first half the time
         ranked = hub.grid.rank(MODEL)

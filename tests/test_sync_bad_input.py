@@ -102,8 +102,9 @@ def test_oversized_chunk_from_a_pusher_is_refused(hub, tower, conn, tmp_path):
 
 
 def test_nothing_written_outside_the_store(tower):
-    assert sorted(p.name for p in tower.dir.iterdir()) == ["blobs", "identity", "jobs", "lxmf", "rns", "sync-bad.log",
-                                                           "tower.toml"]
+    # rpc-cache: the RPC server's tensor cache, which only the tower fills (split/tensorcache.py).
+    assert sorted(p.name for p in tower.dir.iterdir()) == ["blobs", "identity", "jobs", "lxmf", "rns", "rpc-cache",
+                                                           "sync-bad.log", "tower.toml"]
     assert sorted(p.name for p in (tower.dir / "blobs").iterdir()) == ["index.json", "objects", "partial"]
 
 

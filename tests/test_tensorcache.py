@@ -37,7 +37,8 @@ def test_clean_removes_foreign_and_corrupt_files(tmp_path):
     broken.write_bytes(bytes(data))
     assert sorted(cache.clean()) == sorted(["0123456789abcdef", broken.name])
     assert [p.name for p in cache.dir.iterdir()] == [kept.name]
-    assert cache.seed([Tensor("b", 1024, 1024)], reader(blob)) == (1, 1024)  # rewritten from the source
+    # The corrupt one (whichever tensor it held) is rewritten from the source; the intact one is kept.
+    assert cache.seed([Tensor("a", 0, 1024), Tensor("b", 1024, 1024)], reader(blob)) == (2, 1024)
 
 
 def test_the_blocks_a_worker_seeds_are_those_layout_gives_it():

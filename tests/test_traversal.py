@@ -120,5 +120,5 @@ def test_the_towers_store_holds_only_its_layout(tower):
         assert parts[0] in ("objects", "partial"), path
         assert len(parts) == 1 or HEX64.fullmatch(parts[1]), path
         assert len(parts) <= 3, path
-    assert {p.name for p in tower.dir.iterdir()} == {"blobs", "identity", "jobs", "lxmf", "rns",
+    assert {p.name for p in tower.dir.iterdir()} == {"blobs", "identity", "jobs", "lxmf", "rns", "rpc-cache",
                                                      f"{tower.name}.log", "tower.toml"}
