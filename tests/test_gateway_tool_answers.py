@@ -4,15 +4,23 @@ SmolLM2: the tower asks it for one JSON answer, inference/tools.py), through
 an answer cut by max_tokens is plain text or a well-formed partial call on
 both APIs, never the grammar's JSON; a streamed answer comes in pieces as it
 is written; and an agent loop (the openai package doing it: ask with tools,
-run the tool, send its result) ends with a text answer that uses the result."""
+run the tool, send its result; and openai-node's own ``runTools`` under Node)
+ends with a text answer that uses the result."""
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import ollama
 import openai
 import pytest
 
 from tests.gateway_support import serve, start_tower
+from tests.requirements import need
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "gw-tools"  # only this module's tower has this alias
 WEATHER = [{"type": "function", "function": {
@@ -139,3 +147,13 @@ def test_an_agent_loop_ends_with_a_text_answer_that_uses_the_tools_result(client
     assert all(answer is not None and len(calls) <= 1 for answer, calls in tries), tries
     # ... and it answers from the result.
     assert sum(1 for answer, calls in tries if calls and "14" in answer and plain(answer)) >= 3, tries
+
+
+def test_openai_nodes_run_tools_loop_ends_with_the_tools_result(gateway):
+    need("node", "openai-node runs under Node.js")
+    need("node-packages", "openai-node")
+    run = subprocess.run([shutil.which("node"), "--test", "--test-reporter=tap",
+                          str(ROOT / "tests" / "node" / "runtools.test.mjs")], capture_output=True, text=True,
+                         timeout=240, env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL))
+    print(run.stdout[-3000:])
+    assert run.returncode == 0 and "# pass 1" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]

@@ -293,6 +293,10 @@ def messages(items):
     return [_message(m, f"messages[{i}]") for i, m in enumerate(items)]
 
 
+#: Fields of an assistant message that only echo a reply back (see _message).
+ECHOED_FIELDS = {"annotations", "parsed"}
+
+
 def _message(message, where):
     if not isinstance(message, dict):
         raise bad_request(f"{where} must be an object", where)
@@ -301,7 +305,11 @@ def _message(message, where):
         raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
     allowed = {"role", "content", "name"} | ({"tool_calls", "refusal", "audio"} if role == "assistant" else set()) \
         | ({"tool_call_id"} if role == "tool" else set())
-    extra = sorted(set(message) - allowed)
+    # What a client SDK echoes back of an answer it got (OpenAI's reply message has
+    # ``annotations``; openai-node's runTools adds its ``parsed`` content): said by
+    # this gateway, read by nobody, so dropped. A legacy ``function_call`` is not.
+    echoed = ECHOED_FIELDS if role == "assistant" else set()
+    extra = sorted(set(message) - allowed - echoed)
     if extra:
         raise bad_request(f"{where}.{extra[0]} is not supported in a {message['role']} message",
                           f"{where}.{extra[0]}", code="unsupported")
