@@ -41,10 +41,12 @@ FREEZE_S = 20.0
 #: Longest a split model may take to load: weights cross the tunnels (seconds).
 LOAD_TIMEOUT_S = 3600.0
 #: A load during which no byte crosses the tunnels for this long is stuck (seconds).
-#: Not shorter: between its bursts of weights the coordinator loads and repacks
-#: its own layers and runs llama-server's warm-up, which took over 30 s on a busy
-#: 2-core tower (a false "stuck" there fails a good plan three times over).
-LOAD_QUIET_S = 90.0
+#: Between its bursts of weights the coordinator loads and repacks its own layers
+#: and runs llama-server's warm-up, which took over 30 s on a busy 2-core tower (a
+#: false "stuck" fails a good plan three times over); a worker whose RPC server
+#: never answers the first HELLO (it serves one client at a time) is only found
+#: by this bound, and the client's next plan must still come within its 180 s.
+LOAD_QUIET_S = 60.0
 #: Tensors of a CPU coordinator's output layer, kept in its host memory.
 OUTPUT_ON_CPU = r"^(output|output_norm|token_embd)\.weight$=CPU"
 
