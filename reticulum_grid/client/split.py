@@ -142,7 +142,9 @@ def make_plan(grid: GridParts, model: str,
               exclude: Collection[bytes] = ()) -> tuple[Plan, dict[bytes, TowerEntry]]:
     """(Plan, {destination hash: table entry}) over the live towers lending
     memory that answer now, skipping ``exclude`` and towers that failed lately
-    (backed off). Raises WireError(no_tower)."""
+    (backed off). Every tower that answers the discovery ping counts, not only
+    the first heard (grid.discover: until the table goes quiet). Raises WireError(no_tower)."""
+    grid.discover(lambda entries: False, PLAN_TIMEOUT_S)
     lenders = [e for e in grid.table.live() if e.caps.lend_mib and e.destination_hash not in exclude
                and not grid.health.get(e.destination_hash).backed_off()]
     live, facts, reading = _ask(grid, lenders, model, PLAN_TIMEOUT_S)
