@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import httpx
+
 
 from announce.caps import decode_full
 from reticulum_grid.gateway.server import BackgroundServer
@@ -116,3 +118,17 @@ def serve_process(home, tower, args=(), process=False):
             proc.kill()
             proc.wait(5)
         proc.stderr.close()
+
+
+@contextlib.contextmanager
+def served_hearing(hub, tower, model, tmp_path):
+    """`rngrid serve` in its own process (serve_process, a laptop home under
+    ``tmp_path``), yielding its URL once its /v1/models lists ``model``: the
+    tower's announce reached that new client (bounded wait, 60 s)."""
+    with serve_process(laptop(hub, tmp_path), tower) as port:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not any(m["id"] == model for m in httpx.get(url + "/v1/models").json()["data"]):
+            assert time.monotonic() < deadline, "the served grid never heard the tower"
+            time.sleep(0.2)
+        yield url

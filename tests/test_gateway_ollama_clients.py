@@ -9,18 +9,16 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 # litellm fetches its model price list from the web at import unless told to use its own copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import httpx  # noqa: E402
 import litellm  # noqa: E402
 import pytest  # noqa: E402
 
 from reticulum_grid.client import Usage  # noqa: E402
-from tests.gateway_support import laptop, serve_process, start_tower  # noqa: E402
+from tests.gateway_support import served_hearing, start_tower  # noqa: E402
 from tests.requirements import need  # noqa: E402
 
 #: litellm's own types trip pydantic's warnings at import; they say nothing about the gateway.
@@ -43,12 +41,7 @@ def tower(hub):
 @pytest.fixture(scope="module")
 def served(hub, tower, tmp_path_factory):
     """The URL of `rngrid serve` (its own process, as a user runs it) once it has heard the tower."""
-    with serve_process(laptop(hub, tmp_path_factory.mktemp("ollama-clients")), tower) as port:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while not any(m["model"] == f"{MODEL}:latest" for m in httpx.get(url + "/api/tags").json()["models"]):
-            assert time.monotonic() < deadline, "the served grid never heard the tower"
-            time.sleep(0.3)
+    with served_hearing(hub, tower, MODEL, tmp_path_factory.mktemp("ollama-clients")) as url:
         yield url
 
 

@@ -9,7 +9,6 @@ own pydantic types."""
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
@@ -26,7 +25,7 @@ from reticulum_grid.gateway.errors import ApiError
 from reticulum_grid.gateway.responses_reply import Turn
 from reticulum_grid.gateway.responses_routes import ResponsesRoutes
 from reticulum_grid.gateway.responses_store import ResponseStore
-from tests.gateway_support import laptop, serve_process, start_tower
+from tests.gateway_support import served_hearing, start_tower
 
 MODEL = "gw-responses"  # only this module's tower has this alias
 ASK = "What is the weather in Paris?"
@@ -50,13 +49,7 @@ def tower(hub):
 @pytest.fixture(scope="module")
 def gateway(hub, tower, tmp_path_factory):
     """`rngrid serve` in its own process, as a user runs it, once it has heard the tower."""
-    with serve_process(laptop(hub, tmp_path_factory.mktemp("responses")), tower) as port:
-        url = f"http://127.0.0.1:{port}"
-        models = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30).models
-        deadline = time.monotonic() + 60
-        while not any(m.id == MODEL for m in models.list()):  # the tower's announce reaches the new client
-            assert time.monotonic() < deadline, "the served grid never heard the tower"
-            time.sleep(0.2)
+    with served_hearing(hub, tower, MODEL, tmp_path_factory.mktemp("responses")) as url:
         yield url
 
 
