@@ -2,9 +2,13 @@
 500 (gateway/http.py parse_json): arrays nested past the gateway's depth (and
 past Python's parser, which raised RecursionError), and a lone UTF-16
 surrogate (valid JSON, no UTF-8 text: packing it for the tower raised
-UnicodeEncodeError). The same over the WebSocket, whose socket goes on."""
+UnicodeEncodeError). The same over the WebSocket, whose socket goes on. A list
+or an object where a name belongs is a 400 naming the field too, and so is a
+file sent as a text field of an upload."""
 
+import io
 import json
+import wave
 
 import httpx
 import pytest
@@ -22,6 +26,19 @@ BODIES = {
     "nested past Python's parser": "[" * 100_000 + "]" * 100_000,
     "a lone surrogate": SURROGATE,
 }
+
+
+#: A list or an object where the API wants a name (a role, an item's or a part's type, a model), with the
+#: field the 400 names. Each was looked up in a table as it came: TypeError (unhashable), a 500.
+NAMES_AS_LISTS = [
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role"),
+    ("/api/chat", {"model": "m", "messages": [{"role": {"user": 1}, "content": "hi"}]}, "messages[0].role"),
+    ("/v1/responses", {"model": "m", "input": [{"type": ["message"], "role": "user"}]}, "input[0].type"),
+    ("/v1/responses", {"model": "m", "input": [{"role": ["user"], "content": "hi"}]}, "input[0].role"),
+    ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": [{"type": ["input_text"], "text": "hi"}]}]},
+     "input[0].content[0]"),
+    ("/v1/audio/speech", {"model": ["tts-1"], "input": "hi"}, "model"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +67,23 @@ def test_the_websocket_answers_an_error_event_and_goes_on(gateway):
             assert event["type"] == "error" and event["code"] == "bad_request", event
         ws.send(json.dumps({"id": 2, "type": "cancel"}))  # still serving: a cancel of nothing is answered
         assert json.loads(ws.recv(timeout=30))["type"] == "error"
+
+
+@pytest.mark.parametrize("route, body, param", NAMES_AS_LISTS)
+def test_a_list_where_a_name_belongs_is_400_naming_the_field(gateway, route, body, param):
+    reply = httpx.post(gateway + route, json=body, timeout=60)
+    assert reply.status_code == 400, (reply.status_code, reply.text[:200])
+    error = reply.json() if route.startswith("/api/") else reply.json()["error"]
+    assert error["param"] == param, error
+
+
+def test_a_file_sent_as_a_transcription_option_is_400(gateway):
+    audio = io.BytesIO()
+    with wave.open(audio, "wb") as out:  # half a second of 16 kHz silence: audio any engine reads
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(bytes(16_000))
+    reply = httpx.post(gateway + "/v1/audio/transcriptions", timeout=60,
+                       files={"file": ("a.wav", audio.getvalue(), "audio/wav"), "language": ("en.txt", b"en")})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "language", reply.text[:200]

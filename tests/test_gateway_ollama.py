@@ -12,6 +12,9 @@ import ollama
 import pytest
 
 from reticulum_grid.client import Usage
+from reticulum_grid.gateway.server import BackgroundServer
+from reticulum_grid.node.localgrid import free_port
+from reticulum_grid.store.sync import SyncReport
 from tests.gateway_support import (laptop, serve, serve_process, start_tower, stops, wait_idle,
                                    wait_stopped, wait_streaming)
 
@@ -229,6 +232,32 @@ def test_pull_brings_the_model_into_the_gateways_store(hub, client):
         assert client.pull(MODEL).status == "success"  # again: already here
     finally:  # the hub's client would otherwise count as a source of this model for later requests
         hub.grid.store.remove(MODEL)
+
+
+class NoTowers:
+    def live(self):
+        return []
+
+
+class StoreEmptiedDuringPull:
+    """Test double: a Grid that has heard no tower and whose pull completes, after
+    which its store no longer has the blob (``rngrid models rm`` ran in between):
+    Grid.pull answers None for its BlobInfo, as the real one does then."""
+    table = NoTowers()
+
+    def pull(self, name, progress=None, **_):
+        progress(1 << 20, 1 << 20)
+        return None, SyncReport(bytes(32), 1 << 20, 1)
+
+
+def test_a_pull_whose_blob_was_removed_meanwhile_is_an_error_in_ollamas_shape():
+    with BackgroundServer(StoreEmptiedDuringPull(), port=free_port()) as url:
+        whole = httpx.post(url + "/api/pull", json={"model": "big", "stream": False}, timeout=60)
+        streamed = httpx.post(url + "/api/pull", json={"model": "big"}, timeout=60)
+    assert whole.status_code == 404 and whole.json()["code"] == "unknown_blob", whole.text
+    assert "big was fetched but is no longer in this gateway's store" in whole.json()["error"]
+    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    assert lines[0] == {"status": "pulling manifest"} and lines[-1]["code"] == "unknown_blob", lines
 
 
 def test_errors_have_ollamas_shape_and_the_grids_codes(client, gateway):

@@ -15,7 +15,7 @@ generated so far (``continue_tokens``), so the text at temperature 0 is the same
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -255,7 +255,7 @@ class SplitStream:
         self.ids: list[int] = []
         self._current: _PlanStream | None = None
 
-    def __iter__(self) -> Iterator[Text | ToolCallDelta | Usage]:
+    def __iter__(self) -> Generator[Text | ToolCallDelta | Usage, None, None]:
         failovers = 0
         errors: list[str] = []
         for _ in range(MAX_PLANS):

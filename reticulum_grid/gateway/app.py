@@ -23,23 +23,28 @@ an API key, every route but the static page (which holds no data) needs
 """
 
 import json
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.responses import FileResponse, JSONResponse, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from links.wire import Code
+from reticulum_grid.client import Grid
 from reticulum_grid.gateway import audio, commands, websocket
 from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request, shape_for
 from reticulum_grid.gateway.guard import BrowserGuard
 from reticulum_grid.gateway.http import endpoint, error_response, json_body
+from reticulum_grid.gateway.inference import Event
 from reticulum_grid.gateway.intake import BODY_TIMEOUT_S, MAX_REQUESTS, Intake
 from reticulum_grid.gateway.ollama_routes import OllamaRoutes
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
@@ -58,17 +63,18 @@ class Gateway:
     request when set; ``busy_wait_s``: how long a request waits while every
     tower is busy; ``max_requests``, ``body_timeout_s``: intake.py's limits."""
 
-    def __init__(self, grid, api_key=None, busy_wait_s=BUSY_WAIT_S, origins=(), loopback=True,
-                 max_requests=MAX_REQUESTS, body_timeout_s=BODY_TIMEOUT_S):
+    def __init__(self, grid: Grid, api_key: str | None = None, busy_wait_s: float = BUSY_WAIT_S,
+                 origins: Iterable[str] = (), loopback: bool = True, max_requests: int = MAX_REQUESTS,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.grid = grid
         self.api_key = api_key
         self.busy_wait_s = busy_wait_s
-        self.limits = {"max_requests": max_requests, "body_timeout_s": body_timeout_s}
+        self.max_requests, self.body_timeout_s = max_requests, body_timeout_s
         self.origins, self.loopback = tuple(origins), loopback
         self.views = Views(grid)
 
-    def app(self):
-        routes = [
+    def app(self) -> Starlette:
+        routes: list[BaseRoute] = [
             Route("/", lambda request: FileResponse(STATIC / "index.html")),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/health", self.health),
@@ -82,12 +88,16 @@ class Gateway:
             *audio.routes(self),
         ]
         middleware = [Middleware(BrowserGuard, origins=self.origins, loopback=self.loopback),
-                      Middleware(Intake, api_key=self.api_key, **self.limits)]
+                      Middleware(Intake, api_key=self.api_key, max_requests=self.max_requests,
+                                 body_timeout_s=self.body_timeout_s)]
         return Starlette(routes=routes, middleware=middleware,
                          exception_handlers={HTTPException: self._http_error, Exception: self._crash})
 
-    async def _http_error(self, request, exc):
-        """404 and 405 naming what was asked, in the shape of the API the path belongs to."""
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """404 and 405 naming what was asked, in the shape of the API the path belongs to.
+        Registered for HTTPException (Starlette's handler type takes any Exception)."""
+        if not isinstance(exc, HTTPException):
+            return await self._crash(request, exc)
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
             error = ApiError(404, f"no such endpoint: {where}; this gateway serves OpenAI's API under /v1 "
@@ -101,10 +111,11 @@ class Gateway:
             error = ApiError(exc.status_code, str(exc.detail), code="bad_request")
         return error_response(error, shape_for(request.url.path))
 
-    async def _crash(self, request, exc):
+    async def _crash(self, request: Request, exc: Exception) -> Response:
         return error_response(exc, shape_for(request.url.path))
 
-    def check_known(self, payload, tower, model_code="model_not_found", param="model"):
+    def check_known(self, payload: Mapping[str, Any], tower: str | None, model_code: str = "model_not_found",
+                    param: str = "model") -> None:
         """Answer 404 at once for a model or adapter no live tower holds (the Grid
         would wait for discovery first). Silent when nothing was heard yet, a
         tower is named, the caps were cut short, or this client could send it."""
@@ -122,21 +133,21 @@ class Gateway:
 
     # -- the grid's views ---------------------------------------------------
     @endpoint()
-    async def health(self, request):
+    async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "identity": self.grid.identity_hash,
                              "towers": len(self.grid.table.live())})
 
     @endpoint()
-    async def towers(self, request):
+    async def towers(self, request: Request) -> Response:
         return JSONResponse({"towers": await run_in_threadpool(self.views.towers)})
 
     @endpoint()
-    async def jobs(self, request):
+    async def jobs(self, request: Request) -> Response:
         return JSONResponse({"jobs": await run_in_threadpool(self.views.jobs)})
 
     # -- the grid's commands ------------------------------------------------
     @endpoint()
-    async def execute(self, request):
+    async def execute(self, request: Request) -> Response:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("command"), str):
             raise bad_request("the body must be {\"command\": str, \"params\": {...}}", "command")
@@ -156,7 +167,8 @@ class Gateway:
                                  media_type="application/x-ndjson")
 
     @staticmethod
-    async def _command_events(first, events):
+    async def _command_events(first: Event | None,
+                              events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
         try:
             if first is None:
                 return

@@ -11,19 +11,43 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast
 
 from reticulum_grid.client import Text
 
 log = logging.getLogger("rngrid.gateway")
 
-_END = object()
+E = TypeVar("E")
+E_contra = TypeVar("E_contra", contravariant=True)
+
+
+class Reporter(Protocol[E_contra]):
+    """What a grid call's ``work`` is handed: a Call here, or ``rngrid
+    execute``'s own that prints each event (cli/execute.py)."""
+    stopped: threading.Event
+
+    def emit(self, event: E_contra) -> None: ...
+
+    def on_stop(self, fn: Callable[[], None]) -> None: ...
+
+
+#: ``work(call)``: a blocking grid call that reports its events (of type E) on ``call``.
+Work = Callable[[Reporter[E]], None]
+
+
+@dataclass
+class _End:
+    """The last item of a call: ``error`` is what its work raised (None: it returned)."""
+    error: BaseException | None
 
 
 class Stopped(Exception):
     """The client went away before the call ended."""
 
 
-class Call:
+class Call(Generic[E]):
     """``work(call)`` on its own thread, started at once (inside the event loop).
 
     ``work`` reports with ``call.emit(event)``, checks ``call.stopped`` (a
@@ -34,20 +58,20 @@ class Call:
     ``Stopped`` when ``gone`` (an asyncio.Event) is set first. Leaving that loop
     early stops the call."""
 
-    def __init__(self, work, name="rngrid-gateway-call"):
+    def __init__(self, work: Work[E], name: str = "rngrid-gateway-call") -> None:
         self.stopped = threading.Event()
         self._work = work
-        self._stoppers = []
+        self._stoppers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._loop = asyncio.get_running_loop()
-        self._items = deque()  # (event, error) in order; touched only on the event loop's thread
+        self._items: deque[E | _End] = deque()  # in order; touched only on the event loop's thread
         self._ready = asyncio.Event()
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
-    def emit(self, event):
-        self._put((event, None))
+    def emit(self, event: E) -> None:
+        self._put(event)
 
-    def on_stop(self, fn):
+    def on_stop(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` when the call is stopped (at once when it already is)."""
         with self._lock:
             if not self.stopped.is_set():
@@ -55,7 +79,7 @@ class Call:
                 return
         fn()
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop the call (idempotent): run what was registered with on_stop."""
         with self._lock:
             if self.stopped.is_set():
@@ -68,32 +92,33 @@ class Call:
             except Exception:
                 log.exception("stopping a grid call failed")
 
-    async def events(self, gone):
+    async def events(self, gone: asyncio.Event) -> AsyncGenerator[E, None]:
         try:
             while True:
-                event, error = await self._next(gone)
-                if event is _END:
-                    if error is not None:
-                        raise error
+                item = await self._next(gone)
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
                     return
-                yield self._joined(event) if isinstance(event, str) else event
+                # A str event is a Text; the joined one is a Text too, so still an E.
+                yield cast(E, self._joined(item)) if isinstance(item, str) else item
         finally:
             self.stop()
 
-    def _joined(self, text):
+    def _joined(self, text: str) -> str:
         """``text`` and the text pieces already waiting after it, as one Text
         (their logprobs joined too): when the reader falls behind (a busy
         machine), fewer and larger chunks catch up."""
-        if not (self._items and isinstance(self._items[0][0], str)):
+        if not (self._items and isinstance(self._items[0], str)):
             return text
         parts = [text]
-        while self._items and isinstance(self._items[0][0], str):
-            parts.append(self._items.popleft()[0])
+        while self._items and isinstance(self._items[0], str):
+            parts.append(cast(str, self._items.popleft()))  # the loop's test: a str
         joined = Text("".join(parts))
         joined.logprobs = [lp for part in parts for lp in getattr(part, "logprobs", ())]
         return joined
 
-    async def _next(self, gone):
+    async def _next(self, gone: asyncio.Event) -> E | _End:
         while True:
             if gone.is_set():  # the client left: what is still queued is for nobody
                 raise Stopped()
@@ -107,20 +132,20 @@ class Call:
                 ready.cancel()
                 left.cancel()
 
-    def _push(self, item):
+    def _push(self, item: E | _End) -> None:
         self._items.append(item)
         self._ready.set()
 
-    def _put(self, item):
+    def _put(self, item: E | _End) -> None:
         try:
             self._loop.call_soon_threadsafe(self._push, item)
         except RuntimeError:  # the event loop is closed: the server has stopped
             self.stop()
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             self._work(self)
         except BaseException as e:  # handed to the event loop, which answers with it
-            self._put((_END, e))
+            self._put(_End(e))
         else:
-            self._put((_END, None))
+            self._put(_End(None))

@@ -35,13 +35,17 @@ message, retry_after} ends the stream. Either way the codes are the Grid's.
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 from links import commands
 from links.wire import Code, WireError, json_safe
+from reticulum_grid.client import Grid
+from reticulum_grid.gateway.bridge import Reporter, Work
 from reticulum_grid.gateway.errors import bad_request
-from reticulum_grid.gateway.inference import embeddings_work, inference_work
+from reticulum_grid.gateway.inference import Event, embeddings_event, inference_events
+from reticulum_grid.gateway.views import Views
 from reticulum_grid.training.request import TrainRequest
 
 #: genome/train params that are not part of the tower's job request.
@@ -58,10 +62,12 @@ def known() -> list[str]:
 
 
 #: What work_for returns: ``work(call)``, emitting the command's events on ``call`` (bridge.Call).
-Work = Callable[[Any], None]
+CommandWork = Work[Event]
+#: A WORK builder: (grid, views, command, params, tower, busy_wait_s) -> its work. Raises ApiError(400).
+Builder = Callable[[Grid, Views, str, dict[str, Any], str | None, float], CommandWork]
 
 
-def work_for(grid: Any, views: Any, command: str, params: Any, busy_wait_s: float) -> Work:
+def work_for(grid: Grid, views: Views, command: str, params: object, busy_wait_s: float) -> CommandWork:
     """``work(call)`` (bridge.Call) for one command. A user command of
     links/commands.py without a builder in WORK answers its tower's reply
     map as one ``result`` event {reply} (it needs ``tower``). Raises
@@ -76,14 +82,16 @@ def work_for(grid: Any, views: Any, command: str, params: Any, busy_wait_s: floa
     return WORK.get(command, _reply)(grid, views, command, params, tower, busy_wait_s)
 
 
-def _inference(grid, views, command, params, tower, busy_wait_s):
+def _inference(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+               busy_wait_s: float) -> CommandWork:
     payload = {k: v for k, v in params.items() if k != "tower"}
     if not isinstance(payload.get("model"), str):
         raise bad_request("ai/inference needs params.model", "params.model")
-    return inference_work(grid, payload, tower, busy_wait_s, as_events=True)
+    return inference_events(grid, payload, tower, busy_wait_s)
 
 
-def _embeddings(grid, views, command, params, tower, busy_wait_s):
+def _embeddings(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+                busy_wait_s: float) -> CommandWork:
     if not isinstance(params.get("model"), str):
         raise bad_request("ai/embeddings needs params.model", "params.model")
     texts = params.get("input")
@@ -91,15 +99,17 @@ def _embeddings(grid, views, command, params, tower, busy_wait_s):
         texts = [texts]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise bad_request("ai/embeddings needs params.input: a string or a list of them", "params.input")
-    return embeddings_work(grid, params["model"], texts, tower, busy_wait_s, as_event=True)
+    return embeddings_event(grid, params["model"], texts, tower, busy_wait_s)
 
 
-def _audio(grid, views, command, params, tower, busy_wait_s):
+def _audio(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+           busy_wait_s: float) -> CommandWork:
     from reticulum_grid.gateway import audio  # its HTTP routes need starlette; rngrid execute may lack it
     return audio.command_work(grid, command, params, busy_wait_s)
 
 
-def _jobs(grid, views, command, params, tower, busy_wait_s):
+def _jobs(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+          busy_wait_s: float) -> CommandWork:
     if command == "jobs/status" and params.get("job_id") is None:
         return lambda call: call.emit({"type": "jobs", "jobs": _all_jobs(grid, views, tower)})
     if not isinstance(params.get("job_id"), str):
@@ -107,38 +117,43 @@ def _jobs(grid, views, command, params, tower, busy_wait_s):
     return lambda call: _job(grid, command, params["job_id"], tower, call)
 
 
-def _reply(grid, views, command, params, tower, busy_wait_s):
+def _reply(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+           busy_wait_s: float) -> CommandWork:
     if not tower:
         raise bad_request(f"{command} needs params.tower", "params.tower")
     payload = {k: v for k, v in params.items() if k != "tower"}
     return lambda call: call.emit({"type": "result", "reply": json_safe(grid.execute(command, payload, tower=tower))})
 
 
-def _training(grid, views, command, params, tower, busy_wait_s):
+def _training(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+              busy_wait_s: float) -> CommandWork:
     return lambda call: _train(grid, params, call)
 
 
-def _towers(grid, views, command, params, tower, busy_wait_s):
+def _towers(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+            busy_wait_s: float) -> CommandWork:
     return lambda call: call.emit({"type": "towers", "towers": views.towers()})
 
 
-def _models(grid, views, command, params, tower, busy_wait_s):
+def _models(grid: Grid, views: Views, command: str, params: dict[str, Any], tower: str | None,
+            busy_wait_s: float) -> CommandWork:
     return lambda call: call.emit({"type": "models", "models": views.models()})
 
 
 #: Commands whose events are more than their tower's reply map.
-WORK = {"ai/inference": _inference, "ai/embeddings": _embeddings, "audio/transcribe": _audio, "audio/speech": _audio,
-        "genome/train": _training, "jobs/status": _jobs, "jobs/watch": _jobs, "jobs/cancel": _jobs,
-        "grid/towers": _towers, "grid/models": _models}
+WORK: dict[str, Builder] = {
+    "ai/inference": _inference, "ai/embeddings": _embeddings, "audio/transcribe": _audio, "audio/speech": _audio,
+    "genome/train": _training, "jobs/status": _jobs, "jobs/watch": _jobs, "jobs/cancel": _jobs,
+    "grid/towers": _towers, "grid/models": _models}
 
 
-def _all_jobs(grid, views, tower):
+def _all_jobs(grid: Grid, views: Views, tower: str | None) -> list[dict[str, Any]]:
     if tower:
         return [{"tower": name, **job} for name, job in grid.jobs(tower)]
     return views.jobs(fresh=True)
 
 
-def _job(grid, command, job_id, tower, call):
+def _job(grid: Grid, command: str, job_id: str, tower: str | None, call: Reporter[Event]) -> None:
     entry = grid.job_tower(job_id, tower)
     if command == "jobs/status":
         reply = grid.connection(entry).request("jobs/status", {"job_id": job_id})
@@ -149,7 +164,7 @@ def _job(grid, command, job_id, tower, call):
         _follow(grid.watch(job_id, entry.name), call)
 
 
-def _follow(events, call):
+def _follow(events: Iterator[dict[str, Any]], call: Reporter[Event]) -> None:
     """Emit a job's events until its end, or until the client leaves (noticed at
     the next event: the job keeps running, only the watching stops)."""
     try:
@@ -158,20 +173,25 @@ def _follow(events, call):
                 return
             call.emit(json_safe(event))
     finally:
-        events.close()
+        # Grid.watch's hint says Iterator; it is a generator, whose close() ends the watch on the tower.
+        if isinstance(events, Generator):
+            events.close()
 
 
-def _train(grid, params, call):
+def _train(grid: Grid, params: dict[str, Any], call: Reporter[Event]) -> None:
     asked = TrainRequest.from_map({k: v for k, v in params.items() if k not in TRAIN_LOCAL})
     data_path = _data_file(grid, params)
-    progress = lambda done, total: call.emit({"type": "transfer", "done_bytes": done, "total_bytes": total})
+
+    def progress(done: int, total: int) -> None:
+        call.emit({"type": "transfer", "done_bytes": done, "total_bytes": total})
+
     entry, job_id = grid.train(asked, data_path, params.get("tower"), progress)
     call.emit({"type": "job", "job_id": job_id, "tower": entry.name})
     if params.get("watch", True) and not call.stopped.is_set():
         _follow(grid.watch(job_id, entry.name), call)
 
 
-def _data_file(grid, params):
+def _data_file(grid: Grid, params: dict[str, Any]) -> Path | None:
     """A JSONL file in the client's home from ``data`` or ``examples`` (None for
     neither), named by its content: the client's blob store refers to it in
     place, so it stays. Raises WireError(bad_request)."""

@@ -10,6 +10,7 @@ answers with a traceback.
 """
 
 import math
+from typing import Any
 
 from links.wire import Code, WireError
 
@@ -30,34 +31,35 @@ class ApiError(Exception):
     """An HTTP error answer. ``param``: the request field at fault (OpenAI names it);
     ``retry_after``: seconds, for 429."""
 
-    def __init__(self, status, message, code=None, param=None, retry_after=None):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
 
     @classmethod
-    def from_wire(cls, error):
+    def from_wire(cls, error: WireError) -> "ApiError":
         """The ApiError for a grid WireError (status per STATUS)."""
         return cls(STATUS.get(error.code, 502), error.message, code=error.code,
                    retry_after=error.retry_after if error.code == Code.BUSY else None)
 
-    def body(self):
+    def body(self) -> dict[str, Any]:
         """The JSON body (a dict)."""
-        error = {"message": self.message, "type": TYPES.get(self.status, "server_error"), "param": self.param,
-                 "code": self.code}
+        error: dict[str, Any] = {"message": self.message, "type": TYPES.get(self.status, "server_error"),
+                                 "param": self.param, "code": self.code}
         if self.retry_after is not None:
             error["retry_after"] = self.retry_after
         return {"error": error}
 
-    def ollama_body(self):
+    def ollama_body(self) -> dict[str, Any]:
         """The JSON body in Ollama's shape (a dict)."""
-        body = {"error": self.message, "code": self.code}
+        body: dict[str, Any] = {"error": self.message, "code": self.code}
         if self.param is not None:
             body["param"] = self.param
         if self.retry_after is not None:
             body["retry_after"] = self.retry_after
         return body
 
-    def headers(self):
+    def headers(self) -> dict[str, str]:
         """Extra response headers: ``Retry-After`` in whole seconds for a busy
         or overloaded answer (RFC 9110 allows no fraction). A busy answer's is
         the tower's hint rounded down, so it is never later than the place it
@@ -70,16 +72,16 @@ class ApiError(Exception):
         return {}
 
 
-def shape_for(path):
+def shape_for(path: str) -> str:
     """The error shape of a request path: "ollama" under ``/api``, else "openai"."""
     return "ollama" if path == "/api" or path.startswith("/api/") else "openai"
 
 
-def bad_request(message, param=None, code=None):
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, code=code or Code.BAD_REQUEST, param=param)
 
 
-def as_api_error(error):
+def as_api_error(error: BaseException) -> ApiError:
     """ApiError for an ApiError or a WireError; anything else is a 500 without details."""
     if isinstance(error, ApiError):
         return error

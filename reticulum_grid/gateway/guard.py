@@ -33,10 +33,12 @@ any web page the user opens can send requests to 127.0.0.1. So:
 Refusals come in the shape of the API the path belongs to (errors.shape_for).
 """
 
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reticulum_grid.gateway.errors import ApiError, shape_for
 from reticulum_grid.gateway.http import error_response
@@ -52,13 +54,13 @@ class BrowserGuard:
     """ASGI middleware; ``origins``: extra origins allowed (e.g. "http://localhost:5173");
     ``loopback``: the gateway is bound to a loopback address."""
 
-    def __init__(self, app, origins=(), loopback=True):
+    def __init__(self, app: ASGIApp, origins: Iterable[str] = (), loopback: bool = True) -> None:
         self.origins = {o.rstrip("/") for o in origins}
         self.loopback = loopback
-        self.app = CORSMiddleware(app, allow_origins=sorted(self.origins), allow_methods=["GET", "POST"],
+        self.app: ASGIApp = CORSMiddleware(app, allow_origins=sorted(self.origins), allow_methods=["GET", "POST"],
                                   allow_headers=["Authorization", "Content-Type"]) if self.origins else app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         problem = self.refusal(scope)
@@ -69,7 +71,7 @@ class BrowserGuard:
             return await error_response(problem, shape_for(scope["path"]))(scope, receive, send)
         await self.app(scope, receive, send)
 
-    def refusal(self, scope):
+    def refusal(self, scope: Scope) -> ApiError | None:
         """The ApiError (403 or 415) to answer when the request must be refused, else None."""
         headers = Headers(scope=scope)
         host = headers.get("host", "")
@@ -86,7 +88,7 @@ class BrowserGuard:
         return None
 
     @staticmethod
-    def _readable(path, headers):
+    def _readable(path: str, headers: Headers) -> bool:
         """Whether a POST's Content-Type is one its route reads (see the module doc)."""
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == FORM_TEXT:

@@ -14,13 +14,18 @@ import hmac
 import json
 import logging
 import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from links.wire import WireError
-from reticulum_grid.gateway.bridge import Call, Stopped
+from reticulum_grid.client import Embeddings
+from reticulum_grid.gateway.bridge import Call, Stopped, Work
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.inference import embeddings_work
+from reticulum_grid.gateway.parts import GatewayParts
 
 log = logging.getLogger("rngrid.gateway")
 
@@ -28,9 +33,16 @@ log = logging.getLogger("rngrid.gateway")
 MAX_JSON_DEPTH = 64
 #: A UTF-16 surrogate left alone in a decoded string (json decodes escaped pairs into one character).
 _SURROGATE = re.compile("[\ud800-\udfff]")
+E = TypeVar("E")
+#: The object a route method belongs to.
+S = TypeVar("S")
+#: A route method: (self, request) -> its response.
+Handler = Callable[[S, Request], Awaitable[Response]]
+#: A route method as endpoint() wraps it.
+Wrapped = Callable[[S, Request], Coroutine[Any, Any, Response]]
 
 
-def check_key(api_key, headers):
+def check_key(api_key: str | None, headers: Mapping[str, str]) -> None:
     """Raise ApiError(401) unless ``headers`` (a request's) carry ``Authorization: Bearer API_KEY`` (None: no key
     needed)."""
     if api_key is None:
@@ -41,7 +53,7 @@ def check_key(api_key, headers):
         raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
 
 
-def error_response(error, shape="openai"):
+def error_response(error: BaseException, shape: str = "openai") -> JSONResponse:
     """The JSONResponse for any exception, in OpenAI's or Ollama's shape."""
     api = as_api_error(error)
     if api.status >= 500 and not isinstance(error, (ApiError, WireError)):
@@ -50,7 +62,7 @@ def error_response(error, shape="openai"):
     return JSONResponse(body, status_code=api.status, headers=api.headers())
 
 
-def closing_response(error, shape="openai"):
+def closing_response(error: BaseException, shape: str = "openai") -> JSONResponse:
     """error_response() that also closes the connection: for a refusal answered
     before the request's body was read, so the rest of it never is."""
     response = error_response(error, shape)
@@ -58,12 +70,12 @@ def closing_response(error, shape="openai"):
     return response
 
 
-def endpoint(shape="openai"):
+def endpoint(shape: str = "openai") -> Callable[[Handler[S]], Wrapped[S]]:
     """Route-method wrapper: every failure answered in ``shape``."""
 
-    def wrap(handler):
+    def wrap(handler: Handler[S]) -> Wrapped[S]:
         @functools.wraps(handler)
-        async def wrapped(self, request):
+        async def wrapped(self: S, request: Request) -> Response:
             try:
                 return await handler(self, request)
             except Stopped:
@@ -76,12 +88,10 @@ def endpoint(shape="openai"):
     return wrap
 
 
-async def json_body(request, empty=None):
-    """The request's JSON body; ``empty`` (when not None) for an empty body. Raises ApiError(400)."""
+async def json_body(request: Request) -> object:
+    """The request's JSON body (any JSON value: the caller checks its shape). Raises ApiError(400)."""
     raw = await request.body()
     if not raw.strip():
-        if empty is not None:
-            return empty
         raise bad_request("missing request body: send a JSON object")
     try:
         return parse_json(raw)
@@ -89,7 +99,7 @@ async def json_body(request, empty=None):
         raise bad_request(f"the request body is not JSON the grid takes: {e}") from None
 
 
-def parse_json(raw):
+def parse_json(raw: str | bytes) -> object:
     """The value of JSON text ``raw`` (str or UTF-8 bytes). Raises ValueError for
     what is not JSON, and for what JSON allows but no tower takes: nesting
     deeper than MAX_JSON_DEPTH (Python's parser gives up at about a thousand
@@ -99,11 +109,12 @@ def parse_json(raw):
         value = json.loads(raw)
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-    stack = [(value, 0)]
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str) and _SURROGATE.search(item):
-            raise ValueError(f"a string holds a lone UTF-16 surrogate ({_SURROGATE.search(item).group()!a}), "
+        surrogate = _SURROGATE.search(item) if isinstance(item, str) else None
+        if surrogate:
+            raise ValueError(f"a string holds a lone UTF-16 surrogate ({surrogate.group()!a}), "
                              "which no UTF-8 text can")
         if isinstance(item, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
@@ -113,7 +124,8 @@ def parse_json(raw):
     return value
 
 
-async def start(request, work, name="rngrid-gateway-call"):
+async def start(request: Request, work: Work[E],
+                name: str = "rngrid-gateway-call") -> tuple[E, AsyncGenerator[E, None]]:
     """(first event, async iterator of the rest) of ``work`` run for ``request``.
     Raises what the work raised before its first event; Stopped when the
     client left before it."""
@@ -125,7 +137,8 @@ async def start(request, work, name="rngrid-gateway-call"):
     return first, events
 
 
-async def embedded(request, gateway, model, texts, tower, dimensions):
+async def embedded(request: Request, gateway: GatewayParts, model: str, texts: list[str], tower: str | None,
+                   dimensions: int | None) -> Embeddings:
     """The client.Embeddings of ``texts`` by ``model`` for an HTTP request
     (OpenAI's and Ollama's routes alike). Raises ApiError(400) when
     ``dimensions`` asks for more than the model gives; WireError as the Grid does."""

@@ -29,6 +29,7 @@ its first message).
 import asyncio
 
 from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reticulum_grid.gateway.errors import ApiError, shape_for
 from reticulum_grid.gateway.http import check_key, closing_response
@@ -54,14 +55,15 @@ class Intake:
     """ASGI middleware over the app. ``api_key``: None when none is needed;
     ``max_requests``, ``body_timeout_s``: see the module doc."""
 
-    def __init__(self, app, api_key=None, max_requests=MAX_REQUESTS, body_timeout_s=BODY_TIMEOUT_S):
+    def __init__(self, app: ASGIApp, api_key: str | None = None, max_requests: int = MAX_REQUESTS,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app, self.api_key = app, api_key
         self.max_requests, self.body_timeout_s = max_requests, body_timeout_s
         self.active = 0  # requests and WebSockets being served (touched on the event loop only)
         self.held = 0  # bytes of bodies being held
         self.large = 0  # requests holding a body of LARGE_BODY_BYTES or more
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         if self.active >= self.max_requests:
@@ -79,7 +81,7 @@ class Intake:
         finally:
             self.active -= 1
 
-    def _refusal(self, scope):
+    def _refusal(self, scope: Scope) -> ApiError | None:
         """The ApiError (401, 413) that headers alone earn, else None."""
         path = scope["path"]
         if path != OPEN_PATH and not path.startswith(OPEN_PREFIX):
@@ -92,11 +94,11 @@ class Intake:
             return _too_large()
         return None
 
-    async def _serve(self, scope, receive, send):
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = bytearray()
         try:
             problem = await self._read(receive, body)
-            if problem is _GONE:
+            if isinstance(problem, _Gone):
                 return
             if problem:
                 return await self._refuse(scope, receive, send, problem)
@@ -109,7 +111,7 @@ class Intake:
                 if not self.large:
                     give_back()
 
-    async def _read(self, receive, body):
+    async def _read(self, receive: Receive, body: bytearray) -> "ApiError | _Gone | None":
         """Read the request's body into ``body`` (a bytearray); None when it is
         whole, _GONE when the client left, else the ApiError to answer."""
         try:
@@ -134,33 +136,36 @@ class Intake:
                                   code="request_timeout")
 
     @staticmethod
-    async def _refuse(scope, receive, send, error):
+    async def _refuse(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
         """Answer ``error`` and close the connection (a WebSocket: refuse its handshake)."""
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1013, "reason": error.message[:120]})
         await closing_response(error, shape_for(scope["path"]))(scope, receive, send)
 
 
-#: _read's answer when the client left before its body was whole.
-_GONE = object()
+class _Gone:
+    """_read's answer when the client left before its body was whole (_GONE)."""
 
 
-def _too_large():
+_GONE = _Gone()
+
+
+def _too_large() -> ApiError:
     return ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
 
 
-async def _watching(app, scope, receive, send, body):
+async def _watching(app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytearray) -> None:
     """Run ``app`` with ``body`` replayed to it, setting ``scope["rngrid.gone"]``
     when the client disconnects or the app ends."""
     gone = scope["rngrid.gone"] = asyncio.Event()
-    replay = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+    replay: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-    async def watch():
+    async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         gone.set()
 
-    async def app_receive():
+    async def app_receive() -> Message:
         if replay:
             return replay.pop()
         await gone.wait()

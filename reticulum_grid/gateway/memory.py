@@ -13,9 +13,11 @@ ends: once after a flood, not once per request, as it walks the whole heap
 
 import ctypes
 import ctypes.util
+from collections.abc import Callable
+from typing import Any
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], Any] | None:
     """glibc's malloc_trim, or None where the C library has none."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
@@ -26,7 +28,7 @@ def _malloc_trim():
 _trim = _malloc_trim()
 
 
-def give_back():
+def give_back() -> None:
     """Return the C heap's free pages to the system (glibc; elsewhere nothing happens)."""
     if _trim is not None:
         _trim(0)

@@ -23,17 +23,19 @@ is the model itself; another tag names a LoRA adapter on the model, as
 
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from reticulum_grid.gateway.errors import bad_request
-from reticulum_grid.gateway.openai_api import UNTIL_CONTEXT_ENDS, messages as openai_messages, split_model
+from reticulum_grid.gateway.openai_api import UNTIL_CONTEXT_ENDS, ToolCall, messages as openai_messages, split_model
 
 log = logging.getLogger("rngrid.gateway")
 
 #: Sampling options and their ranges (Ollama's Options; the tower's request schema).
-SAMPLING = {"temperature": (0, 5, float), "top_p": (0, 1, float), "top_k": (0, 100_000, int), "min_p": (0, 1, float),
-            "repeat_penalty": (0, 10, float), "presence_penalty": (-2, 2, float),
-            "frequency_penalty": (-2, 2, float)}
+SAMPLING: dict[str, tuple[float, float, type[int] | type[float]]] = {
+    "temperature": (0, 5, float), "top_p": (0, 1, float), "top_k": (0, 100_000, int), "min_p": (0, 1, float),
+    "repeat_penalty": (0, 10, float), "presence_penalty": (-2, 2, float), "frequency_penalty": (-2, 2, float)}
 #: Options that shape how a runner is loaded, not the answer: the tower's settings decide.
 RUNNER_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram",
                   "vocab_only", "f16_kv", "logits_all", "num_thread", "embedding_only", "num_keep",
@@ -61,7 +63,7 @@ class Request:
     (None for Ollama's "load the model" request: no messages or prompt), the
     ``model`` as asked, ``stream`` (Ollama's default: true), ``top_logprobs``
     (None: no logprobs)."""
-    payload: dict | None
+    payload: dict[str, Any] | None
     model: str
     stream: bool
     tower: str | None
@@ -70,24 +72,31 @@ class Request:
 
 @dataclass
 class EmbedRequest:
-    """``/api/embed`` or ``/api/embeddings``: texts, ``dimensions`` to keep (None: all)."""
+    """``/api/embed`` or ``/api/embeddings``: texts, ``dimensions`` to keep (None: all);
+    ``asked``: the model's name as asked (what the answer names)."""
     model: str
-    texts: list
+    texts: list[str]
     dimensions: int | None
     tower: str | None
+    asked: str
 
 
-def model_name(body, known_models):
-    """{"model", "adapter"?} of Ollama's ``model`` (or the old ``name``) field."""
+def asked_name(body: dict[str, Any]) -> str:
+    """Ollama's ``model`` (or the old ``name``) field as asked. Raises ApiError(400)."""
     name = body.get("model") if body.get("model") is not None else body.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("'model' must be a model name", "model")
-    name = name.removesuffix(":latest")
+    return name
+
+
+def model_name(body: dict[str, Any], known_models: Collection[str]) -> dict[str, str]:
+    """{"model", "adapter"?} of Ollama's ``model`` (or the old ``name``) field. Raises ApiError(400)."""
+    name = asked_name(body).removesuffix(":latest")
     base, adapter = split_model(name, known_models)
     return {"model": base} | ({"adapter": adapter} if adapter else {})
 
 
-def checked_object(body, known, where="the request body"):
+def checked_object(body: object, known: Collection[str], where: str = "the request body") -> dict[str, Any]:
     """``body`` when it is a JSON object; names outside ``known`` are logged and
     ignored (the module doc says why). Raises ApiError(400) for anything else."""
     if not isinstance(body, dict):
@@ -96,7 +105,7 @@ def checked_object(body, known, where="the request body"):
     return body
 
 
-def _log_ignored(where, names):
+def _log_ignored(where: str, names: list[Any]) -> None:
     """One log line naming the first few ``names`` ignored in ``where`` (escaped and cut: they come from the network)."""
     if names:
         shown = ", ".join(repr(str(name)[:LOGGED_NAME]) for name in names[:LOGGED_NAMES])
@@ -104,12 +113,13 @@ def _log_ignored(where, names):
         log.info("ignored in %s (not Ollama's): %s%s", where, shown, more)
 
 
-def _refuse_if(body, name, why):
+def _refuse_if(body: dict[str, Any], name: str, why: str) -> None:
     if body.get(name):
         raise bad_request(f"'{name}' is not supported by this grid ({why})", name, code="unsupported")
 
 
-def _common(body, payload, known_models):
+def _common(body: dict[str, Any], payload: dict[str, Any],
+            known_models: Collection[str]) -> tuple[bool, str | None, int | None]:
     """model, options, format, logprobs, think, tower and stream of a chat or generate body."""
     payload.update(model_name(body, known_models))
     _refuse_if(body, "think", "its towers do not separate a model's thinking from its answer")
@@ -133,7 +143,7 @@ def _common(body, payload, known_models):
     return stream is not False, tower, top
 
 
-def _loading(body, model, stream, tower, top):
+def _loading(body: dict[str, Any], model: str, stream: bool, tower: str | None, top: int | None) -> Request:
     """The Request of Ollama's "load the model" (no messages, no prompt); its
     unload form (``keep_alive`` 0) is refused: towers unload a model only when
     another needs the memory."""
@@ -143,16 +153,16 @@ def _loading(body, model, stream, tower, top):
     return Request(None, model, stream, tower, top)
 
 
-def parse_chat(body, known_models=()):
+def parse_chat(body: object, known_models: Collection[str] = ()) -> Request:
     """Check an ``/api/chat`` body. Raises ApiError(400)."""
-    checked_object(body, CHAT_FIELDS)
-    payload = {}
+    body = checked_object(body, CHAT_FIELDS)
+    payload: dict[str, Any] = {}
     stream, tower, top = _common(body, payload, known_models)
     items = body.get("messages") or []
     if not isinstance(items, list):
         raise bad_request("'messages' must be a list", "messages")
     if not items:
-        return _loading(body, body.get("model") or body.get("name"), stream, tower, top)
+        return _loading(body, asked_name(body), stream, tower, top)
     payload["messages"] = openai_messages(_messages(items))
     tools = body.get("tools")
     if tools:
@@ -160,23 +170,23 @@ def parse_chat(body, known_models=()):
                                                   and isinstance(t.get("function"), dict) for t in tools):
             raise bad_request("'tools' must be a list of {'type': 'function', 'function': {...}}", "tools")
         payload["tools"] = [{"type": "function", "function": t["function"]} for t in tools]
-    return Request(payload, body["model"] if body.get("model") else body["name"], stream, tower, top)
+    return Request(payload, asked_name(body), stream, tower, top)
 
 
-def parse_generate(body, known_models=()):
+def parse_generate(body: object, known_models: Collection[str] = ()) -> Request:
     """Check an ``/api/generate`` body. Raises ApiError(400)."""
-    checked_object(body, GENERATE_FIELDS)
+    body = checked_object(body, GENERATE_FIELDS)
     for name, why in (("suffix", "no fill-in-the-middle"), ("template", "each model uses its own chat template"),
                       ("context", "no conversation state is kept between requests; use /api/chat"),
                       ("images", "text models only"), ("width", "no image generation"),
                       ("height", "no image generation"), ("steps", "no image generation")):
         _refuse_if(body, name, why)
-    payload = {}
+    payload: dict[str, Any] = {}
     stream, tower, top = _common(body, payload, known_models)
     prompt, system = body.get("prompt") or "", body.get("system") or ""
     if not isinstance(prompt, str) or not isinstance(system, str):
         raise bad_request("'prompt' and 'system' must be strings", "prompt")
-    model = body["model"] if body.get("model") else body["name"]
+    model = asked_name(body)
     if not prompt and not system:
         return _loading(body, model, stream, tower, top)
     if body.get("raw"):
@@ -189,10 +199,10 @@ def parse_generate(body, known_models=()):
     return Request(payload, model, stream, tower, top)
 
 
-def parse_embed(body, known_models=(), legacy=False):
+def parse_embed(body: object, known_models: Collection[str] = (), legacy: bool = False) -> EmbedRequest:
     """Check an ``/api/embed`` body (``input``: a string or a list of them), or
     with ``legacy`` an ``/api/embeddings`` one (``prompt``: one string). Raises ApiError(400)."""
-    checked_object(body, EMBED_FIELDS)
+    body = checked_object(body, EMBED_FIELDS)
     name = model_name(body, known_models)
     if "adapter" in name:
         raise bad_request("embeddings come from a model without adapters", "model")
@@ -207,10 +217,10 @@ def parse_embed(body, known_models=(), legacy=False):
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
         raise bad_request("'dimensions' must be a positive integer", "dimensions")
     tower = body.get("tower") if isinstance(body.get("tower"), str) and body.get("tower") else None
-    return EmbedRequest(name["model"], texts, dimensions, tower)
+    return EmbedRequest(name["model"], texts, dimensions, tower, asked_name(body))
 
 
-def _options(options, payload):
+def _options(options: object, payload: dict[str, Any]) -> None:
     if options is None:
         return
     if not isinstance(options, dict):
@@ -248,7 +258,7 @@ def _options(options, payload):
                 raise bad_request(f"'{where}' is not supported by this grid (no mirostat)", where, code="unsupported")
 
 
-def _format(value, payload):
+def _format(value: object, payload: dict[str, Any]) -> None:
     if value in (None, ""):
         return
     if value == "json":
@@ -259,10 +269,11 @@ def _format(value, payload):
         raise bad_request("'format' must be \"json\" or a JSON schema", "format")
 
 
-def _messages(items):
+def _messages(items: list[Any]) -> list[dict[str, Any]]:
     """Ollama chat messages in OpenAI's shape (openai_api.messages checks them
     after): tool calls with JSON-text arguments and ids, tool answers linked to them."""
-    out, open_calls = [], []  # (id, name) of calls not answered yet
+    out: list[dict[str, Any]] = []
+    open_calls: list[tuple[str, Any]] = []  # (id, name) of calls not answered yet
     for i, m in enumerate(items):
         where = f"messages[{i}]"
         checked_object(m, MESSAGE_FIELDS, where)
@@ -287,10 +298,10 @@ def _messages(items):
     return out
 
 
-def _calls(calls, where, i):
+def _calls(calls: object, where: str, i: int) -> list[ToolCall]:
     if not isinstance(calls, list):
         raise bad_request(f"{where} must be a list", where)
-    out = []
+    out: list[ToolCall] = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):

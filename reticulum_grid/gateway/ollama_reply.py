@@ -11,11 +11,15 @@ towers' caps/full (client/models.TowerModel). Every reply carries an extra
 
 import json
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from announce.capsfull import ModelSummary
-from reticulum_grid.client import ToolCallDelta
+from reticulum_grid.client import Embeddings, ToolCallDelta, Usage
+from reticulum_grid.client.models import TowerModel
 from reticulum_grid.gateway.errors import ApiError
+from reticulum_grid.gateway.inference import Output
 from reticulum_grid.gateway.openai_reply import grid_usage, tool_calls
 
 NS = 1_000_000_000
@@ -24,12 +28,12 @@ NS = 1_000_000_000
 NEVER_EXPIRES = timedelta(days=365 * 100)
 
 
-def nanoseconds(seconds):
+def nanoseconds(seconds: float) -> int:
     """Ollama's durations: whole nanoseconds, rounded down (so parts never add up to more than their whole)."""
     return int(seconds * NS)
 
 
-def timestamp(seconds=None):
+def timestamp(seconds: float | None = None) -> str:
     """RFC 3339 UTC time, as Ollama's ``created_at`` (seconds: Unix time; default now)."""
     at = datetime.fromtimestamp(time.time() if seconds is None else seconds, timezone.utc)
     return at.isoformat().replace("+00:00", "Z")
@@ -40,12 +44,12 @@ class Reply:
     ``started``: time.perf_counter() when the request came; ``top_logprobs``:
     alternatives per token to show (None: no logprobs)."""
 
-    def __init__(self, chat, model, started, top_logprobs=None):
+    def __init__(self, chat: bool, model: str, started: float, top_logprobs: int | None = None) -> None:
         self.chat, self.model, self.started, self.top_logprobs = chat, model, started, top_logprobs
-        self._calls = []  # ToolCallDelta pieces of calls not sent yet
+        self._calls: list[ToolCallDelta] = []  # pieces of calls not sent yet
 
-    def _object(self, text="", calls=None, **extra):
-        obj = {"model": self.model, "created_at": timestamp()}
+    def _object(self, text: str = "", calls: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+        obj: dict[str, Any] = {"model": self.model, "created_at": timestamp()}
         if self.chat:
             obj["message"] = {"role": "assistant", "content": text}
             if calls:
@@ -54,7 +58,7 @@ class Reply:
             obj["response"] = text
         return obj | extra
 
-    def pieces(self, piece):
+    def pieces(self, piece: str | ToolCallDelta) -> list[dict[str, Any]]:
         """The objects (0 or 1) to send for one stream piece: text now; a tool
         call's fragments are held until the call is whole (its index moves on, or the end)."""
         if isinstance(piece, ToolCallDelta):
@@ -65,17 +69,17 @@ class Reply:
         logprobs = self._logprobs([piece])
         return out + [self._object(str(piece), done=False, **({"logprobs": logprobs} if logprobs else {}))]
 
-    def _flush(self):
+    def _flush(self) -> list[dict[str, Any]]:
         if not self._calls:
             return []
         calls, self._calls = ollama_calls(self._calls), []
         return [self._object("", calls=calls, done=False)]
 
-    def last(self, usage):
+    def last(self, usage: Usage) -> list[dict[str, Any]]:
         """The objects that end a stream: held tool calls, then ``done`` with the metrics."""
         return self._flush() + [self._object("", done=True, **self.metrics(usage))]
 
-    def whole(self, pieces, usage):
+    def whole(self, pieces: Sequence[Output], usage: Usage) -> dict[str, Any]:
         """The one object of ``stream: false``: the text, the tool calls and the metrics."""
         text = "".join(p for p in pieces if isinstance(p, str))
         logprobs = self._logprobs(pieces)
@@ -83,11 +87,11 @@ class Reply:
         return self._object(text, calls=calls, done=True, **self.metrics(usage),
                             **({"logprobs": logprobs} if logprobs else {}))
 
-    def loaded(self, reason="load"):
+    def loaded(self, reason: str = "load") -> dict[str, Any]:
         """Ollama's answer to a request without messages or prompt (it loads the model)."""
         return self._object("", done=True, done_reason=reason)
 
-    def metrics(self, usage):
+    def metrics(self, usage: Usage) -> dict[str, Any]:
         """done_reason and Ollama's metrics (nanoseconds, token counts), plus ``rngrid``.
 
         ``total_duration`` runs from the request's arrival here to now; the
@@ -103,7 +107,7 @@ class Reply:
                 "eval_count": usage.completion_tokens, "eval_duration": nanoseconds(usage.decode_s),
                 "rngrid": grid_usage(usage)}
 
-    def _logprobs(self, pieces):
+    def _logprobs(self, pieces: Iterable[object]) -> list[dict[str, Any]] | None:
         """[{token, logprob, bytes, top_logprobs: [...]}] of the pieces' tokens (None: not asked)."""
         if self.top_logprobs is None:
             return None
@@ -113,10 +117,10 @@ class Reply:
                 for p in pieces if isinstance(p, str) for lp in getattr(p, "logprobs", ())]
 
 
-def ollama_calls(deltas):
+def ollama_calls(deltas: Iterable[ToolCallDelta]) -> list[dict[str, Any]]:
     """Whole tool calls in Ollama's shape ([{id, function: {index, name, arguments: {...}}}])
     from ToolCallDelta pieces. Raises ApiError(502) for arguments that are not a JSON object."""
-    out = []
+    out: list[dict[str, Any]] = []
     for call in tool_calls(deltas):
         text = call["function"]["arguments"] or "{}"
         try:
@@ -132,7 +136,7 @@ def ollama_calls(deltas):
 
 
 # -- what the grid has ------------------------------------------------------
-def _size(parameters):
+def _size(parameters: int | None) -> str:
     """Ollama's parameter_size ("134.5M", "7.6B")."""
     if not parameters:
         return ""
@@ -142,35 +146,35 @@ def _size(parameters):
     return str(parameters)
 
 
-def details(facts):
+def details(facts: ModelSummary) -> dict[str, Any]:
     """Ollama's ModelDetails from a model's GGUF facts (a capsfull.ModelSummary)."""
     arch = facts.architecture or ""
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else [],
             "parameter_size": _size(facts.parameters), "quantization_level": facts.quantization or ""}
 
 
-def capabilities(facts):
+def capabilities(facts: ModelSummary) -> list[str]:
     """What a model can be asked for: an embedding model (one with pooling) only
     embeds; others complete and call tools (a tower constrains a model whose
     template knows no tools to a well-formed call)."""
     return ["embedding"] if facts.pooling else ["completion", "tools"]
 
 
-def _grouped(rows):
+def _grouped(rows: Iterable[TowerModel]) -> dict[str, list[TowerModel]]:
     """{alias: [TowerModel, ...]} of the models (not adapters), first heard first."""
-    found = {}
+    found: dict[str, list[TowerModel]] = {}
     for row in rows:
         if row.kind == "model":
             found.setdefault(row.alias, []).append(row)
     return found
 
 
-def _facts(rows):
+def _facts(rows: Iterable[TowerModel]) -> ModelSummary:
     """The first GGUF summary a tower of ``rows`` read (an empty one before any did)."""
     return next((r.gguf for r in rows if r.gguf is not None), ModelSummary())
 
 
-def tags(rows, heard_at):
+def tags(rows: Iterable[TowerModel], heard_at: Mapping[str, float]) -> dict[str, Any]:
     """``/api/tags``: one entry per model alias. ``heard_at``: {tower name: Unix
     time it was last heard}, given as ``modified_at`` (the grid keeps no file times)."""
     out = []
@@ -184,7 +188,8 @@ def tags(rows, heard_at):
     return {"models": out}
 
 
-def show(alias, rows, heard_at, adapter=None):
+def show(alias: str, rows: Iterable[TowerModel], heard_at: Mapping[str, float],
+         adapter: str | None = None) -> dict[str, Any] | None:
     """``/api/show`` for ``alias`` (its TowerModel rows on the towers), or None when no tower has it."""
     same = _grouped(rows).get(alias)
     if not same:
@@ -204,7 +209,7 @@ def show(alias, rows, heard_at, adapter=None):
             "rngrid": {"blob": same[0].hex, "adapter": adapter, "towers": towers}}
 
 
-def ps(rows):
+def ps(rows: Iterable[TowerModel]) -> dict[str, Any]:
     """``/api/ps``: every loaded model on every tower: memory (bytes; ``size_vram``
     on the GPUs), the slots' context and, in ``rngrid``, the tower and its slots."""
     expires = timestamp(time.time() + NEVER_EXPIRES.total_seconds())
@@ -220,7 +225,7 @@ def ps(rows):
     return {"models": out}
 
 
-def embed(model, result, vectors, started):
+def embed(model: str, result: Embeddings, vectors: list[list[float]], started: float) -> dict[str, Any]:
     """``/api/embed``'s answer for a client.Embeddings (``vectors``: shortened as
     asked): ``total_duration`` from ``started`` (time.perf_counter()) to now,
     ``load_duration`` the tower's time before it computed them (see Reply.metrics)."""

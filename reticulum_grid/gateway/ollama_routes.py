@@ -19,27 +19,31 @@ status codes; errors come as Ollama's ``{"error": message}`` plus the grid's
 
 import json
 import time
+from collections.abc import AsyncGenerator
 from importlib import metadata
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from links.wire import Code
+from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.gateway import ollama_api, ollama_reply
-from reticulum_grid.gateway.bridge import Stopped
+from reticulum_grid.gateway.bridge import Reporter, Stopped, Work
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.http import embedded, endpoint, json_body, start
-from reticulum_grid.gateway.inference import inference_work
+from reticulum_grid.gateway.inference import Piece, ended, inference_work
 from reticulum_grid.gateway.openai_reply import shortened
+from reticulum_grid.gateway.parts import GatewayParts
 
 #: The Ollama release whose API (docs/api.md, api/types.go) this gateway follows.
 OLLAMA_VERSION = "0.12.0"
 NDJSON = "application/x-ndjson"
 
 
-def _package_version():
+def _package_version() -> str:
     try:
         return metadata.version("reticulum-grid")
     except metadata.PackageNotFoundError:
@@ -47,10 +51,10 @@ def _package_version():
 
 
 class OllamaRoutes:
-    def __init__(self, gateway):
+    def __init__(self, gateway: GatewayParts) -> None:
         self.gateway = gateway
 
-    def routes(self):
+    def routes(self) -> list[Route]:
         return [Route("/api/version", self.version), Route("/api/tags", self.tags), Route("/api/ps", self.ps),
                 Route("/api/show", self.show, methods=["POST"]), Route("/api/chat", self.chat, methods=["POST"]),
                 Route("/api/generate", self.generate, methods=["POST"]),
@@ -59,23 +63,23 @@ class OllamaRoutes:
                 Route("/api/pull", self.pull, methods=["POST"])]
 
     @endpoint("ollama")
-    async def version(self, request):
+    async def version(self, request: Request) -> Response:
         return JSONResponse({"version": OLLAMA_VERSION, "rngrid": _package_version()})
 
-    def _heard_at(self):
+    def _heard_at(self) -> dict[str, float]:
         return {e.name: e.heard_at for e in self.gateway.grid.table.live()}
 
     @endpoint("ollama")
-    async def tags(self, request):
+    async def tags(self, request: Request) -> Response:
         rows = await run_in_threadpool(self.gateway.views.tower_models)
         return JSONResponse(ollama_reply.tags(rows, self._heard_at()))
 
     @endpoint("ollama")
-    async def ps(self, request):
+    async def ps(self, request: Request) -> Response:
         return JSONResponse(ollama_reply.ps(await run_in_threadpool(self.gateway.views.tower_models)))
 
     @endpoint("ollama")
-    async def show(self, request):
+    async def show(self, request: Request) -> Response:
         body = ollama_api.checked_object(await json_body(request), ollama_api.SHOW_FIELDS)
         name = ollama_api.model_name(body, self.gateway.views.model_aliases())
         rows = await run_in_threadpool(self.gateway.views.tower_models)
@@ -87,21 +91,21 @@ class OllamaRoutes:
 
     # -- generation ---------------------------------------------------------
     @endpoint("ollama")
-    async def chat(self, request):
+    async def chat(self, request: Request) -> Response:
         return await self._generation(request, chat=True)
 
     @endpoint("ollama")
-    async def generate(self, request):
+    async def generate(self, request: Request) -> Response:
         return await self._generation(request, chat=False)
 
-    async def _generation(self, request, chat):
+    async def _generation(self, request: Request, chat: bool) -> Response:
         started, gateway = time.perf_counter(), self.gateway
         body = await json_body(request)
         parse = ollama_api.parse_chat if chat else ollama_api.parse_generate
         req = parse(body, gateway.views.model_aliases())
         reply = ollama_reply.Reply(chat, req.model, started, req.top_logprobs)
         if req.payload is None:  # Ollama's "load the model": the towers load what they are asked for
-            gateway.check_known(ollama_api.model_name(body, ()), req.tower, model_code=Code.UNKNOWN_MODEL)
+            gateway.check_known({"model": req.model.removesuffix(":latest")}, req.tower, model_code=Code.UNKNOWN_MODEL)
             return JSONResponse(reply.loaded())
         gateway.check_known(req.payload, req.tower, model_code=Code.UNKNOWN_MODEL)
         first, events = await start(request, inference_work(gateway.grid, req.payload, req.tower,
@@ -111,10 +115,11 @@ class OllamaRoutes:
         pieces = [first]
         async for piece in events:
             pieces.append(piece)
-        return JSONResponse(reply.whole(pieces[:-1], pieces[-1]))
+        return JSONResponse(reply.whole(*ended(pieces)))
 
     @staticmethod
-    async def _lines(reply, piece, events):
+    async def _lines(reply: ollama_reply.Reply, piece: Piece,
+                     events: AsyncGenerator[Piece, None]) -> AsyncGenerator[str, None]:
         """NDJSON lines of one stream; an error after the first line is one
         ``{"error": ...}`` line (what Ollama's clients raise), then the end."""
         try:
@@ -133,14 +138,14 @@ class OllamaRoutes:
 
     # -- embeddings ---------------------------------------------------------
     @endpoint("ollama")
-    async def embed(self, request):
+    async def embed(self, request: Request) -> Response:
         return await self._embeddings(request, legacy=False)
 
     @endpoint("ollama")
-    async def embeddings(self, request):
+    async def embeddings(self, request: Request) -> Response:
         return await self._embeddings(request, legacy=True)
 
-    async def _embeddings(self, request, legacy):
+    async def _embeddings(self, request: Request, legacy: bool) -> Response:
         started, gateway = time.perf_counter(), self.gateway
         body = await json_body(request)
         req = ollama_api.parse_embed(body, gateway.views.model_aliases(), legacy=legacy)
@@ -149,11 +154,11 @@ class OllamaRoutes:
         vectors = [shortened(v, req.dimensions) for v in result.vectors]
         if legacy:
             return JSONResponse({"embedding": vectors[0]})
-        return JSONResponse(ollama_reply.embed(body.get("model") or body.get("name"), result, vectors, started))
+        return JSONResponse(ollama_reply.embed(req.asked, result, vectors, started))
 
     # -- pull ---------------------------------------------------------------
     @endpoint("ollama")
-    async def pull(self, request):
+    async def pull(self, request: Request) -> Response:
         body = ollama_api.checked_object(await json_body(request), ollama_api.PULL_FIELDS)
         name = ollama_api.model_name(body, self.gateway.views.model_aliases())
         if "adapter" in name:
@@ -165,7 +170,7 @@ class OllamaRoutes:
                 last = event
             return JSONResponse(last)
 
-        async def lines():
+        async def lines() -> AsyncGenerator[str, None]:
             try:
                 yield json.dumps(first) + "\n"
                 async for event in events:
@@ -179,13 +184,13 @@ class OllamaRoutes:
 
         return StreamingResponse(lines(), media_type=NDJSON)
 
-    def _pull_work(self, model):
+    def _pull_work(self, model: str) -> Work[dict[str, Any]]:
         """``work(call)``: Grid.pull with Ollama's progress lines: "pulling
         manifest", "pulling <blob>" {digest, total, completed} (bytes), "verifying
         blake3 digest" (every chunk and the whole blob were checked), "success"."""
         grid = self.gateway.grid
 
-        def work(call):
+        def work(call: Reporter[dict[str, Any]]) -> None:
             call.emit({"status": "pulling manifest"})
             holders = [e for e in grid.table.live() if e.caps.model(model)]
             blob = next((r.hex for r in grid.tower_models(holders) if r.alias == model), None) if holders else None
@@ -193,13 +198,15 @@ class OllamaRoutes:
             digest = {"digest": f"blake3:{blob}"} if blob else {}
             last = [0.0]
 
-            def progress(done, total):
+            def progress(done: int, total: int) -> None:
                 now = time.monotonic()
                 if now - last[0] >= 0.1 or done == total:  # a line per chunk would flood a slow reader
                     last[0] = now
                     call.emit({"status": status, **digest, "total": total, "completed": done})
 
             info, _ = grid.pull(model, progress=progress)
+            if info is None:  # fetched and verified, then removed (rngrid models rm) before it could be read back
+                raise WireError(Code.UNKNOWN_BLOB, f"{model} was fetched but is no longer in this gateway's store")
             call.emit({"status": "verifying blake3 digest", "digest": f"blake3:{info.hex}"})
             call.emit({"status": "success"})
 

@@ -13,7 +13,9 @@ rather than silently ignored; fields that change nothing about the answer
 (``user``, ``metadata``, ...) are accepted. Reply shapes: openai_reply.py.
 """
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from reticulum_grid.gateway.errors import bad_request
 
@@ -26,7 +28,7 @@ EXTRAS = {"adapter", "adapter_scale", "top_k", "min_p", "repeat_penalty", "tower
 IGNORED = {"user", "store", "metadata", "service_tier", "parallel_tool_calls"}
 #: Fields the grid cannot honour, with the test for "asks for something": a
 #: default value (False, 0, None, [] ...) is fine, anything else is a 400.
-UNSUPPORTED = {
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": bool, "function_call": bool, "logit_bias": bool, "audio": bool, "prediction": bool,
     "modalities": lambda v: v not in (None, ["text"]), "web_search_options": bool, "reasoning_effort": bool,
     "echo": bool, "best_of": lambda v: v not in (None, 1), "suffix": bool,
@@ -40,6 +42,32 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 #: Most alternatives per token a request may ask for (llama.cpp's limit is 20; OpenAI's completions API allows 5).
 MAX_TOP_LOGPROBS = 20
 EMBED_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "tower"}
+N = TypeVar("N", bound=float)
+
+
+class FunctionCall(TypedDict):
+    name: str
+    #: The call's arguments as JSON text.
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """An assistant's call of a function tool (OpenAI's chat shape)."""
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(TypedDict):
+    """A chat message as the tower takes it (inference/request.py): ``role``
+    system, user, assistant or tool; ``content`` None only for an assistant's
+    message that calls tools."""
+    role: str
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
+    #: A tool message: the call it answers.
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
 
 
 @dataclass
@@ -47,7 +75,7 @@ class Request:
     """A checked request: ``payload`` for Grid.execute("ai/inference"), the
     ``model`` name as asked, the stream options and ``top_logprobs``: how many
     alternatives per token the reply shows (None: no logprobs)."""
-    payload: dict
+    payload: dict[str, Any]
     model: str
     stream: bool
     include_usage: bool
@@ -60,13 +88,13 @@ class EmbedRequest:
     """A checked ``/v1/embeddings`` request: texts, ``base64`` answers
     (float32 little-endian) or lists of floats, ``dimensions`` to keep (None: all)."""
     model: str
-    texts: list
+    texts: list[str]
     base64: bool
     dimensions: int | None
     tower: str | None
 
 
-def parse(body, chat, known_models=()):
+def parse(body: object, chat: bool, known_models: Collection[str] = ()) -> Request:
     """Check an OpenAI request body. ``known_models``: aliases the grid serves,
     to tell ``MODEL:ADAPTER`` from an alias that holds a colon. Raises ApiError(400)."""
     if not isinstance(body, dict):
@@ -94,7 +122,7 @@ def parse(body, chat, known_models=()):
     return Request(payload, body["model"], stream, include_usage, tower, top)
 
 
-def parse_embeddings(body, known_models=()):
+def parse_embeddings(body: object, known_models: Collection[str] = ()) -> EmbedRequest:
     """Check a ``/v1/embeddings`` body. Raises ApiError(400)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -119,7 +147,7 @@ def parse_embeddings(body, known_models=()):
     return EmbedRequest(payload["model"], texts, encoding == "base64", dimensions, payload.get("tower"))
 
 
-def split_model(name, known_models):
+def split_model(name: str, known_models: Collection[str]) -> tuple[str, str | None]:
     """(model, adapter or None) from ``MODEL`` or ``MODEL:ADAPTER``."""
     if name in known_models or ":" not in name:
         return name, None
@@ -129,7 +157,7 @@ def split_model(name, known_models):
     return name, None
 
 
-def model_fields(body, known_models):
+def model_fields(body: dict[str, Any], known_models: Collection[str]) -> dict[str, Any]:
     """{"model", "adapter"?, "tower"?} of a body's ``model`` (and ``adapter``, ``tower``). Raises ApiError(400)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -137,7 +165,7 @@ def model_fields(body, known_models):
     base, adapter = split_model(model, known_models)
     if adapter and body.get("adapter") not in (None, adapter):
         raise bad_request(f"'model' names adapter {adapter!r} and 'adapter' names {body['adapter']!r}", "adapter")
-    payload = {"model": base}
+    payload: dict[str, Any] = {"model": base}
     if adapter:
         payload["adapter"] = adapter
     for field in ("adapter", "tower"):
@@ -148,7 +176,7 @@ def model_fields(body, known_models):
     return payload
 
 
-def _check_fields(body, chat):
+def _check_fields(body: dict[str, Any], chat: bool) -> None:
     other = COMPLETION_ONLY if chat else CHAT_ONLY
     allowed = COMMON | EXTRAS | IGNORED | set(UNSUPPORTED) | (CHAT_ONLY if chat else COMPLETION_ONLY)
     for name, value in body.items():
@@ -162,7 +190,7 @@ def _check_fields(body, chat):
         raise bad_request("'n' must be 1: the grid generates one choice per request", "n", code="unsupported")
 
 
-def flag(body, name, param=None):
+def flag(body: dict[str, Any], name: str, param: str | None = None) -> bool:
     """The body's boolean ``name`` (False when absent or null). Raises ApiError(400) naming ``param``."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
@@ -170,30 +198,38 @@ def flag(body, name, param=None):
     return bool(value)
 
 
-def number(body, name, lo, hi, integer=False):
-    """The body's number ``name`` within [lo, hi], or None when absent. Raises ApiError(400)."""
+def number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
+    """The body's number ``name`` within [lo, hi] (an int or a float, as given), or None when absent.
+    Raises ApiError(400)."""
+    return _ranged(body, name, lo, hi, (int, float), "a number")
+
+
+def integer(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    """The body's integer ``name`` within [lo, hi], or None when absent. Raises ApiError(400)."""
+    return _ranged(body, name, lo, hi, (int,), "an integer")
+
+
+def _ranged(body: dict[str, Any], name: str, lo: float, hi: float, kinds: tuple[type[N], ...], kind: str) -> N | None:
     value = body.get(name)
     if value is None:
         return None
-    kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
         raise bad_request(f"'{name}' must be {kind} in [{lo}, {hi}], got {value!r}", name)
     return value
 
 
-def sampling(body, payload, limit):
+def sampling(body: dict[str, Any], payload: dict[str, Any], limit: str) -> None:
     """The payload's ``max_tokens`` (from the body's field ``limit``), sampling
     settings, ``seed`` and ``stop``, from the body's fields that are there. Raises ApiError(400)."""
-    payload["max_tokens"] = number(body, limit, 1, UNTIL_CONTEXT_ENDS, integer=True) or UNTIL_CONTEXT_ENDS
-    for field, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("top_k", 0, 100_000, True),
-                                   ("min_p", 0, 1, False), ("repeat_penalty", 0, 10, False),
-                                   ("adapter_scale", -10, 10, False), ("presence_penalty", -2, 2, False),
-                                   ("frequency_penalty", -2, 2, False)):
-        value = number(body, field, lo, hi, integer)
+    payload["max_tokens"] = integer(body, limit, 1, UNTIL_CONTEXT_ENDS) or UNTIL_CONTEXT_ENDS
+    for field, lo, hi, whole in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("top_k", 0, 100_000, True),
+                                 ("min_p", 0, 1, False), ("repeat_penalty", 0, 10, False),
+                                 ("adapter_scale", -10, 10, False), ("presence_penalty", -2, 2, False),
+                                 ("frequency_penalty", -2, 2, False)):
+        value = integer(body, field, lo, hi) if whole else number(body, field, lo, hi)
         if value is not None:
-            payload[field] = value if integer else float(value)
-    seed = number(body, "seed", -(1 << 63), (1 << 64) - 1, integer=True)
+            payload[field] = value if whole else float(value)
+    seed = integer(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         payload["seed"] = seed & 0xFFFFFFFF  # llama.cpp seeds are 32-bit; the same seed still gives the same text
     stop = body.get("stop")
@@ -206,16 +242,16 @@ def sampling(body, payload, limit):
         payload["stop"] = stop
 
 
-def _logprobs(body, payload, chat):
+def _logprobs(body: dict[str, Any], payload: dict[str, Any], chat: bool) -> int | None:
     """Chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs``
     a count 0..20. Sets the payload's; returns the alternatives to show (None: no logprobs)."""
     if chat:
         wanted = flag(body, "logprobs")
-        top = number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        top = integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if top is not None and not wanted:
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     else:
-        top = number(body, "logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+        top = integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
         wanted = top is not None
     if not wanted:
         return None
@@ -224,7 +260,7 @@ def _logprobs(body, payload, chat):
     return top or 0
 
 
-def tools(body, payload, flat=False):
+def tools(body: dict[str, Any], payload: dict[str, Any], flat: bool = False) -> None:
     """The payload's ``tools`` and ``tool_choice`` (function tools only) from a
     chat body's, or with ``flat`` from a Responses body's (a tool is {"type":
     "function", "name", "description"?, "parameters"?}, a forced choice
@@ -252,7 +288,7 @@ def tools(body, payload, flat=False):
         payload["tool_choice"] = choice
 
 
-def _function_tool(tool, i, flat):
+def _function_tool(tool: object, i: int, flat: bool) -> dict[str, Any]:
     """Tool ``i`` checked, in the chat shape."""
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise bad_request(f"tools[{i}].type must be 'function' (the only kind of tool the grid runs)",
@@ -268,25 +304,24 @@ def _function_tool(tool, i, flat):
                                              if fn.get(key) is not None}}
 
 
-def response_format(value, payload):
+def response_format(value: object, payload: dict[str, Any]) -> None:
     """The payload's ``response_format`` from a chat ``response_format`` (text, json_object, json_schema).
     Raises ApiError(400)."""
     if value is None or value == {"type": "text"}:
         return
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "json_object":
-        payload["response_format"] = {"type": "json_object"}
-    elif kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise bad_request("'response_format.json_schema' must be {'name', 'schema': {...}}",
-                              "response_format.json_schema")
-        payload["response_format"] = {"type": "json_schema", "json_schema": {"schema": spec.get("schema", {})}}
-    else:
+    if not isinstance(value, dict) or value.get("type") not in ("json_object", "json_schema"):
         raise bad_request("'response_format.type' must be text, json_object or json_schema", "response_format.type")
+    if value["type"] == "json_object":
+        payload["response_format"] = {"type": "json_object"}
+        return
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise bad_request("'response_format.json_schema' must be {'name', 'schema': {...}}",
+                          "response_format.json_schema")
+    payload["response_format"] = {"type": "json_schema", "json_schema": {"schema": spec.get("schema", {})}}
 
 
-def messages(items):
+def messages(items: object) -> list[ChatMessage]:
     """OpenAI chat messages checked and trimmed to what the tower takes. Raises ApiError(400)."""
     if not isinstance(items, list) or not items:
         raise bad_request("'messages' must be a non-empty list", "messages")
@@ -297,10 +332,11 @@ def messages(items):
 ECHOED_FIELDS = {"annotations", "parsed"}
 
 
-def _message(message, where):
+def _message(message: object, where: str) -> ChatMessage:
     if not isinstance(message, dict):
         raise bad_request(f"{where} must be an object", where)
-    role = ROLES.get(message.get("role"))
+    asked = message.get("role")
+    role = ROLES.get(asked) if isinstance(asked, str) else None  # a list or an object is no key of ROLES
     if role is None:
         raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
     allowed = {"role", "content", "name"} | ({"tool_calls", "refusal", "audio"} if role == "assistant" else set()) \
@@ -315,7 +351,7 @@ def _message(message, where):
                           f"{where}.{extra[0]}", code="unsupported")
     if message.get("audio") is not None:
         raise bad_request(f"{where}.audio is not supported by this grid", f"{where}.audio", code="unsupported")
-    out = {"role": role, "content": _content(message.get("content"), f"{where}.content",
+    out: ChatMessage = {"role": role, "content": _content(message.get("content"), f"{where}.content",
                                              none_ok=role == "assistant" and bool(message.get("tool_calls")))}
     if role == "tool":
         if not isinstance(message.get("tool_call_id"), str):
@@ -328,10 +364,10 @@ def _message(message, where):
     return out
 
 
-def _calls(calls, where):
+def _calls(calls: object, where: str) -> list[ToolCall]:
     if not isinstance(calls, list):
         raise bad_request(f"{where} must be a list", where)
-    out = []
+    out: list[ToolCall] = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str) \
@@ -343,7 +379,7 @@ def _calls(calls, where):
     return out
 
 
-def _content(content, where, none_ok=False):
+def _content(content: object, where: str, none_ok: bool = False) -> str | None:
     if isinstance(content, str):
         return content
     if content is None and none_ok:
@@ -359,7 +395,7 @@ def _content(content, where, none_ok=False):
     return "".join(texts)
 
 
-def _prompt(prompt):
+def _prompt(prompt: object) -> str:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):

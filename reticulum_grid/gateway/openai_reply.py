@@ -13,8 +13,12 @@ import math
 import secrets
 import struct
 import time
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from reticulum_grid.client import ToolCallDelta
+from reticulum_grid.client import Embeddings, ToolCallDelta, Usage
+from reticulum_grid.gateway.inference import Output
+from reticulum_grid.gateway.openai_api import EmbedRequest, ToolCall
 
 #: finish_reason values OpenAI clients know; anything else a tower says reads as "stop".
 FINISH_REASONS = ("stop", "length", "tool_calls")
@@ -24,21 +28,22 @@ class Reply:
     """OpenAI response objects for one request (chat or text completion);
     ``top_logprobs``: alternatives per token to show (None: no logprobs)."""
 
-    def __init__(self, chat, model, top_logprobs=None):
+    def __init__(self, chat: bool, model: str, top_logprobs: int | None = None) -> None:
         self.chat, self.model, self.top_logprobs = chat, model, top_logprobs
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self._offset = 0  # characters of text so far (the completions API's text_offset)
 
-    def _wrap(self, choices, streamed, **extra):
+    def _wrap(self, choices: list[dict[str, Any]], streamed: bool, **extra: Any) -> dict[str, Any]:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if streamed and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices, **extra}
 
-    def chunk(self, piece="", finish_reason=None, first=False):
+    def chunk(self, piece: str | ToolCallDelta = "", finish_reason: str | None = None,
+              first: bool = False) -> dict[str, Any]:
         """One stream chunk with ``piece`` (text or a ToolCallDelta; the role on the ``first``)."""
         if isinstance(piece, ToolCallDelta):
-            call = {"index": piece.index, "function": {"arguments": piece.arguments}}
+            call: dict[str, Any] = {"index": piece.index, "function": {"arguments": piece.arguments}}
             if piece.id:
                 call.update(id=piece.id, type="function")
             if piece.name:
@@ -47,24 +52,26 @@ class Reply:
             return self._wrap([choice], True)
         logprobs = self._logprobs(piece)
         if self.chat:
-            delta = ({"role": "assistant"} if first else {}) | ({"content": piece} if piece or first else {})
+            delta: dict[str, str] = (({"role": "assistant"} if first else {})
+                                     | ({"content": piece} if piece or first else {}))
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": piece, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._wrap([choice], True)
 
-    def usage_chunk(self, usage):
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
         return self._wrap([], True, usage=usage_map(usage))
 
-    def complete(self, pieces, usage):
+    def complete(self, pieces: Sequence[Output], usage: Usage) -> dict[str, Any]:
         """The whole (non-streamed) response from every piece before the Usage."""
         text = "".join(p for p in pieces if isinstance(p, str))
         logprobs = self._logprobs_of(pieces)
         finish = finish_reason(usage)
         if self.chat:
             calls = tool_calls(pieces)
-            message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None,
+                                       "refusal": None}
             if calls:
                 message["tool_calls"] = calls
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
@@ -73,10 +80,10 @@ class Reply:
         return self._wrap([choice], False, usage=usage_map(usage), rngrid=grid_usage(usage))
 
     # -- logprobs ---------------------------------------------------------
-    def _logprobs(self, piece):
+    def _logprobs(self, piece: str) -> dict[str, Any] | None:
         return None if self.top_logprobs is None else self._logprobs_of([piece])
 
-    def _logprobs_of(self, pieces):
+    def _logprobs_of(self, pieces: Iterable[object]) -> dict[str, Any] | None:
         """Chat: {"content": [{token, logprob, bytes, top_logprobs}], "refusal"};
         completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}."""
         if self.top_logprobs is None:
@@ -96,9 +103,9 @@ class Reply:
                 "text_offset": offsets}
 
 
-def tool_calls(pieces):
+def tool_calls(pieces: Iterable[object]) -> list[ToolCall]:
     """The whole calls ([{id, type, function: {name, arguments}}]) from the ToolCallDelta pieces."""
-    calls = {}
+    calls: dict[int, ToolCall] = {}
     for p in pieces:
         if isinstance(p, ToolCallDelta):
             call = calls.setdefault(p.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
@@ -108,22 +115,22 @@ def tool_calls(pieces):
     return [calls[i] for i in sorted(calls)]
 
 
-def finish_reason(usage):
+def finish_reason(usage: Usage) -> str:
     return usage.finish_reason if usage.finish_reason in FINISH_REASONS else "stop"
 
 
-def usage_map(usage):
+def usage_map(usage: Usage) -> dict[str, int]:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
 
 
-def grid_usage(usage):
+def grid_usage(usage: Usage) -> dict[str, Any]:
     """Where and how fast it ran: tower, TTFT (s), tokens/s, failovers."""
     return {"tower": usage.tower, "ttft_s": round(usage.ttft_s, 4), "tower_ttft_s": round(usage.tower_ttft_s, 4),
             "tokens_per_s": round(usage.tokens_per_s, 2), "failovers": usage.failovers}
 
 
-def shortened(vector, dimensions):
+def shortened(vector: Sequence[float], dimensions: int | None) -> list[float]:
     """The first ``dimensions`` numbers of an (L2-normalised) embedding, normalised
     again, as OpenAI and Ollama shorten embeddings; the whole vector for None."""
     if dimensions is None or dimensions >= len(vector):
@@ -133,12 +140,13 @@ def shortened(vector, dimensions):
     return [x / norm for x in head]
 
 
-def embeddings(request, result):
+def embeddings(request: EmbedRequest, result: Embeddings) -> dict[str, Any]:
     """OpenAI's embeddings list for an openai_api.EmbedRequest and its client.Embeddings."""
     data = []
-    for i, vector in enumerate(result.vectors):
-        vector = shortened(vector, request.dimensions)
-        value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode() if request.base64 else vector
+    for i, whole in enumerate(result.vectors):
+        vector = shortened(whole, request.dimensions)
+        value: str | list[float] = (base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+                                    if request.base64 else vector)
         data.append({"object": "embedding", "index": i, "embedding": value})
     return {"object": "list", "data": data, "model": request.model,
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},

@@ -11,10 +11,13 @@
 """
 
 import json
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reticulum_grid.client import Usage
@@ -22,28 +25,29 @@ from reticulum_grid.gateway import openai_api, openai_reply
 from reticulum_grid.gateway.bridge import Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error
 from reticulum_grid.gateway.http import embedded, endpoint, json_body, start
-from reticulum_grid.gateway.inference import inference_work
+from reticulum_grid.gateway.inference import Piece, ended, inference_work
+from reticulum_grid.gateway.parts import GatewayParts
 
 #: Seconds between SSE comment pings on a quiet stream (keeps proxies from closing it).
 PING_S = 15
 
 
 class OpenAIRoutes:
-    def __init__(self, gateway):
+    def __init__(self, gateway: GatewayParts) -> None:
         self.gateway = gateway
 
-    def routes(self):
+    def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models), Route("/v1/models/{model:path}", self.model),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/embeddings", self.embeddings, methods=["POST"])]
 
     @endpoint()
-    async def models(self, request):
+    async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": await run_in_threadpool(self.gateway.views.models)})
 
     @endpoint()
-    async def model(self, request):
+    async def model(self, request: Request) -> Response:
         name = request.path_params["model"]
         for row in await run_in_threadpool(self.gateway.views.models):
             if row["id"] == name:
@@ -51,14 +55,14 @@ class OpenAIRoutes:
         raise ApiError(404, f"no tower heard holds model {name!r}", code="model_not_found", param="model")
 
     @endpoint()
-    async def chat(self, request):
+    async def chat(self, request: Request) -> Response:
         return await self._completion(request, chat=True)
 
     @endpoint()
-    async def completions(self, request):
+    async def completions(self, request: Request) -> Response:
         return await self._completion(request, chat=False)
 
-    async def _completion(self, request, chat):
+    async def _completion(self, request: Request, chat: bool) -> Response:
         gateway = self.gateway
         req = openai_api.parse(await json_body(request), chat, gateway.views.model_aliases())
         gateway.check_known(req.payload, req.tower)
@@ -70,9 +74,10 @@ class OpenAIRoutes:
         pieces = [first]
         async for piece in events:
             pieces.append(piece)
-        return JSONResponse(reply.complete(pieces[:-1], pieces[-1]))
+        return JSONResponse(reply.complete(*ended(pieces)))
 
-    async def _chunks(self, reply, piece, events, include_usage):
+    async def _chunks(self, reply: openai_reply.Reply, piece: Piece, events: AsyncGenerator[Piece, None],
+                      include_usage: bool) -> AsyncGenerator[dict[str, str], None]:
         """SSE data for one stream; an error after the first piece is one error event."""
         try:
             if reply.chat:
@@ -93,7 +98,7 @@ class OpenAIRoutes:
             await events.aclose()
 
     @endpoint()
-    async def embeddings(self, request):
+    async def embeddings(self, request: Request) -> Response:
         gateway = self.gateway
         req = openai_api.parse_embeddings(await json_body(request), gateway.views.model_aliases())
         gateway.check_known({"model": req.model}, req.tower)
@@ -101,5 +106,5 @@ class OpenAIRoutes:
         return JSONResponse(openai_reply.embeddings(req, result))
 
 
-def _data(obj):
+def _data(obj: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(obj)}

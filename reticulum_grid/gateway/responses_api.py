@@ -22,10 +22,13 @@ fields that change nothing about the answer (``user``, ``metadata``,
 dropped: no model of the grid reasons in them. Reply shapes: responses_reply.py.
 """
 
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from reticulum_grid.gateway import openai_api
 from reticulum_grid.gateway.errors import bad_request
+from reticulum_grid.gateway.openai_api import ChatMessage
 
 #: Fields of OpenAI's Responses API that go to the tower (as the chat API's do) or shape the reply.
 USED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
@@ -35,7 +38,7 @@ USED = {"model", "input", "instructions", "max_output_tokens", "temperature", "t
 IGNORED = {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
            "service_tier", "max_tool_calls", "access_programs"}
 #: Fields the grid cannot honour, with the test for "asks for something"; the reason shown.
-UNSUPPORTED = {
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "background": (bool, "background responses need a server that keeps running them; stream instead"),
     "background_options": (bool, "background responses are not supported"),
     "conversation": (lambda v: v is not None, "conversations are not kept; use previous_response_id or send "
@@ -69,28 +72,28 @@ class Request:
     without its messages (see ``messages``); ``turn``: this request's input as chat
     messages; ``echo``: the request's settings a Response object repeats;
     ``top_logprobs``: alternatives per token the reply shows (None: no logprobs)."""
-    payload: dict
+    payload: dict[str, Any]
     model: str
     stream: bool
     tower: str | None
     instructions: str | None
-    turn: list
+    turn: list[ChatMessage]
     previous_id: str | None
     store: bool
-    echo: dict = field(default_factory=dict)
+    echo: dict[str, Any] = field(default_factory=dict)
     top_logprobs: int | None = None
 
-    def messages(self, history=()):
+    def messages(self, history: Sequence[ChatMessage] = ()) -> list[ChatMessage]:
         """The chat messages for the tower: instructions, ``history`` (the previous
         responses' messages, oldest first), then this turn. Raises ApiError(400) when empty."""
-        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        system: list[ChatMessage] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         out = system + list(history) + self.turn
         if not history and not self.turn:
             raise bad_request("'input' must hold at least one message", "input")
         return out
 
 
-def parse(body, known_models=()):
+def parse(body: object, known_models: Collection[str] = ()) -> Request:
     """Check a ``POST /v1/responses`` body. Raises ApiError(400) naming the field."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -124,17 +127,17 @@ def parse(body, known_models=()):
                    previous, store, echo, top)
 
 
-def _logprobs(body, payload):
+def _logprobs(body: dict[str, Any], payload: dict[str, Any]) -> int | None:
     """Alternatives per token to show when ``include`` asks for the text's logprobs
     (sets the payload's), else None: without it OpenAI shows none either."""
-    top = openai_api.number(body, "top_logprobs", 0, openai_api.MAX_TOP_LOGPROBS, integer=True)
+    top = openai_api.integer(body, "top_logprobs", 0, openai_api.MAX_TOP_LOGPROBS)
     if LOGPROBS not in (body.get("include") or ()):
         return None
     payload["logprobs"], payload["top_logprobs"] = True, top or 0
     return top or 0
 
 
-def _check_fields(body):
+def _check_fields(body: dict[str, Any]) -> None:
     allowed = USED | IGNORED | set(UNSUPPORTED) | openai_api.EXTRAS
     for name, value in body.items():
         if name not in allowed:
@@ -151,14 +154,14 @@ def _check_fields(body):
                               code="unsupported")
 
 
-def _optional_str(body, name):
+def _optional_str(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
         raise bad_request(f"'{name}' must be a string", name)
     return value or None
 
 
-def _text(value, payload):
+def _text(value: object, payload: dict[str, Any]) -> dict[str, Any]:
     """The reply's ``text.format`` (sets the payload's response_format)."""
     if value is None:
         return {"type": "text"}
@@ -183,7 +186,7 @@ def _text(value, payload):
     return fmt
 
 
-def input_messages(value):
+def input_messages(value: object) -> list[ChatMessage]:
     """Chat messages (openai_api's shape, roles mapped) of a Responses ``input``:
     a string (one user message) or a list of items. Raises ApiError(400)."""
     if value is None:
@@ -192,13 +195,13 @@ def input_messages(value):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
         raise bad_request("'input' must be a string or a list of input items", "input")
-    out = []
+    out: list[ChatMessage] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object (a message or an item)", where)
         kind = item.get("type", "message" if "role" in item else None)
-        if kind not in ITEM_KEYS:
+        if not isinstance(kind, str) or kind not in ITEM_KEYS:  # (a list is no key: it cannot be looked up)
             raise bad_request(f"{where}.type {kind!r} is not supported by this grid (it takes messages, "
                               "function_call and function_call_output items)", f"{where}.type", code="unsupported")
         extra = sorted(set(item) - ITEM_KEYS[kind])
@@ -214,29 +217,29 @@ def input_messages(value):
     return out
 
 
-def _field(item, name, where):
+def _field(item: dict[str, Any], name: str, where: str) -> str:
     if not isinstance(item.get(name), str):
         raise bad_request(f"{where}.{name} must be a string", f"{where}.{name}")
     return item[name]
 
 
-def _message(item, where):
+def _message(item: dict[str, Any], where: str) -> ChatMessage:
     role = item.get("role")
-    if role not in PARTS:
+    if not isinstance(role, str) or role not in PARTS:
         raise bad_request(f"{where}.role must be one of {', '.join(PARTS)}", f"{where}.role")
     return {"role": openai_api.ROLES[role], "content": _parts(item.get("content"), PARTS[role], f"{where}.content")}
 
 
-def _call(item, where, out):
+def _call(item: dict[str, Any], where: str, out: list[ChatMessage]) -> None:
     """A function_call item joins the assistant message before it (its text and calls are one chat turn)."""
-    call = {"id": _field(item, "call_id", where), "type": "function",
+    call: openai_api.ToolCall = {"id": _field(item, "call_id", where), "type": "function",
             "function": {"name": _field(item, "name", where), "arguments": _field(item, "arguments", where)}}
     if not (out and out[-1]["role"] == "assistant"):
         out.append({"role": "assistant", "content": None})
     out[-1].setdefault("tool_calls", []).append(call)
 
 
-def _parts(content, kinds, where):
+def _parts(content: object, kinds: set[str], where: str) -> str:
     """The text of a string or of a list of text parts (``kinds``: the part types allowed)."""
     if isinstance(content, str):
         return content
@@ -246,7 +249,7 @@ def _parts(content, kinds, where):
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         key = "refusal" if kind == "refusal" else "text"
-        if kind not in kinds or not isinstance(part.get(key), str):
+        if not isinstance(kind, str) or kind not in kinds or not isinstance(part.get(key), str):
             allowed = " or ".join(sorted(kinds))
             raise bad_request(f"{where}[{j}] must be a {allowed} part (images, files and audio are not supported)",
                               f"{where}[{j}]", code="unsupported")

@@ -10,9 +10,11 @@
 """
 
 import json
+from collections.abc import AsyncGenerator
 
 from sse_starlette.sse import EventSourceResponse
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reticulum_grid.client import Usage
@@ -20,23 +22,24 @@ from reticulum_grid.gateway import responses_api
 from reticulum_grid.gateway.bridge import Stopped
 from reticulum_grid.gateway.errors import as_api_error
 from reticulum_grid.gateway.http import endpoint, json_body, start
-from reticulum_grid.gateway.inference import inference_work
+from reticulum_grid.gateway.inference import Piece, ended, inference_work
 from reticulum_grid.gateway.openai_routes import PING_S
-from reticulum_grid.gateway.responses_reply import Turn
+from reticulum_grid.gateway.parts import GatewayParts
+from reticulum_grid.gateway.responses_reply import Item, Turn
 from reticulum_grid.gateway.responses_store import ResponseStore
 
 
 class ResponsesRoutes:
-    def __init__(self, gateway, store=None):
+    def __init__(self, gateway: GatewayParts, store: ResponseStore | None = None) -> None:
         self.gateway = gateway
         self.store = store or ResponseStore()
 
-    def routes(self):
+    def routes(self) -> list[Route]:
         return [Route("/v1/responses", self.create, methods=["POST"]),
                 Route("/v1/responses/{response_id}", self.kept, methods=["GET", "DELETE"])]
 
     @endpoint()
-    async def kept(self, request):
+    async def kept(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         if request.method == "DELETE":
             self.store.delete(response_id)
@@ -44,7 +47,7 @@ class ResponsesRoutes:
         return JSONResponse(self.store.get(response_id))
 
     @endpoint()
-    async def create(self, request):
+    async def create(self, request: Request) -> Response:
         gateway = self.gateway
         req = responses_api.parse(await json_body(request), gateway.views.model_aliases())
         history = self.store.history(req.previous_id) if req.previous_id else []
@@ -55,15 +58,18 @@ class ResponsesRoutes:
         if req.stream:
             return EventSourceResponse(self._events(req, turn, first, events), ping=PING_S)
         turn.start()
-        piece = first
-        async for later in events:
+        pieces = [first]
+        async for piece in events:
+            pieces.append(piece)
+        text, usage = ended(pieces)
+        for piece in text:
             turn.add(piece)
-            piece = later
-        turn.finish(piece)
+        turn.finish(usage)
         self._keep(req, turn)
         return JSONResponse(turn.response())
 
-    async def _events(self, req, turn, piece, events):
+    async def _events(self, req: responses_api.Request, turn: Turn, piece: Piece,
+                      events: AsyncGenerator[Piece, None]) -> AsyncGenerator[dict[str, str], None]:
         """SSE events of one streamed response; a failure after the first piece
         is an ``error`` event, then ``response.failed``."""
         try:
@@ -84,10 +90,10 @@ class ResponsesRoutes:
         finally:
             await events.aclose()
 
-    def _keep(self, req, turn):
+    def _keep(self, req: responses_api.Request, turn: Turn) -> None:
         if req.store:
             self.store.put(turn.response(), req.previous_id, req.turn + turn.output_messages())
 
 
-def _sse(event):
+def _sse(event: Item) -> dict[str, str]:
     return {"event": event["type"], "data": json.dumps(event)}

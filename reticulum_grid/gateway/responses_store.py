@@ -12,8 +12,10 @@ and asking for one touches the whole chain. Nothing here is sent anywhere.
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from reticulum_grid.gateway.errors import ApiError, bad_request
+from reticulum_grid.gateway.openai_api import ChatMessage
 
 #: Responses kept, and characters of their conversations (about a byte each for English text).
 MAX_ITEMS = 1000
@@ -23,20 +25,20 @@ MAX_CHARS = 64 << 20
 @dataclass
 class Stored:
     previous: str | None
-    messages: list  # this turn's chat messages: its input, then the answer
-    response: dict  # the Response object as it was answered
+    messages: list[ChatMessage]  # this turn's chat messages: its input, then the answer
+    response: dict[str, Any]  # the Response object as it was answered
     chars: int
 
 
 class ResponseStore:
     """Kept responses by id. Used from the event loop's thread only."""
 
-    def __init__(self, max_items=MAX_ITEMS, max_chars=MAX_CHARS):
+    def __init__(self, max_items: int = MAX_ITEMS, max_chars: int = MAX_CHARS) -> None:
         self.max_items, self.max_chars = max_items, max_chars
         self._entries: OrderedDict[str, Stored] = OrderedDict()
         self._chars = 0
 
-    def put(self, response, previous, messages):
+    def put(self, response: dict[str, Any], previous: str | None, messages: list[ChatMessage]) -> None:
         """Keep ``response`` (a Response object) with its turn's chat ``messages``,
         after response ``previous`` (None: the first turn)."""
         chars = len(json.dumps(messages)) + len(json.dumps(response))
@@ -46,19 +48,20 @@ class ResponseStore:
             _, gone = self._entries.popitem(last=False)
             self._chars -= gone.chars
 
-    def get(self, response_id):
+    def get(self, response_id: str) -> dict[str, Any]:
         """The Response object kept as ``response_id``. Raises ApiError(404)."""
         return self._entry(response_id, 404).response
 
-    def delete(self, response_id):
+    def delete(self, response_id: str) -> None:
         """Forget ``response_id``; later turns that follow it can no longer be continued. Raises ApiError(404)."""
         self._entry(response_id, 404)
         self._chars -= self._entries.pop(response_id).chars
 
-    def history(self, response_id):
+    def history(self, response_id: str) -> list[ChatMessage]:
         """The chat messages of the conversation up to and with ``response_id``,
         oldest first. Raises ApiError(400) naming ``previous_response_id``."""
-        chain, at = [], response_id
+        chain: list[tuple[str, Stored]] = []
+        at: str | None = response_id
         while at is not None:
             entry = self._entry(at, 400)
             chain.append((at, entry))
@@ -67,7 +70,7 @@ class ResponseStore:
             self._entries.move_to_end(at)
         return [m for _, entry in reversed(chain) for m in entry.messages]
 
-    def _entry(self, response_id, status):
+    def _entry(self, response_id: str, status: int) -> Stored:
         entry = self._entries.get(response_id)
         if entry is not None:
             return entry

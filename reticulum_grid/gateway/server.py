@@ -8,9 +8,12 @@ key; ``check_bind`` refuses to start without one.
 import ipaddress
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import uvicorn
 
+from reticulum_grid.client import Grid
 from reticulum_grid.gateway.app import Gateway
 from reticulum_grid.gateway.intake import BODY_TIMEOUT_S, MAX_REQUESTS
 
@@ -23,7 +26,7 @@ class BindRefused(ValueError):
     pass
 
 
-def is_loopback(host):
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -32,15 +35,16 @@ def is_loopback(host):
         return False  # a host name: it may resolve to anything
 
 
-def check_bind(host, api_key):
+def check_bind(host: str, api_key: str | None) -> None:
     """Raise BindRefused when ``host`` is not a loopback address and there is no API key."""
     if not is_loopback(host) and not api_key:
         raise BindRefused(f"binding {host} exposes the grid beyond this machine: give an API key "
                           "(--api-key KEY or RNGRID_API_KEY)")
 
 
-def server(grid, host="127.0.0.1", port=8080, api_key=None, busy_wait_s=None, origins=(), log_level="warning",
-           max_requests=MAX_REQUESTS, body_timeout_s=BODY_TIMEOUT_S):
+def server(grid: Grid, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+           busy_wait_s: float | None = None, origins: Iterable[str] = (), log_level: str = "warning",
+           max_requests: int = MAX_REQUESTS, body_timeout_s: float = BODY_TIMEOUT_S) -> uvicorn.Server:
     """A uvicorn.Server for the gateway on ``host:port`` (not started); ``origins``:
     web origins allowed to call it (CORS); ``max_requests``, ``body_timeout_s``:
     intake.py's limits. Raises BindRefused."""
@@ -60,12 +64,12 @@ class BackgroundServer:
     """The gateway served from a thread of this process (tests, benchmarks):
     ``with BackgroundServer(grid, port=...) as url: ...``."""
 
-    def __init__(self, grid, host="127.0.0.1", port=8080, **options):
+    def __init__(self, grid: Grid, host: str = "127.0.0.1", port: int = 8080, **options: Any) -> None:
         self.server = server(grid, host, port, **options)
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="rngrid-gateway", daemon=True)
 
-    def __enter__(self):
+    def __enter__(self) -> str:
         self._thread.start()
         deadline = time.monotonic() + 15.0
         while not self.server.started:
@@ -75,9 +79,9 @@ class BackgroundServer:
             time.sleep(0.02)
         return self.url
 
-    def close(self):
+    def close(self) -> None:
         self.server.should_exit = True
         self._thread.join(10.0)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -43,7 +43,9 @@ from reticulum_grid.gateway import commands
 from reticulum_grid.gateway.bridge import Call, Stopped
 from reticulum_grid.gateway.errors import ApiError, as_api_error, bad_request
 from reticulum_grid.gateway.http import check_key, parse_json
+from reticulum_grid.gateway.inference import Event
 from reticulum_grid.gateway.intake import MAX_BODY_BYTES
+from reticulum_grid.gateway.parts import GatewayParts
 
 log = logging.getLogger("rngrid.gateway")
 
@@ -56,18 +58,29 @@ MAX_RUNNING = 32
 AUTH_TIMEOUT_S = 10.0
 #: Close code of a socket refused after the handshake (RFC 6455: policy violation).
 POLICY_VIOLATION = 1008
+#: A command's id: a string or an integer of the client's choosing (None: no usable id was named).
+CommandId = str | int | None
 
 
-def route(gateway):
+class Refused(Exception):
+    """A message refused: ``error`` (an ApiError) answers command ``command_id``;
+    ``ends``: that command is over (its done event follows the error)."""
+
+    def __init__(self, command_id: CommandId, error: ApiError, ends: bool = False) -> None:
+        super().__init__(error.message)
+        self.command_id, self.error, self.ends = command_id, error, ends
+
+
+def route(gateway: GatewayParts) -> WebSocketRoute:
     """The WebSocketRoute for ``gateway`` (app.Gateway)."""
 
-    async def endpoint(websocket):
+    async def endpoint(websocket: WebSocket) -> None:
         await CommandSocket(gateway, websocket).serve()
 
     return WebSocketRoute(PATH, endpoint)
 
 
-def error_event(command_id, error):
+def error_event(command_id: CommandId, error: BaseException) -> Event:
     """The error event of ``error`` (any exception) for command ``command_id``."""
     api = as_api_error(error)
     return {"id": command_id, "type": "error", "code": api.code, "message": api.message,
@@ -78,22 +91,23 @@ class CommandSocket:
     """One client's socket: reads its messages, runs each command as a
     bridge.Call and sends their events, in order per command."""
 
-    def __init__(self, gateway, websocket: WebSocket):
+    def __init__(self, gateway: GatewayParts, websocket: WebSocket) -> None:
         self.gateway = gateway
         self.websocket = websocket
-        self.calls: dict = {}  # command id -> Call, while it runs
-        self.cancelled: set = set()  # ids of running commands the client cancelled
-        self.tasks: set = set()
+        self.calls: dict[str | int, Call[Event]] = {}  # command id -> Call, while it runs
+        self.cancelled: set[str | int] = set()  # ids of running commands the client cancelled
+        self.tasks: set[asyncio.Task[None]] = set()
         self.gone = asyncio.Event()
         self._sending = asyncio.Lock()
 
-    async def serve(self):
-        authed = self._authorization() is None
-        if self.gateway.api_key is not None and self.websocket.headers.get("authorization") and not authed:
+    async def serve(self) -> None:
+        api_key = self.gateway.api_key
+        authed = self._authorization() is None  # (always without a key)
+        if api_key is not None and self.websocket.headers.get("authorization") and not authed:
             return await self.websocket.close(code=POLICY_VIOLATION)  # before accept: the handshake gets 403
         await self.websocket.accept()
         try:
-            if not authed and not await self._authenticate():
+            if api_key is not None and not authed and not await self._authenticate(api_key):
                 return await self.websocket.close(code=POLICY_VIOLATION)
             await self._read()
         finally:
@@ -103,7 +117,7 @@ class CommandSocket:
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    def _authorization(self):
+    def _authorization(self) -> ApiError | None:
         """The ApiError(401) of the handshake's key, None when it passes."""
         try:
             check_key(self.gateway.api_key, self.websocket.headers)
@@ -111,21 +125,23 @@ class CommandSocket:
             return e
         return None
 
-    async def _authenticate(self):
-        """True when the first message gives the right key."""
+    async def _authenticate(self, api_key: str) -> bool:
+        """True when the first message gives ``api_key``."""
+        message: object
         try:
-            message = parse_json(await asyncio.wait_for(self._receive(), AUTH_TIMEOUT_S) or "null")
+            text = await asyncio.wait_for(self._receive(), AUTH_TIMEOUT_S)
+            message = parse_json(text or "null")
         except (asyncio.TimeoutError, ValueError, WebSocketDisconnect):
             message = None
         key = message.get("api_key") if isinstance(message, dict) and message.get("type") == "auth" else None
-        if isinstance(key, str) and hmac.compare_digest(key.encode(), self.gateway.api_key.encode()):
+        if isinstance(key, str) and hmac.compare_digest(key.encode(), api_key.encode()):
             return True
         error = ApiError(401, "missing or wrong API key: send {\"type\": \"auth\", \"api_key\": KEY} first "
                               "(or Authorization: Bearer KEY in the handshake)", code="invalid_api_key")
         await self._send(error_event(None, error))
         return False
 
-    async def _receive(self):
+    async def _receive(self) -> str | None:
         """The next text message (bytes decoded as UTF-8); None for an empty one.
         Raises WebSocketDisconnect."""
         message = await self.websocket.receive()
@@ -135,7 +151,7 @@ class CommandSocket:
             return message["text"]
         return (message.get("bytes") or b"").decode("utf-8", errors="replace")
 
-    async def _read(self):
+    async def _read(self) -> None:
         while True:
             try:
                 text = await self._receive()
@@ -143,22 +159,22 @@ class CommandSocket:
                 return
             try:
                 self._handle(text)
-            except ApiError as e:
-                command_id = getattr(e, "command_id", None)
-                await self._send(error_event(command_id, e))
-                if getattr(e, "ends_command", False):
-                    await self._send({"id": command_id, "type": "done", "cancelled": False})
+            except Refused as e:
+                await self._send(error_event(e.command_id, e.error))
+                if e.ends:
+                    await self._send({"id": e.command_id, "type": "done", "cancelled": False})
 
-    def _handle(self, text):
-        """Start or cancel what ``text`` asks. Raises ApiError (with its command_id)."""
+    def _handle(self, text: str | None) -> None:
+        """Start or cancel what ``text`` asks. Raises Refused."""
         if text is None or len(text.encode()) > MAX_MESSAGE_BYTES:
-            raise bad_request(f"a message must be a JSON object of at most {MAX_MESSAGE_BYTES} bytes", "message")
+            raise _for(None, bad_request(f"a message must be a JSON object of at most {MAX_MESSAGE_BYTES} bytes",
+                                         "message"))
         try:
             message = parse_json(text)
         except ValueError as e:
-            raise bad_request(f"the message is not JSON the grid takes: {e}", "message") from None
+            raise _for(None, bad_request(f"the message is not JSON the grid takes: {e}", "message")) from None
         if not isinstance(message, dict):
-            raise bad_request("a message must be a JSON object", "message")
+            raise _for(None, bad_request("a message must be a JSON object", "message"))
         command_id = message.get("id")
         if not isinstance(command_id, (str, int)) or isinstance(command_id, bool):
             raise _for(None, bad_request("'id' must be a string or an integer", "id"))
@@ -182,21 +198,21 @@ class CommandSocket:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _start(self, command, params):
+    def _start(self, command: str, params: object) -> Call[Event]:
         gateway = self.gateway
         work = commands.work_for(gateway.grid, gateway.views, command, params, gateway.busy_wait_s)
-        if command in ("ai/inference", "ai/embeddings"):
+        if command in ("ai/inference", "ai/embeddings") and isinstance(params, dict):  # work_for checked it is
             gateway.check_known(params, params.get("tower"), model_code=Code.UNKNOWN_MODEL, param="params.model")
         return Call(work, name=f"rngrid-gateway-ws-{command}")
 
-    def _cancel(self, command_id):
+    def _cancel(self, command_id: str | int) -> None:
         call = self.calls.get(command_id)
         if call is None:
             raise _for(command_id, bad_request(f"no command {command_id!r} runs on this socket", "id"))
         self.cancelled.add(command_id)
         call.stop()
 
-    async def _pump(self, command_id, call):
+    async def _pump(self, command_id: str | int, call: Call[Event]) -> None:
         try:
             async for event in call.events(self.gone):
                 await self._send({"id": command_id, **event})
@@ -211,7 +227,7 @@ class CommandSocket:
         self.cancelled.discard(command_id)
         await self._send({"id": command_id, "type": "done", "cancelled": cancelled})
 
-    async def _send(self, event):
+    async def _send(self, event: Event) -> None:
         if self.gone.is_set():
             return
         try:
@@ -221,8 +237,7 @@ class CommandSocket:
             self.gone.set()  # the socket closed under us: the reader ends and stops the rest
 
 
-def _for(command_id, error, ends=False):
-    """``error`` (an ApiError) marked with the command it answers; ``ends``:
+def _for(command_id: CommandId, error: ApiError, ends: bool = False) -> Refused:
+    """``error`` refusing a message about command ``command_id``; ``ends``:
     that command is over (its done event follows the error)."""
-    error.command_id, error.ends_command = command_id, ends
-    return error
+    return Refused(command_id, error, ends)
