@@ -244,6 +244,21 @@ class _PlanStream(InferenceStream):
     def _worth_looking_again(self) -> bool:
         return False
 
+    # A worker of the plan that serves another coordinator's plan (busy, naming
+    # it) is no busy coordinator to wait for: SplitStream plans without it.
+    def _note_refusal(self, entry: TowerEntry, error: WireError) -> None:
+        _raise_if_a_worker_is_held(error)
+        super()._note_refusal(entry, error)
+
+    def _failed(self, entry: TowerEntry, error: WireError) -> None:
+        _raise_if_a_worker_is_held(error)
+        super()._failed(entry, error)
+
+
+def _raise_if_a_worker_is_held(error: WireError) -> None:
+    if error.code == Code.BUSY and named_worker(error.message):
+        raise error
+
 
 class SplitStream:
     """Iterator of text pieces (str) then one Usage, like InferenceStream,

@@ -316,7 +316,8 @@ class TowerSplit:
                 raise WireError(Code.UNREACHABLE, naming_worker(key, f"its RPC server's HELLO reply did not come "
                                                                     f"back through the {_carrier(listener)}"))
             endpoints.append(listener.endpoint)
-            log.info("split worker %s: RPC %s", key.hex()[:16], f"through the {_carrier(listener)}")
+            log.info("split worker %s: RPC %s", key.hex()[:16],
+                     "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel")
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
