@@ -173,7 +173,7 @@ def llama_alone(model, placement, threads, root):
     from reticulum_grid.node.hardware import first_gpu_name
     from reticulum_grid.split.rpcworker import RpcWorker
     from reticulum_grid.split.supervisor import SplitModel
-    servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads) for i in range(len(placement.workers))]
+    servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads, private=False) for i in range(len(placement.workers))]
     split = None
     try:
         split = SplitModel("alone", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.parts],

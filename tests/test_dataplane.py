@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,31 @@ def test_the_old_train_dataplane_key_is_refused_naming_the_new_one(tmp_path):
     config.write_tower(path, "dp", {}, train={"dataplane": "100.64.0.2"})
     with pytest.raises(config.ConfigError, match=r"\[network\] dataplane"):
         config.load_tower(path)
+
+
+def test_closing_a_front_ends_the_connections_it_relays():
+    """A split plan's front closes with the plan's Link: the service behind it
+    (an RPC server serving one connection at a time) must be freed too."""
+    service = socket.create_server(("127.0.0.1", 0))
+    front = rendezvous.Front("127.0.0.1", 0, SECRET, service.getsockname()[1], peers=["127.0.0.1"])
+    try:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as peer:
+            hello = peer.recv(len(rendezvous.GREETING) + rendezvous.NONCE_BYTES)
+            peer.sendall(rendezvous.answer(SECRET, hello[len(rendezvous.GREETING):]))
+            held, _ = service.accept()  # the relayed connection reached the service
+            held.settimeout(10)
+            for _ in range(100):  # the front counts it just after it connected to the service
+                if front.admitted:
+                    break
+                time.sleep(0.1)
+            relayed_from_peer = [s for s in front.relayed if s.getsockname()[1] == front.port]
+            assert relayed_from_peer and all(
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) for s in relayed_from_peer)
+            front.close()
+            assert held.recv(1) == b""  # the service sees its connection end
+            peer.settimeout(10)
+            assert peer.recv(1) == b""
+            held.close()
+    finally:
+        front.close()
+        service.close()

@@ -27,7 +27,8 @@ from tests.requirements import needs
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
 
 ALIAS = "split-smol"
-LEND = {"lend_mib": 200, "threads": 1}
+# yield_idle_s: split-a's plan, idle between tests, gives a worker's RPC server to another coordinator.
+LEND = {"lend_mib": 200, "threads": 1, "yield_idle_s": 2}
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 HERE = Path(__file__).resolve().parent
 
@@ -75,14 +76,23 @@ class Client:
 
 
 @pytest.fixture(scope="module")
-def split_grid(hub, model_path, tmp_path_factory):
+def holder_home(tmp_path_factory):
+    """The home of another coordinator, tests/rpc_holder.py, that the towers grant ``shard``."""
+    home = tmp_path_factory.mktemp("split-holder")
+    load_or_create(home / "identity")
+    return home
+
+
+@pytest.fixture(scope="module")
+def split_grid(hub, model_path, tmp_path_factory, holder_home):
     home = tmp_path_factory.mktemp("split-client")
     client_id = load_or_create(home / "identity").hash.hex()
+    holder_id = load_or_create(holder_home / "identity").hash.hex()
     names = ["split-a", "split-b", "split-c", "split-d", "split-x"]
     ids = {n: hub.tower_identity(n) for n in names}
 
     def tower(name, connect, holds_model=False, trusted=True):
-        allow = {client_id: ["infer"], hub.grid.identity_hash: ["infer"]}
+        allow = {client_id: ["infer"], hub.grid.identity_hash: ["infer"], holder_id: ["shard"]}
         allow.update({ids[other]: ["shard"] for other in names if other != name})
         made = TowerProcess(hub.root, name, {}, allow=allow, connect=[hub.address, *connect], shard=LEND,
                             trusted=trusted)
@@ -100,6 +110,7 @@ def split_grid(hub, model_path, tmp_path_factory):
     # A new tower reads the GGUF's metadata once (seconds on a busy machine) before its caps/full is quick.
     hub.grid.caps_full([hub.wait_tower(n) for n in ("split-a", "split-b", "split-c")], timeout=60)
     trust_local_towers(home)  # the client process trusts these towers (and d once it starts)
+    trust_local_towers(holder_home)
     client = Client(home, [a.address, b.address, c.address, d.address, x.address])
     towers = {"split-a": a, "split-b": b, "split-c": c, "split-d": d, "split-x": x}
     yield towers, client, home
@@ -207,6 +218,34 @@ def test_no_plan_is_a_clear_error_then_a_joining_tower_is_used(split_grid, hub, 
     hub.wait_tower("split-d")
     client.send(max_tokens=8, wait_towers=4)
     text, usage, error, plan = client.result()
+    assert error is None, error
+    assert plan == ["split-d", "split-a"] and text == reference(8)
+
+
+def test_a_worker_another_coordinator_uses_is_busy_until_that_coordinator_dies(split_grid, holder_home, reference):
+    """With split-d the only trusted lender left (b and c were killed above):
+    another coordinator (tests/rpc_holder.py) takes split-d's RPC
+    server from split-a's idle plan and keeps using it. The request is told
+    busy, naming split-d, instead of hanging; once that coordinator dies with
+    its Link up, split-d serves split-a's plan again."""
+    towers, client, _ = split_grid
+    holder = subprocess.Popen([sys.executable, str(HERE / "rpc_holder.py"), "--active", str(holder_home),
+                               towers["split-d"].address, "split-d"], stdout=subprocess.PIPE, text=True,
+                              cwd=HERE.parent)
+    try:
+        assert json.loads(holder.stdout.readline()) == {"held": True}
+        client.send(max_tokens=8, wait_towers=4)
+        _, _, error, _ = client.result()
+        assert error is not None and error["code"] == Code.BUSY and "split-d" in error["message"], error
+    finally:
+        holder.kill()
+        holder.wait(10)
+    for _ in range(6):  # bounded: split-d's keepalive finds the dead holder within seconds
+        client.send(max_tokens=8, wait_towers=4)
+        text, usage, error, plan = client.result()
+        if error is None or error["code"] != Code.BUSY:
+            break
+        time.sleep(5)
     assert error is None, error
     assert plan == ["split-d", "split-a"] and text == reference(8)
 

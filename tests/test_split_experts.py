@@ -38,7 +38,7 @@ def workers(tmp_path):
 
     def start(count):
         for i in range(count):
-            made.append(RpcWorker(tmp_path / f"rpc{i}.log", threads=1))
+            made.append(RpcWorker(tmp_path / f"rpc{i}.log", threads=1, private=False))
         return [w.endpoint() for w in made]
 
     start.made = made

@@ -104,3 +104,8 @@ def test_shard_table_in_tower_toml(tmp_path):
     config.write_tower(path, "t", {}, shard={"lend_mib": -5})
     with pytest.raises(config.ConfigError, match="lend_mib"):
         config.load_tower(path)
+    config.write_tower(path, "t", {}, shard={"yield_idle_s": 30})
+    assert config.load_tower(path).shard_yield_idle_s == 30
+    config.write_tower(path, "t", {}, shard={"yield_idle_s": 0})  # 0 would let any coordinator take a plan in use
+    with pytest.raises(config.ConfigError, match="yield_idle_s"):
+        config.load_tower(path)

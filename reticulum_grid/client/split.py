@@ -56,8 +56,12 @@ FACTS_POLL_S = 0.5
 POLICIES = ("auto", "always", "never")
 #: Estimated tokens/s below which "auto" refuses a split (too_slow) rather than run it.
 MIN_SPLIT_TOKENS_S = 1.0
+#: What a request that found every fitting worker held by other plans suggests waiting (seconds;
+#: split/lease.py's own hint).
+BUSY_RETRY_S = 10.0
 #: Errors after which a new plan is tried (insufficient_memory: the tower that
-#: could not hold its part is believed to lend less, see _mark_claim).
+#: could not hold its part is believed to lend less, see _mark_claim; busy naming
+#: a worker: planned without it).
 REPLAN_ON = LINK_LOST | {Code.NO_TOWER, Code.INTERNAL, Code.RUNNER_LOST, Code.INSUFFICIENT_MEMORY}
 
 
@@ -240,6 +244,21 @@ class _PlanStream(InferenceStream):
     def _worth_looking_again(self) -> bool:
         return False
 
+    # A worker of the plan that serves another coordinator's plan (busy, naming
+    # it) is no busy coordinator to wait for: SplitStream plans without it.
+    def _note_refusal(self, entry: TowerEntry, error: WireError) -> None:
+        _raise_if_a_worker_is_held(error)
+        super()._note_refusal(entry, error)
+
+    def _failed(self, entry: TowerEntry, error: WireError) -> None:
+        _raise_if_a_worker_is_held(error)
+        super()._failed(entry, error)
+
+
+def _raise_if_a_worker_is_held(error: WireError) -> None:
+    if error.code == Code.BUSY and named_worker(error.message):
+        raise error
+
 
 class SplitStream:
     """Iterator of text pieces (str) then one Usage, like InferenceStream,
@@ -253,6 +272,8 @@ class SplitStream:
         self.text, self.generated = "", 0
         self.usage: Usage | None = None
         self.ids: list[int] = []
+        #: workers that answered busy: their RPC server serves another plan
+        self.busy: set[bytes] = set()
         self._current: _PlanStream | None = None
 
     def __iter__(self) -> Generator[Text | ToolCallDelta | Usage, None, None]:
@@ -274,8 +295,11 @@ class SplitStream:
             except WireError as e:
                 self.ids += stream.ids
                 self.generated += stream.generated
-                if e.code not in REPLAN_ON:
+                held = named_worker(e.message) if e.code == Code.BUSY else None
+                if e.code not in REPLAN_ON and held is None:
                     raise
+                if held is not None:  # its RPC server serves another coordinator's plan (split/lease.py)
+                    self.busy.add(held)
                 if e.code == Code.INSUFFICIENT_MEMORY and not stream.generated:
                     self._mark_claim(e)
                 errors.append(e.message)
@@ -322,9 +346,16 @@ class SplitStream:
         towers = [self.entries[p.offer.key] for p in self.plan.parts]
         answered, _, _ = _ask(self.grid, towers, model)
         gone = {e.destination_hash for e in towers} - {e.destination_hash for e in answered}
-        log.info("split failed; planning again without %s",
-                 ", ".join(e.name for e in towers if e.destination_hash in gone) or "nobody")
-        self.plan, self.entries = make_plan(self.grid, model, exclude=gone)
+        log.info("split failed; planning again without %s", ", ".join(
+            e.name for e in towers if e.destination_hash in gone | self.busy) or "nobody")
+        try:
+            self.plan, self.entries = make_plan(self.grid, model, exclude=gone | self.busy)
+        except WireError as e:
+            if e.code != Code.NO_TOWER or not self.busy:
+                raise
+            held = ", ".join(self.entries[k].name if k in self.entries else k.hex()[:16] for k in sorted(self.busy))
+            raise WireError(Code.BUSY, f"{held} serve(s) another coordinator's split plan, and without them: "
+                                       f"{e.message}", retry_after=BUSY_RETRY_S) from None
 
     def _usage(self, usage: Usage, failovers: int) -> Usage:
         names = " + ".join(self.plan.towers[-1:] + self.plan.towers[:-1])

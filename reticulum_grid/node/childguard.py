@@ -12,32 +12,53 @@ also gets PR_SET_PDEATHSIG, so it dies with the guard itself (the signal
 follows the thread that started it: the guard's main thread, which lives as
 long as the guard).
 
+With ``--private-net=FD:PORT`` the guard first moves into a network namespace
+of its own (node/private_net.py), so the program's 127.0.0.1 is one no other
+process shares, and answers the tower's dials on the inherited socket ``FD``
+with connections to the program's ``PORT`` there. When the kernel refuses the
+namespace, the guard says why and exits with PRIVATE_NET_REFUSED before
+starting the program.
+
 ``start(argv, log_path)`` is the tower's side.
 """
 
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
+from reticulum_grid.node import private_net
+
 #: Seconds a program gets to exit after SIGTERM before SIGKILL.
 GRACE_S = 5.0
+#: The guard's exit code when ``--private-net`` was asked and the kernel refused it.
+PRIVATE_NET_REFUSED = 97
 _PR_SET_PDEATHSIG = 1
 
 
 def start(argv: Sequence[str], log_path: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-          limits: Mapping[int, int] | None = None) -> subprocess.Popen[bytes]:
+          limits: Mapping[int, int] | None = None,
+          private: tuple[socket.socket, int] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` under a guard; its output goes to ``log_path`` (appended).
     ``limits``: {resource.RLIMIT_*: bytes} set on the program (e.g. RLIMIT_DATA).
+    ``private``: (the guard's end of a Unix socket pair, the program's TCP
+    port) to run the program in a network of its own (node/private_net.py);
+    the caller keeps the other end and closes this one once the guard runs.
     Returns the guard's Popen (close its stdin, or ``stop()``, to end both)."""
     spec = [f"--limit={k}:{v}" for k, v in (limits or {}).items()]
+    fds: tuple[int, ...] = ()
+    if private is not None:
+        pair, port = private
+        spec.append(f"--private-net={pair.fileno()}:{port}")
+        fds = (pair.fileno(),)
     with open(log_path, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "reticulum_grid.node.childguard", *spec, "--", *argv],
-                                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
+                                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=fds)
 
 
 def stop(guard: subprocess.Popen[bytes], timeout_s: float = GRACE_S + 5.0) -> None:
@@ -91,13 +112,28 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     limits: dict[int, int] = {}
-    while args and args[0].startswith("--limit="):
-        which, value = args.pop(0)[len("--limit="):].split(":")
-        limits[int(which)] = int(value)
+    private: tuple[int, int] | None = None
+    while args and args[0].startswith(("--limit=", "--private-net=")):
+        option, value = args.pop(0).split("=", 1)
+        first, second = (int(v) for v in value.split(":"))
+        if option == "--limit":
+            limits[first] = second
+        else:
+            private = (first, second)
     if not args or args[0] != "--" or len(args) < 2:
-        print("usage: python -m reticulum_grid.node.childguard [--limit=R:V ...] -- PROGRAM ARGS...", file=sys.stderr)
+        print("usage: python -m reticulum_grid.node.childguard [--limit=R:V ...] [--private-net=FD:PORT] "
+              "-- PROGRAM ARGS...", file=sys.stderr)
         return 2
+    if private is not None:
+        try:  # before any thread starts: the kernel gives a user namespace to a single-threaded process only
+            private_net.enter()
+        except OSError as e:
+            print(f"childguard: no private network for {args[1]}: {e}", file=sys.stderr)
+            return PRIVATE_NET_REFUSED
     proc = subprocess.Popen(args[1:], stdin=subprocess.DEVNULL, preexec_fn=_preexec(limits))
+    if private is not None:
+        pair = socket.socket(fileno=private[0])
+        threading.Thread(target=private_net.serve_dials, args=(pair, private[1]), daemon=True).start()
     done = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:

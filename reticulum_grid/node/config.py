@@ -41,6 +41,8 @@ A tower config (every key optional except as noted)::
     threads = 0                         # llama.cpp threads of the RPC server; 0 = all cores
     cache_mib = 65536                   # RPC tensor cache, seeded from this tower's own GGUFs
                                         # (MiB; least recently used first out); 0: no cache
+    yield_idle_s = 300                  # a coordinator's plan that moved nothing this long gives
+                                        # the RPC server to another coordinator (seconds)
     [lxmf]
     propagation_node = false            # keep job notifications for clients that are offline
     [models.smollm2-135m]
@@ -160,6 +162,7 @@ class TowerConfig:
     lend_mib: int | None = None  # [shard] lend_mib; None: free memory minus a headroom
     shard_threads: int = 0
     shard_cache_mib: int = 65536  # [shard] cache_mib: bound of the RPC tensor cache (split/tensorcache.py)
+    shard_yield_idle_s: int = 300  # [shard] yield_idle_s: split/lease.py
     unreferenced_s: float = 86400.0  # store/collect.py's UNREFERENCED_S
     dataplane: str = ""  # [network] dataplane: IP for tower-to-tower bulk traffic; "" = not offered
     voice: list[VoiceConfig] = field(default_factory=list)  # VoiceConfig per [voice.ALIAS]
@@ -193,6 +196,7 @@ def load_tower(path: str | os.PathLike[str]) -> TowerConfig:
         lend_mib=_lend_mib(shard),
         shard_threads=bounded(shard, "threads", 0, 0, 1 << 12, "shard"),
         shard_cache_mib=bounded(shard, "cache_mib", 65536, 0, 1 << 30, "shard"),
+        shard_yield_idle_s=bounded(shard, "yield_idle_s", 300, 1, 86400, "shard"),
         unreferenced_s=seconds(limits, "unreferenced_s", 86400, 0),
         dataplane=_dataplane(typed(net, "dataplane", str, ""), _table(doc, "train")),
         voice=[parse_voice(alias, spec, path.parent) for alias, spec in typed(doc, "voice", dict, {}).items()],

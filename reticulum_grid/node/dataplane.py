@@ -42,6 +42,10 @@ MAC_BYTES = 32
 AUTH_TIMEOUT_S = 5.0
 #: Largest relay read (bytes).
 RELAY_BYTES = 1 << 16
+#: TCP keepalive on a front's relayed connections: (idle s, interval s, probes). A peer
+#: machine that vanished frees the local service within about 25 s, not the
+#: kernel's default two hours; a peer process that died closes its socket at once.
+KEEPALIVE = (10, 5, 3)
 
 
 class DataPlaneError(RuntimeError):
@@ -95,7 +99,18 @@ def _relay(a: socket.socket, b: socket.socket, counter: "ByteCount | None" = Non
                 counter.add(len(data))
     except OSError:
         pass
-    for s in (a, b):
+    _shut(a, b)
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+        if hasattr(socket, name):  # Linux; macOS has the first as TCP_KEEPALIVE
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _shut(*socks: socket.socket) -> None:
+    for s in socks:
         try:
             s.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -103,15 +118,18 @@ def _relay(a: socket.socket, b: socket.socket, counter: "ByteCount | None" = Non
 
 
 class ByteCount:
-    """Bytes relayed (thread-safe), for load progress and figures."""
+    """Bytes relayed (thread-safe), for load progress and figures;
+    ``last_active``: the time.monotonic() of the last, None before any."""
 
     def __init__(self) -> None:
         self.value = 0
+        self.last_active: float | None = None
         self._lock = threading.Lock()
 
     def add(self, n: int) -> None:
         with self._lock:
             self.value += n
+            self.last_active = time.monotonic()
 
 
 def splice(x: socket.socket, y: socket.socket, counter: ByteCount | None = None) -> None:
@@ -127,16 +145,22 @@ def splice(x: socket.socket, y: socket.socket, counter: ByteCount | None = None)
 
 class Front:
     """Listens on ``host:port`` (a data-plane address; port 0 picks one) and
-    relays authenticated connections to 127.0.0.1:``target_port``. ``peers``:
-    the only data-plane addresses that may connect (None: any). ``admitted``
-    and ``refused`` count connections; ``moved`` the bytes relayed."""
+    relays authenticated connections to the local service: ``target`` is its
+    port on 127.0.0.1, or a function that returns a new connection to it (a
+    service in a network of its own, node/private_net.py). ``peers``: the only
+    data-plane addresses that may connect (None: any). ``admitted`` and
+    ``refused`` count connections; ``moved`` the bytes relayed. ``close()``
+    also ends the connections it relays."""
 
-    def __init__(self, host: str, port: int, secret: bytes, target_port: int, greeting: bytes,
-                 peers: Iterable[str] | None = None) -> None:
-        self.secret, self.target_port, self.greeting = secret, target_port, greeting
+    def __init__(self, host: str, port: int, secret: bytes, target: int | Callable[[], socket.socket],
+                 greeting: bytes, peers: Iterable[str] | None = None) -> None:
+        self.secret, self.greeting = secret, greeting
+        self.target = target if callable(target) else lambda: socket.create_connection(("127.0.0.1", target))
         self.peers = None if peers is None else {plain_ip(p) for p in peers}
         self.admitted = self.refused = 0
         self.moved = ByteCount()
+        self.relayed: set[socket.socket] = set()
+        self._closed = False
         self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._accept, name="rngrid-dataplane-front", daemon=True).start()
@@ -160,16 +184,22 @@ class Front:
             if got is None or not hmac.compare_digest(got, answer(self.secret, self.greeting, nonce)):
                 raise PermissionError("wrong or missing answer")
             conn.settimeout(None)
-            target = socket.create_connection(("127.0.0.1", self.target_port))
+            target = self.target()
         except (OSError, PermissionError):
             self.refused += 1
             conn.close()
             return
         self.admitted += 1
+        _keep_alive(conn)
+        self.relayed.update((conn, target))
+        if self._closed:  # closed while this one was admitted
+            _shut(conn, target)
         splice(conn, target, self.moved)
 
     def close(self) -> None:
+        self._closed = True
         self._sock.close()
+        _shut(*list(self.relayed))
 
 
 class Forwarder:

@@ -4,8 +4,8 @@ Where both towers name a data-plane address (``[network] dataplane``: a
 tailnet or LAN IP), the RPC bytes of a split model skip RNS: the worker opens
 a Front (node/dataplane.py) on its address for this plan, admitting only the
 coordinator's address and only after HMAC-SHA256 of a fresh nonce under a
-32-byte secret made for this plan, and relays to its ggml-rpc-server on
-127.0.0.1; the coordinator runs a Forwarder on 127.0.0.1 that only its split
+32-byte secret made for this plan, and relays to its ggml-rpc-server
+(split/rpcworker.py gives each connection); the coordinator runs a Forwarder on 127.0.0.1 that only its split
 runner may use. The secret and both addresses cross inside the RNS Link of
 ``shard/tunnel`` (encrypted, both towers identified, the coordinator holding
 ``shard`` on the worker); where either tower has no data-plane address, the
@@ -18,6 +18,7 @@ when this tower has a data-plane address and was given one).
 
 import ipaddress
 import secrets
+import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -32,16 +33,17 @@ GREETING = b"rngrid-rpc/1 "
 SECRET_BYTES = 32
 
 
-def offer(own_address: str, coordinator_address: str, rpc_port: int) -> tuple[Front, dict[str, Any]]:
+def offer(own_address: str, coordinator_address: str,
+          connect: Callable[[], socket.socket]) -> tuple[Front, dict[str, Any]]:
     """(Front, its reply map) for a coordinator at ``coordinator_address``, on
-    this tower's ``own_address``, relaying to 127.0.0.1:``rpc_port``. Raises
-    WireError(bad_request) for an address that is no IP."""
+    this tower's ``own_address``, relaying to the RPC server connections
+    ``connect()`` makes. Raises WireError(bad_request) for an address that is no IP."""
     try:
         peer = str(ipaddress.ip_address(coordinator_address))
     except ValueError:
         raise WireError(Code.BAD_REQUEST, "shard/tunnel's dataplane must be an IP address") from None
     secret = secrets.token_bytes(SECRET_BYTES)
-    front = Front(own_address, 0, secret, rpc_port, GREETING, peers=[peer])
+    front = Front(own_address, 0, secret, connect, GREETING, peers=[peer])
     return front, {"host": own_address, "port": front.port, "secret": secret}
 
 

@@ -5,7 +5,7 @@ servers listen on 127.0.0.1 only. The coordinator tower opens a Link to a
 worker tower (identified, holding the ``shard`` role there) and listens on an
 ephemeral 127.0.0.1 port; every TCP connection made to that port (by the
 split model's RPC client) becomes one tunnel, which the worker tower joins
-to a TCP connection to its own RPC server on 127.0.0.1.
+to a new connection to its own RPC server (split/rpcworker.py).
 
 Its Channel messages (TunnelOpen, TunnelData, TunnelClose) are in links/tunnel.py.
 
@@ -13,7 +13,14 @@ Why not RNS.Buffer: on rns 0.9.4 it cuts every write to the static Link MDU
 (~425 bytes) however large the negotiated MTU, and bz2-compresses each piece
 up to three times; weights do not compress and a model load is tens of MB.
 A tunnel whose Link goes away closes its sockets, so the RPC client sees the
-peer vanish at once instead of waiting on a dead Link.
+peer vanish at once instead of waiting on a dead Link. rns 0.9.4 notices a
+peer that vanished with its Link up only after the Link's 12-minute stale
+time, and meanwhile the worker's RPC server (one connection at a time) would
+stay held: so while a worker's tunnels are open it checks every KEEPALIVE_S
+seconds that the Link's interface is still there and sends an empty
+TunnelData (tunnel 0, which no tunnel uses); a peer that does not acknowledge
+it makes the Channel give up after its retries and tear the Link down, which
+closes the tunnels.
 
 Who may use a tunnel: on the worker, only a Link from a tower holding
 ``shard`` there (tower/split.py), and that tower can then drive the worker's
@@ -29,7 +36,10 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
+
+from RNS.Channel import ChannelException
 
 from links.channel import ChannelRouter
 from links.tunnel import TunnelClose, TunnelData, TunnelOpen
@@ -43,6 +53,8 @@ DATA_OVERHEAD = 24
 LINK_POLL_S = 0.5
 #: Tunnels one Link may carry at once.
 MAX_TUNNELS = 16
+#: How often a worker with open tunnels asks the coordinator's tower to acknowledge (seconds, or 4 RTTs if longer).
+KEEPALIVE_S = 5.0
 
 
 class _Pipe:
@@ -66,6 +78,7 @@ class _Pipe:
                     break
                 data += self._drain(limit - len(data))
                 self.tunnels.sent_bytes += len(data)
+                self.tunnels.last_active = time.monotonic()
                 if not self.tunnels.router.send(TunnelData(self.tunnel_id, data)):
                     break
         except OSError:
@@ -118,21 +131,42 @@ class _Pipe:
 
 
 class Tunnels:
-    """The tunnels of one Link (either end). ``target_port``: on a worker, the
-    local RPC server's port that a TunnelOpen connects to (None on the
-    coordinator, which refuses TunnelOpen)."""
+    """The tunnels of one Link (either end). ``target``: on a worker, makes the
+    connection to the local RPC server that a TunnelOpen is joined to (None on
+    the coordinator, which refuses TunnelOpen)."""
 
-    def __init__(self, router: ChannelRouter, target_port: int | None = None) -> None:
+    def __init__(self, router: ChannelRouter, target: Callable[[], socket.socket] | None = None) -> None:
         self.router = router
-        self.target_port = target_port
+        self.target = target
         self.pipes: dict[int, _Pipe] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
+        #: time.monotonic() of the last byte either way (None: none yet)
+        self.last_active: float | None = None
         self._lock = threading.Lock()
         self._next_id = 1
+        self._closed = threading.Event()
         router.on(TunnelOpen, self._open)
         router.on(TunnelData, self._data)
         router.on(TunnelClose, self._close)
+        if target is not None:
+            threading.Thread(target=self._keepalive, name="rngrid-tunnel-keepalive", daemon=True).start()
+
+    def _keepalive(self) -> None:
+        while not self._closed.wait(max(KEEPALIVE_S, 4 * (self.router.link.rtt or 0))):
+            if not self.pipes:
+                continue  # no server held
+            if not self.router.link_usable():  # the interface it came in on is gone: nothing could be acknowledged
+                log.info("the link of %d tunnel(s) lost its interface; tearing it down", len(self.pipes))
+                self.router.link.teardown()
+                return
+            channel = self.router.channel
+            if not channel.is_ready_to_send():
+                continue  # bytes in flight already prove the peer alive, or exhaust the Channel's retries
+            try:
+                channel.send(TunnelData(0, b""))
+            except ChannelException as e:  # a closing Link refuses it; the next round or close_all ends this thread
+                log.debug("tunnel keepalive not sent: %s", e)
 
     def attach(self, sock: socket.socket) -> None:
         """Carry an accepted local socket over a new tunnel (coordinator end)."""
@@ -147,22 +181,22 @@ class Tunnels:
             self.pipes[tunnel_id] = _Pipe(self, tunnel_id, sock)
 
     def _open(self, message: TunnelOpen) -> None:
-        if self.target_port is None or message.tunnel_id in self.pipes or len(self.pipes) >= MAX_TUNNELS:
+        if self.target is None or message.tunnel_id in self.pipes or len(self.pipes) >= MAX_TUNNELS:
             self.router.send(TunnelClose(message.tunnel_id, "refused"))
             return
         try:
-            sock = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            sock.settimeout(None)
-        except OSError as e:
+            sock = self.target()
+        except (OSError, RuntimeError) as e:  # RuntimeError: split/rpcworker.py's RpcUnavailable
             self.router.send(TunnelClose(message.tunnel_id, f"no RPC server: {e}"))
             return
-        log.info("tunnel %d open to the RPC server on port %d", message.tunnel_id, self.target_port)
+        log.info("tunnel %d open to the RPC server", message.tunnel_id)
         self._add(message.tunnel_id, sock)
 
     def _data(self, message: TunnelData) -> None:
         pipe = self.pipes.get(message.tunnel_id)
         if pipe is not None:
             self.received_bytes += len(message.data)
+            self.last_active = time.monotonic()
             pipe.outbox.put(message.data)
 
     def _close(self, message: TunnelClose) -> None:
@@ -176,6 +210,7 @@ class Tunnels:
             self.pipes.pop(tunnel_id, None)
 
     def close_all(self, reason: str = "link closed") -> None:
+        self._closed.set()
         for pipe in list(self.pipes.values()):
             pipe.close(reason)
 

@@ -1,7 +1,9 @@
 """Split inference on a tower (reticulum_grid.split): both ends.
 
 Worker end: ``shard/tunnel`` (role ``shard``) starts this tower's RPC server
-child (127.0.0.1 only) and lets the calling Link carry tunnels to it;
+child (in a network of its own, split/rpcworker.py), proves it answers, and
+lets the calling Link carry tunnels to it, for one coordinator's plan at a
+time (split/lease.py: another gets ``busy``);
 ``shard/seed`` fills its tensor cache from this tower's own copy of the
 model, so those weights need not cross (split/tensorcache.py).
 Layers are the coordinator's model: it sends them only to workers whose
@@ -32,9 +34,11 @@ coordinator asks again while "seeding" (SEED_WAIT_S at most), then loads.
 """
 
 import logging
+import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,11 +53,12 @@ from reticulum_grid.inference.generation import Generation, Piece
 from reticulum_grid.inference.registry import ModelSlot
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
-from reticulum_grid.node.dataplane import Forwarder
+from reticulum_grid.node.dataplane import Forwarder, Front
 from reticulum_grid.split import direct, experts
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.probe import LinkProbe
-from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
+from reticulum_grid.split.lease import Holder, RpcLease
+from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker, hello
 from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker, worker_blocks
 from reticulum_grid.split.tensorcache import TensorCache, block_tensors
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
@@ -78,6 +83,10 @@ SEED_WAIT_S = 300.0
 SEED_POLL_S = 0.25
 #: How long one ask may take: the worker answers at once (seconds).
 SEED_ASK_S = 5.0
+#: How long a coordinator waits for the HELLO reply through a new tunnel before it links again (seconds).
+PROVE_S = 10.0
+#: Links a coordinator makes to one worker for one plan before it gives up on that worker.
+LINK_TRIES = 2
 
 
 class TowerSplit:
@@ -90,6 +99,7 @@ class TowerSplit:
         self.seeding: dict[tuple[bytes, tuple[int, int]], dict[str, Any]] = {}
         self.worker = RpcWorker(directory / "rpc-worker.log", threads=tower.config.shard_threads,
                                 lend_mib=self._cpu_lend_mib, cache=self.cache)
+        self.lease = RpcLease(idle_s=tower.config.shard_yield_idle_s)
         self.queue = ModelQueue(tower.config.queue_depth)
         self.probe = LinkProbe(tower.identity)
         self.model: SplitModel | None = None
@@ -134,27 +144,35 @@ class TowerSplit:
 
     # -- worker end -------------------------------------------------------
     def tunnel(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
+        """shard/tunnel: lend this tower's RPC server to the calling coordinator's
+        plan, once it is free (split/lease.py) and answers a HELLO."""
         coordinator = validate(request, {"dataplane": Field(str, check=max_len(64))})["dataplane"]
         if not engine.available(engine.RPC_SERVER):
             raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER}: run `make llama` there")
-        try:
-            port = int(self.worker.endpoint().rsplit(":", 1)[1])
-        except RpcUnavailable as e:
-            raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
+        identity = session.identity
+        who = identity.hash if identity is not None else b""
+        fronts: list[Front] = []
+        holder = Holder(session, who, who.hex()[:16] or "an unidentified tower", end=session.link.teardown,
+                        last_active=lambda: _last_active(session, fronts))
+        if self.lease.take(holder):
+            session.on_close(lambda: self.lease.release(session))
+            try:
+                self.worker.ready()
+            except RpcUnavailable as e:
+                self.lease.release(session)
+                raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
         cache = self.cache
         if cache is not None:  # what a peer's misses wrote is never served to the next plan
             cache.clean(verify=False)
             session.on_close(lambda: cache.clean(verify=False))
-        tunnels = session.tunnels
-        if tunnels is None:
-            session.tunnels = Tunnels(session.router, target_port=port)
+        if session.tunnels is None:
+            session.tunnels = Tunnels(session.router, target=self.worker.connect)
             session.on_close(session.tunnels.close_all)
-        else:
-            tunnels.target_port = port
         reply: dict[str, Any] = {"tower": self.tower.config.name}
         own = self.tower.config.dataplane
         if own and coordinator:  # the RPC bytes go straight over the data plane (direct.py)
-            front, reply["dataplane"] = direct.offer(own, coordinator, port)
+            front, reply["dataplane"] = direct.offer(own, coordinator, self.worker.connect)
+            fronts.append(front)
             session.on_close(front.close)
         return reply
 
@@ -270,32 +288,36 @@ class TowerSplit:
         # The tunnel listeners accept the split model's own connections only (tunnel.py).
         building: dict[str, SplitModel] = {}
 
-        def owners() -> list[int]:  # the split runner's llama-server (under its guard)
+        def owners() -> list[int]:  # the split runner's llama-server (under its guard); this tower while it proves a link
             model = building.get("model")
             pid = model.runner.pid if model is not None else None
-            return [pid] if pid else []
+            return [pid] if pid else [os.getpid()]
 
         endpoints: list[str] = []
-        own = self.tower.config.dataplane
         counts = [end - first for _, first, end in parts]
         blocks = worker_blocks(counts, bool(self._own_gpu()))
         for (key, _, _), held in zip(parts[:-1], blocks):
             self._check_worker(key)
-            conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
-            self.links.append((conn, None))
-            if not expert_mode:
-                _await_seed(conn, slot.blob_id, held)
-            try:
-                reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
-            except WireError as e:
-                raise WireError(e.code, naming_worker(key, e.message)) from None
-            # conn.request set up the Link (and its router).
-            listener = direct.forwarder(reply, owners) or TunnelListener(Tunnels(cast(ChannelRouter, conn.router)),
-                                                                         owners)
-            self.links[-1] = (conn, listener)
+            for attempt in range(1, LINK_TRIES + 1):
+                conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
+                self.links.append((conn, None))
+                if not expert_mode and attempt == 1:
+                    _await_seed(conn, slot.blob_id, held)
+                listener = self._tunnel_to(key, conn, owners)
+                self.links[-1] = (conn, listener)
+                if _answers_hello(listener.endpoint):
+                    break
+                log.warning("split worker %s: no HELLO reply through the %s within %.0f s (try %d of %d)",
+                            key.hex()[:16], _carrier(listener), PROVE_S, attempt, LINK_TRIES)
+                self.links.pop()
+                listener.close()
+                conn.close()
+            else:
+                raise WireError(Code.UNREACHABLE, naming_worker(key, f"its RPC server's HELLO reply did not come "
+                                                                    f"back through the {_carrier(listener)}"))
             endpoints.append(listener.endpoint)
             log.info("split worker %s: RPC %s", key.hex()[:16],
-                     "over the data plane" if reply.get("dataplane") else "through the RNS tunnel")
+                     "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel")
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
@@ -312,6 +334,18 @@ class TowerSplit:
         log.info("split model loaded in %.2f s over %d worker(s); %d bytes crossed to and from them",
                  seconds, len(endpoints), sum(_moved(l) for _, l in self.links))
         return model
+
+    def _tunnel_to(self, key: bytes, conn: TowerConnection,
+                   owners: Callable[[], list[int]]) -> Forwarder | TunnelListener:
+        """shard/tunnel on the worker at ``key`` over ``conn``, and the local
+        end its RPC bytes take (a data-plane Forwarder or an RNS tunnel)."""
+        own = self.tower.config.dataplane
+        try:
+            reply = conn.request("shard/tunnel", {"dataplane": own} if own else {}, timeout=15.0)
+        except WireError as e:
+            raise WireError(e.code, naming_worker(key, e.message)) from None
+        # conn.request set up the Link (and its router).
+        return direct.forwarder(reply, owners) or TunnelListener(Tunnels(cast(ChannelRouter, conn.router)), owners)
 
     def _own_gpu(self) -> str:
         """This tower's first GPU as llama.cpp names it ("CUDA0"), "" on a CPU tower."""
@@ -386,6 +420,29 @@ def _await_seed(conn: TowerConnection, blob_id: bytes, blocks: tuple[int, int]) 
             log.info("worker %s tensor cache: %s", conn.name, reply)
             return
         time.sleep(SEED_POLL_S)
+
+
+def _last_active(session: "LinkSession", fronts: list[Front]) -> float | None:
+    """When a worker's session last carried an RPC byte (time.monotonic()), over its tunnels or data-plane fronts."""
+    times = [f.moved.last_active for f in fronts] + [session.tunnels.last_active if session.tunnels else None]
+    return max((t for t in times if t is not None), default=None)
+
+
+def _answers_hello(endpoint: str) -> bool:
+    """True when llama.cpp's HELLO through a worker's tunnel or forwarder at
+    ``endpoint`` ("127.0.0.1:port") is answered within PROVE_S: the whole way
+    to its RPC server and back carries bytes (a Link that took the request but
+    not its Channel's replies once stalled a load for its whole 60 s bound)."""
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROVE_S) as sock:
+            return hello(sock)
+    except OSError:
+        return False
+
+
+def _carrier(listener: Forwarder | TunnelListener) -> str:
+    return "data plane" if isinstance(listener, Forwarder) else "RNS tunnel"
 
 
 def _moved(listener: Forwarder | TunnelListener | None) -> int:
