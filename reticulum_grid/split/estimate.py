@@ -37,6 +37,8 @@ PROMPT_TOKENS = 100
 #: tensors, the residual's halves; the positions, the K and V row indices and
 #: the output ids, 24 bytes together; the attention mask), a 13-byte recompute,
 #: and a 321-byte get_tensor whose 8-byte-framed answer is the hidden state.
+#: (Measured with a CPU coordinator, whose worker holds the last layers; a
+#: worker holding the first ones may get the hidden state as one tensor.)
 HIDDEN_STATES_PER_TOKEN = 3
 RPC_FIXED_BYTES_PER_TOKEN = 7 * 314 + 24 + 13 + 321 + 8
 #: The attention mask: f16 per KV cell in use (flash attention, llama.cpp's
