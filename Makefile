@@ -121,6 +121,7 @@ bench: setup
 	$(BIN)/python -m bench.sync
 	$(BIN)/python -m bench.route
 	$(BIN)/python -m bench.split
+	$(BIN)/python -m bench.split_link_bytes
 	$(BIN)/python -m bench.train
 	$(BIN)/python -m bench.train_dp
 	$(BIN)/python -m bench.link_profiles

@@ -141,6 +141,7 @@ def test_route_shows_the_split_plan(split_grid, hub, machine):
     assert all(p["mib"] <= 200 for p in parts) and plan["reasons"]
     # What the plan is estimated to cost, and how each worker's RPC travels (no data plane here).
     assert plan["estimate"]["tokens_per_s"] > 0 and plan["estimate"]["where"] == "split-a + " + parts[0]["tower"]
+    assert plan["estimate"]["link_bytes_per_token"] > 0  # the hidden state crosses the worker's link each token
     assert plan["rpc"] == {parts[0]["tower"]: "RNS tunnel"}
     if machine.backend == "cpu":
         assert plan["single"] is None  # CPU towers offer a whole model only what they lend

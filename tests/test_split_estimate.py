@@ -30,16 +30,34 @@ def test_each_stage_reads_its_share_and_each_worker_adds_its_round_trips():
     bw = {key("coord"): 100e9, key("worker"): 100e9}
     alone = estimate.split(placement, 10 * GB, bw, {key("worker"): 0.0}, 4096)
     far = estimate.split(placement, 10 * GB, bw, {key("worker"): 0.040}, 4096)
-    assert alone.tokens_per_s == pytest.approx(100e9 / (10 * GB))  # the same bytes read, at the same rate
+    crossing = alone.link_bytes_per_token / estimate.PRIOR_LINK_RATE  # the hidden state there and back, per token
+    assert 1 / alone.tokens_per_s == pytest.approx(10 * GB / 100e9 + crossing)  # the same bytes read, at the same rate
     assert 1 / far.tokens_per_s - 1 / alone.tokens_per_s == pytest.approx(estimate.ROUND_TRIPS_PER_STAGE * 0.040)
     assert far.added_ttft_s > alone.added_ttft_s > 0  # the prompt's activations cross the link either way
+
+
+def test_each_token_moves_the_hidden_state_both_ways_and_the_mask_over_each_worker_link():
+    fixed = estimate.RPC_FIXED_BYTES_PER_TOKEN
+    assert estimate.link_bytes_per_token(8192, 100) == 3 * 8192 * 4 + 256 * 2 + fixed
+    assert estimate.link_bytes_per_token(8192, 257) == 3 * 8192 * 4 + 512 * 2 + fixed  # the mask's cells pad to 256
+    placement = two_tower_plan(0.0)
+    bw = {key("coord"): 100e9, key("worker"): 100e9}
+    slow = estimate.split(placement, 10 * GB, bw, {}, 4096, {key("worker"): 1e6})
+    fast = estimate.split(placement, 10 * GB, bw, {}, 4096, {key("worker"): 1e9})
+    assert slow.link_bytes_per_token == fast.link_bytes_per_token == estimate.link_bytes_per_token(4096, 100)
+    assert 1 / slow.tokens_per_s - 1 / fast.tokens_per_s == pytest.approx(
+        slow.link_bytes_per_token * (1 / 1e6 - 1 / 1e9))
+    whole = estimate.split(plan([Offer("one", key("one"), 40 * 1024)], 30 * 1024, 40), 10 * GB,
+                           {key("one"): 100e9}, {}, 4096)
+    assert whole.link_bytes_per_token == 0 and whole.tokens_per_s == pytest.approx(100e9 / (10 * GB))
 
 
 def test_a_slower_worker_slows_only_its_share():
     placement = two_tower_plan(0.0)
     share = {p.offer.key: p.layers / placement.n_layers for p in placement.parts}
     found = estimate.split(placement, 10 * GB, {key("coord"): 100e9, key("worker"): 10e9}, {}, 4096)
-    expected = 10 * GB * share[key("coord")] / 100e9 + 10 * GB * share[key("worker")] / 10e9
+    expected = (10 * GB * share[key("coord")] / 100e9 + 10 * GB * share[key("worker")] / 10e9
+                + found.link_bytes_per_token / estimate.PRIOR_LINK_RATE)
     assert 1 / found.tokens_per_s == pytest.approx(expected)
 
 

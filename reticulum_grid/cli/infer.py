@@ -142,13 +142,24 @@ def _stream(stream: "Iterable[Text | ToolCallDelta | Usage]", as_json: bool) -> 
 
 @main.command()
 @client_options
-@click.option("-m", "--model", required=True, help="Model alias (or blob id prefix).")
+@click.option("-m", "--model", default=None, help="Model alias (or blob id prefix).")
 @click.option("--adapter", default=None, help="LoRA adapter the request would use.")
+@click.option("--simulate", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Plan the split on paper: offers and model from FILE (TOML, or JSON if it ends in .json; "
+                   "see docs/split.md), no network.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str, adapter: str | None,
-          as_json: bool) -> None:
-    """Show how the grid would rank the towers for MODEL, and why."""
+def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str | None,
+          adapter: str | None, simulate: str | None, as_json: bool) -> None:
+    """Show how the grid would rank the towers for MODEL, and why; or, with
+    --simulate, the split plan and its estimate for the towers a file describes."""
+    if simulate is not None:
+        if model or adapter or connect or rns_config:
+            fail("--simulate takes the model and the towers from its file: drop -m, --adapter, --connect, --rns-config")
+        _simulate(simulate, as_json)
+        return
+    if model is None:
+        fail("give -m MODEL (or --simulate FILE)")
     grid = open_grid(ctx, connect, rns_config)
     try:
         ranked = grid.rank(model, adapter=adapter, complete=True)
@@ -220,9 +231,30 @@ def _split_plan(grid: "Grid", model: str, ranked: "Sequence[Choice]", adapter: s
         return None
 
 
-def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | None") -> None:
+def _simulate(path: str, as_json: bool) -> None:
+    """Print the plan the planner makes for the towers and model in the file at ``path``."""
+    from reticulum_grid.split import simulate
+    from reticulum_grid.split.plan import PlanError
+    try:
+        scenario = simulate.load(path)
+        placement = simulate.run(scenario)
+    except (simulate.SimulationError, PlanError) as e:
+        fail(str(e))
+    shape = scenario.shape
+    if as_json:
+        json_line({"split": {**placement.to_map(), "model": {
+            "name": shape.name, "bytes": shape.weight_bytes, "blocks": shape.blocks, "embedding": shape.embedding,
+            "context": scenario.context}, "simulated": True}})
+        return
+    out.print(f"{visible(shape.name)}: {shape.weight_bytes / 1e9:.1f} GB of weights, {shape.blocks} layers, "
+              f"needs ~{placement.need_mib} MiB with a {scenario.context}-token context")
+    _print_split(placement, {}, None, f"on paper (no network): {len(placement.parts)} tower(s)")
+    out.print("  planner's estimate from the file's figures, not a measurement")
+
+
+def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | None", title: str | None = None) -> None:
     table = Table("tower", "role", "layers", "memory", "RPC", "RTT from coordinator",
-                  title=f"no single tower has room: split over {len(placement.parts)} towers")
+                  title=title or f"no single tower has room: split over {len(placement.parts)} towers")
     for p in placement.parts:
         worker = p is not placement.coordinator
         table.add_row(p.offer.name, "worker" if worker else "coordinator",
@@ -236,6 +268,8 @@ def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | Non
         e = placement.estimate
         out.print(f"  estimate split: ~{e.tokens_per_s:.1f} tokens/s, +{e.added_ttft_s * 1000:.0f} ms to the first "
                   "token (100-token prompt)")
+        if placement.workers:
+            out.print(f"  each worker's link carries ~{e.link_bytes_per_token / 1000:.1f} kB per token (both ways)")
     if single is not None:
         slower = placement.estimate is not None and single.tokens_per_s >= placement.estimate.tokens_per_s
         out.print(f"  estimate whole on {visible(single.where)} (partly in RAM): ~{single.tokens_per_s:.1f} tokens/s"

@@ -61,14 +61,17 @@ class Part:
 class Estimate:
     """What a plan (or one tower) is estimated to do (split/estimate.py makes
     it): ``tokens_per_s``; ``added_ttft_s``: seconds the split adds before the
-    first token (0 for one tower); ``where``: the towers, in words."""
+    first token (0 for one tower); ``where``: the towers, in words;
+    ``link_bytes_per_token``: bytes each worker's link carries per generated
+    token, both ways (0 for one tower)."""
     tokens_per_s: float
     added_ttft_s: float
     where: str
+    link_bytes_per_token: int = 0
 
     def to_map(self) -> dict[str, Any]:
         return {"tokens_per_s": round(self.tokens_per_s, 2), "added_ttft_s": round(self.added_ttft_s, 3),
-                "where": self.where}
+                "where": self.where, "link_bytes_per_token": self.link_bytes_per_token}
 
 
 @dataclass(frozen=True)

@@ -184,9 +184,15 @@ def need_mib(path: str | os.PathLike[str], n_ctx: int, file_size: int) -> int:
     context (0: the model's own context length): weights (the file) + f16 KV
     cache + runtime overhead."""
     f = facts(path)
-    head_dim = f.embedding // max(f.heads, 1)
-    kv_bytes = 2 * f.blocks * (n_ctx or f.context_length) * f.kv_heads * head_dim * 2
-    return (file_size + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB
+    return memory_need_mib(file_size, f.blocks, f.embedding // max(f.heads, 1), f.kv_heads,
+                           n_ctx or f.context_length)
+
+
+def memory_need_mib(weight_bytes: int, blocks: int, head_dim: int, kv_heads: int, n_ctx: int) -> int:
+    """Memory (MiB) a model of ``weight_bytes`` (its GGUF's size) needs loaded
+    with an ``n_ctx``-token f16 KV cache (see the module doc) + runtime overhead."""
+    kv_bytes = 2 * blocks * n_ctx * kv_heads * head_dim * 2
+    return (weight_bytes + kv_bytes) // MIB + RUNTIME_OVERHEAD_MIB
 
 
 def summary(path: str | os.PathLike[str]) -> ModelSummary:
