@@ -1,9 +1,12 @@
 """Speculative decoding across a split (split/speculation.py): a draft on the
 coordinator proposes as many tokens as the link's round trip makes worth
 checking at once. Against a real llama-server --rpc over a real
-ggml-rpc-server on loopback, with the same weights as draft (every draft holds)."""
+ggml-rpc-server on loopback, and real towers on two hosts of the network lab
+joined by a tailnet-shaped link, with the same weights as draft (every
+draft holds)."""
 
 import re
+import sys
 import threading
 
 import pytest
@@ -58,3 +61,39 @@ def test_one_verification_across_the_split_checks_a_long_draft(model_path, worke
     assert (int(accepted), int(generated)) == (result.draft_accepted, result.draft_tokens)
     # Tokens per verification (1 + accepted / verifications): llama.cpp's default draft of 3 makes at most 4.
     assert float(mean_len) > 6, mean_len
+
+
+#: One split request from the client's host: the plan the client makes, then the stream (as bench/split.py does).
+CLIENT = """
+import sys
+from reticulum_grid.client import Grid, Usage
+from reticulum_grid.client.split import SplitStream, make_plan
+grid = Grid(home=sys.argv[1], rns_config=sys.argv[2])
+grid.wait_for(lambda entries: len(entries) >= 3, 120)
+grid.caps_full(grid.towers(), timeout=60)
+placement, entries = make_plan(grid, "lab-split")
+payload = {"model": "lab-split", "prompt": "Count from 1 to 500: 1, 2,", "max_tokens": 48, "temperature": 0.0}
+usage = [p for p in SplitStream(grid, payload, placement, entries) if isinstance(p, Usage)][-1]
+print(usage.completion_tokens, usage.draft_tokens, usage.draft_accepted)
+"""
+
+
+@needs("netns", "the coordinator and the worker sit on two hosts joined by a shaped link")
+def test_a_coordinator_drafts_further_across_a_tailnet(model_path, tmp_path):
+    from tests.lab.splitlab import SplitLab
+    lab = SplitLab(tmp_path / "lab", "tailnet", model_path, lend_mib=400,
+                   draft=renamed_copy(model_path, tmp_path / "draft.gguf"))
+    try:
+        done = lab.run([sys.executable, "-c", CLIENT, str(lab.client_home), str(lab.client_rns)], timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        completion, drafted, accepted = map(int, done.stdout.split())
+        coord_log = lab.towers["coord"].log()
+        split_log = (lab.towers["coord"].dir / "split-model.log").read_text()
+    finally:
+        lab.close()
+    assert completion == 48 and accepted > 0 and drafted > 0
+    # The coordinator's ping to the worker crossed the tailnet's ~44 ms: the draft runs further than llama.cpp's 3.
+    chosen = int(re.search(r"split draft: up to (\d+) tokens a verification", coord_log).group(1))
+    assert chosen > speculation.MIN_DRAFT
+    assert re.search(rf"n_max={chosen}, n_min=0", split_log)
+    assert float(DRAFTS.findall(split_log)[-1][2]) > speculation.MIN_DRAFT + 1  # tokens per verification
