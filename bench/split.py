@@ -18,11 +18,14 @@ slot on every side; both must produce exactly that many tokens
 llama.cpp alone, its llama-server --rpc over a ggml-rpc-server on 127.0.0.1
 holding the plan's worker layers, no grid between (``llama_vs_single``, and
 ``split_vs_llama``: what the grid's split keeps of llama.cpp's). Also: TTFT of a
-short and, in alternating pairs too, of a ~1,000-token prompt on each side; with ``--draft`` the
-coordinator holds a draft model (the same weights under another name: every
-draft it makes is accepted, so this is the ceiling of speculative decoding),
-and split runs are repeated with speculation on, reporting the acceptance
-rate. The coordinator's log says the bytes that crossed to the worker while
+short and, in alternating pairs too, of a ~1,000-token prompt on each side; with ``--draft`` a
+second set of towers runs the same pairs with a coordinator that holds a draft
+model (the same weights under another name: every draft it makes is accepted,
+so this is the ceiling of speculative decoding), reporting ``draft_*``
+figures, the acceptance rate and ``draft_adds_ttft_1k_ms``, what the draft
+adds to the 1k-prompt TTFT (``--draft-layers N``: a draft of the model's
+first N blocks instead, which agrees less and costs less). A second set, because llama-server speculates
+on every request once it holds a draft (it has no per-request switch). The coordinator's log says the bytes that crossed to the worker while
 the split model loaded and how long it took (``load_mb_s``). ``estimate_tokens_per_s``
 is what the client planned with (split/estimate.py) and ``round_trips_per_token``
 the split's extra time per token in coordinator-worker round trips (the
@@ -124,9 +127,10 @@ def _pairs(grid, args, placement, entries, llama):
 
     single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
     out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
-    sides = [("single", single), ("split", split)]
-    sides += [("draft", lambda k, n=args.max_tokens, long=False: split(k, n, long, speculative=True))] if args.draft \
-        else []
+    # With a draft the coordinator's llama-server speculates on every request: it has no per-request switch
+    # (tools/server/server-schema.cpp leaves speculative.* out), so the split side is the drafted one.
+    name = "draft" if args.draft else "split"
+    sides = [("single", single), (name, lambda k, n=args.max_tokens, long=False: split(k, n, long, args.draft))]
     sides += [("llama", lambda k, n=args.max_tokens, long=False: llama(k, n, long))] if llama else []
     pairs = {name: [] for name, _ in sides}
     for k in range(args.runs):
@@ -136,29 +140,29 @@ def _pairs(grid, args, placement, entries, llama):
         out[f"{name}_tokens_per_s"] = statistics.median(r[1] for r in runs)
         out[f"{name}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
     ratio = lambda over, under: statistics.median(b[1] / a[1] for a, b in zip(pairs[under], pairs[over]))
-    out["split_vs_single"] = ratio("split", "single")
+    out[f"{name}_vs_single"] = ratio(name, "single")
     if llama:  # llama.cpp's own split: what the grid's split keeps of it
         out["llama_vs_single"], out["split_vs_llama"] = ratio("llama", "single"), ratio("split", "llama")
     if args.draft:
         usages = [r[2] for r in pairs["draft"]]
         out["draft_acceptance"] = sum(u.draft_accepted for u in usages) / max(1, sum(u.draft_tokens for u in usages))
-        out["split_draft_vs_single"] = ratio("draft", "single")
+        out["split_draft_vs_single"] = out.pop("draft_vs_single")
     # A ~1,000-token prompt's TTFT, in pairs as above: each side on the same prompts, alternating.
-    long = {name: [] for name, _ in sides if name != "draft"}
+    long = {side: [] for side, _ in sides}
     for k in range(2):
-        for name, run in (sides if k % 2 == 0 else sides[::-1]):
-            if name in long:
-                long[name].append(run(900 + k, 8, long=True)[0])
-    long_single, long_split = long["single"], long["split"]
-    out["added_ttft_ms"] = out["split_ttft_ms"] - out["single_ttft_ms"]
+        for side, run in (sides if k % 2 == 0 else sides[::-1]):
+            long[side].append(run(900 + k, 8, long=True)[0])
+    long_single, long_split = long["single"], long[name]
+    prefix = "draft_" if args.draft else ""
+    out[f"{prefix}added_ttft_ms"] = out[f"{name}_ttft_ms"] - out["single_ttft_ms"]
     # What the client planned with (split/estimate.py), against what it got.
     rtt = placement.workers[0].offer.rtt_s
     out["coordinator_rtt_ms"] = rtt * 1000
     if placement.estimate is not None:
         out["estimate_tokens_per_s"] = placement.estimate.tokens_per_s
     if rtt > 0:  # the seconds a token costs beyond one tower's, in the worker's round trips
-        out["round_trips_per_token"] = (1 / out["split_tokens_per_s"] - 1 / out["single_tokens_per_s"]) / rtt
-    out["added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
+        out[f"{prefix}round_trips_per_token"] = (1 / out[f"{name}_tokens_per_s"] - 1 / out["single_tokens_per_s"]) / rtt
+    out[f"{prefix}added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
     if llama:
         out["llama_added_ttft_1k_ms"] = (statistics.median(long["llama"]) - statistics.median(long_single)) * 1000
     return out
@@ -210,8 +214,7 @@ def loopback(args, tmp):
     coord = TowerProcess(tmp, "coord", held, allow={client_id: ["infer"], ids["worker"]: ["shard"]},
                          shard={"lend_mib": coord_mib, "threads": threads}, threads=threads, dataplane=plane)
     if args.draft:
-        from tests.tiny_models import renamed_copy
-        BlobStore(coord.dir / "blobs").add_file(renamed_copy(model, Path(tmp) / "draft.gguf"), alias="lab-draft",
+        BlobStore(coord.dir / "blobs").add_file(draft_model(model, tmp, args.draft_layers), alias="lab-draft",
                                                kind="model")
     towers = [single.start(), coord.start()]
     worker = TowerProcess(tmp, "worker", {}, allow={client_id: ["infer"], ids["coord"]: ["shard"]},
@@ -238,9 +241,8 @@ def loopback(args, tmp):
 def lab(args, tmp):
     from tests.lab.splitlab import SplitLab
     from tests.requirements import bench_needs
-    from tests.tiny_models import renamed_copy
     bench_needs("netns", "the towers sit on two hosts joined by a shaped link")
-    draft = renamed_copy(args.model, Path(tmp) / "draft.gguf") if args.draft else None
+    draft = draft_model(args.model, tmp, args.draft_layers) if args.draft else None
     made = SplitLab(Path(tmp) / "lab", args.profile, args.model, lend_mib=max(args.lends), threads=args.threads,
                     draft=draft, dataplane=args.path == "dataplane")
     try:
@@ -252,6 +254,14 @@ def lab(args, tmp):
         return json.loads(done.stdout.strip().splitlines()[-1]), made.towers["coord"].log()
     finally:
         made.close()
+
+
+def draft_model(model, tmp, layers=0):
+    """The coordinator's draft: ``model``'s weights under another name, or with
+    ``layers`` its first that many blocks only (a smaller draft that agrees less)."""
+    from tests.tiny_models import renamed_copy, truncated_copy
+    out = Path(tmp) / "draft.gguf"
+    return truncated_copy(model, out, layers) if layers else renamed_copy(model, out)
 
 
 def drop_split_runner(tower_pid):
@@ -282,18 +292,30 @@ def load_figures(coord_log):
 
 
 def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
-        path="dataplane", draft=False, alone=True, worker_holds=False):
+        path="dataplane", draft=False, alone=True, worker_holds=False, draft_layers=0):
     """The comparison; returns its figures (measure's and load_figures' keys;
     the plan as text). ``lends``: (coordinator, worker) MiB, default_lends
     when None; ``root``: the towers' folder (default a temporary one);
     ``alone``: llama.cpp's own split as a third side (loopback only);
-    ``worker_holds``: the worker gets the GGUF before the second load (loopback only)."""
+    ``worker_holds``: the worker gets the GGUF before the second load (loopback only);
+    ``draft``: the coordinator holds a draft (draft_model, ``draft_layers`` blocks)."""
     args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
                               threads=threads, lends=lends or default_lends(draft), profile=profile, path=path,
-                              draft=draft, alone=alone, worker_holds=worker_holds)
+                              draft=draft, alone=alone, worker_holds=worker_holds, draft_layers=draft_layers)
     with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
         figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
     return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}
+
+
+def with_draft(args, lends, plain):
+    """A second run whose coordinator holds a draft: its own figures (``draft_*``,
+    ``split_draft_vs_single``) and ``draft_adds_ttft_1k_ms``, its 1k-prompt
+    TTFT over that of the ``plain`` run's (the draft reads every prompt too)."""
+    drafted = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
+                  path=args.path, draft=True, alone=False, draft_layers=args.draft_layers)
+    out = {key: value for key, value in drafted.items() if "draft" in key}
+    out["draft_adds_ttft_1k_ms"] = out["draft_added_ttft_1k_ms"] - plain["added_ttft_1k_ms"]
+    return out
 
 
 def report(args, figures):
@@ -311,6 +333,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--draft", action="store_true", help="also measure speculative decoding with a draft")
+    parser.add_argument("--draft-layers", type=int, default=0, metavar="N",
+                        help="the draft keeps the model's first N blocks only (default: all, the same weights)")
     parser.add_argument("--model", default="", metavar="GGUF", help="split this model (default: the bundled one)")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads on every tower")
     parser.add_argument("--worker-holds", action="store_true", help="the worker gets the GGUF before the second load (loopback)")
@@ -323,7 +347,9 @@ def main():
         return
     lends = split_lends(args.model) if args.model else None
     figures = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
-                  path=args.path, draft=args.draft, worker_holds=args.worker_holds)
+                  path=args.path, worker_holds=args.worker_holds)
+    if args.draft:
+        figures.update(with_draft(args, lends, figures))
     report(args, figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")

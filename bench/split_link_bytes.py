@@ -133,7 +133,7 @@ def measure(model: Path, max_tokens: int, root: Path) -> tuple[dict[str, float],
     """(figures, one token's messages towards the worker, one a line) of one
     stream of ``max_tokens``; a token counts from one graph_recompute to the next after the last whole graph."""
     facts = gguf_info.facts(model)
-    worker = RpcWorker(root / "rpc.log", threads=1)
+    worker = RpcWorker(root / "rpc.log", threads=1, private=False)
     relay = CountingRelay(worker.endpoint())
     split = None
     try:

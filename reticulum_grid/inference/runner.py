@@ -70,7 +70,9 @@ class RunnerSpec:
     ``adapters``: GGUF LoRA paths, registered at scale 0 (requests pick theirs);
     ``draft``: a draft model's path for speculative decoding (on
     ``draft_device``, e.g. a split model's own GPU or "none" for its CPU, never
-    an RPC device); ``embeddings``
+    an RPC device), drafting up to ``draft_max`` tokens a verification and
+    stopping at one below probability ``draft_p_min`` (0: llama.cpp's
+    defaults, common/common.h); ``embeddings``
     with ``pooling`` (for a model that names none, e.g. a chat model); ``rpc``:
     "127.0.0.1:port" RPC endpoints (split models); ``overrides``:
     llama.cpp ``--override-tensor`` rules ("regex=buffer type")."""
@@ -83,6 +85,8 @@ class RunnerSpec:
     adapters: tuple[str, ...] = ()
     draft: str = ""
     draft_device: str = ""  # llama.cpp device of the draft ("none": the CPU); "": as the model's
+    draft_max: int = 0
+    draft_p_min: float = 0.0
     embeddings: bool = False
     pooling: str = ""  # embeddings' pooling ("mean", ...); "": the model's own
     rpc: tuple[str, ...] = ()
@@ -112,6 +116,10 @@ class RunnerSpec:
                 argv += ["-devd", self.draft_device, "-ngld", "0" if self.draft_device == "none" else "999"]
             else:
                 argv += ["-ngld", str(999 if self.n_gpu_layers < 0 else self.n_gpu_layers)]
+            if self.draft_max:
+                argv += ["--spec-draft-n-max", str(self.draft_max)]
+            if self.draft_p_min:
+                argv += ["--spec-draft-p-min", f"{self.draft_p_min:g}"]
         if self.embeddings:
             argv.append("--embeddings")
             if self.pooling:

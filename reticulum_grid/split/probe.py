@@ -89,6 +89,12 @@ class LinkProbe:
             with self._lock:
                 self._busy.pop(key, None)
 
+    def last_rtt(self, key: bytes) -> float | None:
+        """The latest RTT measured to tower ``key`` (seconds), however old; None if never measured."""
+        with self._lock:
+            known = self._rtts.get(key)
+        return known[1] if known else None
+
     def record_rate(self, key: bytes, moved_bytes: int, seconds: float) -> None:
         """What crossed to worker ``key`` while a split model loaded (bytes, seconds)."""
         if moved_bytes > 0 and seconds > 0:

@@ -31,7 +31,7 @@ from reticulum_grid.inference import generation
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.request import InferenceRequest
 from reticulum_grid.inference.runner import Runner, RunnerError, RunnerSpec
-from reticulum_grid.split import experts
+from reticulum_grid.split import experts, speculation
 
 log = logging.getLogger("rngrid.split")
 
@@ -108,16 +108,19 @@ class SplitModel:
     the rest on this tower). ``key`` identifies the plan it was built for;
     ``gpu``: this tower's own llama.cpp device ("CUDA0"; "" on a CPU tower);
     ``draft``: a small model's path for speculative decoding, run whole on
-    this tower (each round trip to the workers then verifies several tokens)."""
+    this tower (each round trip to the workers then verifies several tokens),
+    proposing up to ``draft_max`` tokens at a time (split/speculation.py; 0:
+    llama.cpp's default) and stopping at an unsure one (speculation.P_MIN)."""
 
     def __init__(self, key: object, path: str | os.PathLike[str], n_ctx: int, endpoints: Sequence[str],
                  counts: Sequence[int], log_path: Path, threads: int = 0, experts: bool = False, gpu: str = "",
-                 draft: str = "", freeze_s: float = FREEZE_S) -> None:
+                 draft: str = "", draft_max: int = 0, freeze_s: float = FREEZE_S) -> None:
         ngl, split, overrides = layout(counts, endpoints, bool(gpu), experts, path)
         self.key = key
         self.spec = RunnerSpec(str(path), n_ctx=n_ctx, parallel=1, n_gpu_layers=ngl, threads=threads,
                                tensor_split=split, rpc=tuple(endpoints), overrides=overrides, draft=draft,
-                               draft_device=gpu or "none")
+                               draft_device=gpu or "none", draft_max=draft_max,
+                               draft_p_min=speculation.P_MIN if draft else 0.0)
         self.runner = Runner(self.spec, log_path, name="split", restart=False, stream_timeout_s=freeze_s)
         self.freeze_s = freeze_s
 

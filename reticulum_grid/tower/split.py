@@ -54,7 +54,7 @@ from reticulum_grid.inference.registry import ModelSlot
 from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node import engine
 from reticulum_grid.node.dataplane import Forwarder, Front
-from reticulum_grid.split import direct, experts
+from reticulum_grid.split import direct, estimate, experts, speculation
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.lease import Holder, RpcLease
@@ -318,10 +318,12 @@ class TowerSplit:
             endpoints.append(listener.endpoint)
             log.info("split worker %s: RPC %s", key.hex()[:16],
                      "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel")
+        draft = self.draft_for(slot)
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
                                                threads=slot.settings.threads, experts=expert_mode,
-                                               gpu=self._own_gpu(), draft=self.draft_for(slot))
+                                               gpu=self._own_gpu(), draft=draft,
+                                               draft_max=self._draft_max(draft, [key for key, _, _ in parts[:-1]]))
         started = time.perf_counter()
         try:
             model.start(moved=lambda: sum(_moved(carrier) for _, carrier in self.links))
@@ -374,6 +376,16 @@ class TowerSplit:
             except Exception:
                 continue
         return min(candidates, key=lambda s: s.size).path if candidates else ""
+
+    def _draft_max(self, draft: str, workers: list[bytes]) -> int:
+        """Tokens the draft at path ``draft`` proposes a verification ahead of
+        ``workers`` (their latest RTTs, split/speculation.py); 0 without a draft."""
+        if not draft:
+            return 0
+        rtt = max((self.probe.last_rtt(key) or 0.0 for key in workers), default=0.0)
+        ahead = speculation.draft_max(rtt, os.path.getsize(draft), estimate.bandwidth(self.tower.hardware().backend))
+        log.info("split draft: up to %d tokens a verification (workers' RTT %.1f ms)", ahead, rtt * 1000)
+        return ahead
 
     def _check_worker(self, key: bytes) -> None:
         """Raise WireError(not_allowed) unless the tower at destination ``key`` is
