@@ -32,7 +32,8 @@ from pathlib import Path
 from bench.common import spread, tokens_per_s
 from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
-from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.inference.runner import Runner
+from reticulum_grid.inference.runner_spec import RunnerSpec
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 

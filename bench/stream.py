@@ -29,7 +29,8 @@ from reticulum_grid.client import Grid
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.inference.registry import MAX_AUTO_SLOTS
-from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.inference.runner import Runner
+from reticulum_grid.inference.runner_spec import RunnerSpec
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 

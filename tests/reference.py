@@ -13,7 +13,8 @@ import threading
 
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.registry import MAX_AUTO_SLOTS
-from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.inference.runner import Runner
+from reticulum_grid.inference.runner_spec import RunnerSpec
 
 
 class Reference:

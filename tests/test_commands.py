@@ -22,6 +22,7 @@ from reticulum_grid.tower.daemon import Tower, merge_commands
 from reticulum_grid.tower.dp import TowerDP
 from reticulum_grid.tower.inference import TowerInference
 from reticulum_grid.tower.jobs import TowerJobs
+from reticulum_grid.tower.shard import TowerShard
 from reticulum_grid.tower.split import TowerSplit
 from reticulum_grid.tower.voice import TowerVoice
 
@@ -41,7 +42,8 @@ def declared():
     """Each capability's ``commands()``, as a tower merges them."""
     jobs = bare(TowerJobs, dp=bare(TowerDP))
     return [bare(Tower)._commands(), jobs.commands(),
-            *(bare(cls).commands() for cls in (TowerInference, TowerVoice, TowerBlobs, TowerSplit))]
+            *(bare(cls).commands() for cls in (TowerInference, TowerVoice, TowerBlobs, TowerSplit,
+                                                       TowerShard))]
 
 
 def test_the_towers_capabilities_serve_the_table_exactly():

@@ -111,7 +111,8 @@ def test_a_window_of_one_token_is_refused_naming_the_key(tmp_path, model_path):
 
 def test_every_window_a_user_may_write(model_path, tmp_path):
     from reticulum_grid.inference.generation import ContextLengthExceeded, prompt_tokens
-    from reticulum_grid.inference.runner import Runner, RunnerSpec
+    from reticulum_grid.inference.runner import Runner
+    from reticulum_grid.inference.runner_spec import RunnerSpec
     for n_ctx in (2, 100, 257):
         runner = Runner(RunnerSpec(str(model_path), n_ctx=n_ctx, threads=1), tmp_path / f"runner-{n_ctx}.log").start()
         try:

@@ -177,7 +177,8 @@ def test_out_of_memory_is_recognised_in_the_log():
 
 
 def test_real_load_reports_the_model_in_host_memory(model_path, tmp_path):
-    from reticulum_grid.inference.runner import Runner, RunnerSpec
+    from reticulum_grid.inference.runner import Runner
+    from reticulum_grid.inference.runner_spec import RunnerSpec
     runner = Runner(RunnerSpec(str(model_path), n_ctx=512, threads=1), tmp_path / "runner.log").start()
     try:
         p = runner.placement

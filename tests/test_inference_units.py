@@ -9,7 +9,8 @@ import pytest
 from links.wire import Code, WireError
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.registry import ModelRegistry
-from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.inference.runner import Runner
+from reticulum_grid.inference.runner_spec import RunnerSpec
 from reticulum_grid.node.config import ModelConfig
 from reticulum_grid.store.blobstore import BlobStore
 

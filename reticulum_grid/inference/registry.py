@@ -38,7 +38,8 @@ from reticulum_grid.inference.admission import ModelQueue
 from reticulum_grid.inference.generation import AdapterError, Generation, generate
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.request import InferenceRequest, Sampling
-from reticulum_grid.inference.runner import Runner, RunnerSpec
+from reticulum_grid.inference.runner import Runner
+from reticulum_grid.inference.runner_spec import RunnerSpec
 from reticulum_grid.node import hardware
 from reticulum_grid.node.hardware import Gpu
 from reticulum_grid.node.config import ConfigError, ModelConfig, is_source_ref

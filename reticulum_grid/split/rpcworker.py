@@ -26,7 +26,7 @@ process it talks to:
 ggml-rpc serves one connection at a time and never times one out, so a
 connection that stays open holds the whole server. ``ready()`` proves the
 server answers a HELLO (llama.cpp's first RPC command) before the tower lends
-it to a plan, and starts it again when it does not (tower/split.py holds one
+it to a plan, and starts it again when it does not (tower/shard.py holds one
 plan at a time and frees a dead peer's connections).
 """
 

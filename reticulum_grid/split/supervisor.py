@@ -30,7 +30,8 @@ from links.wire import Code, WireError
 from reticulum_grid.inference import generation
 from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.request import InferenceRequest
-from reticulum_grid.inference.runner import Runner, RunnerError, RunnerSpec
+from reticulum_grid.inference.runner import Runner, RunnerError
+from reticulum_grid.inference.runner_spec import RunnerSpec
 from reticulum_grid.split import experts, speculation
 
 log = logging.getLogger("rngrid.split")

@@ -23,7 +23,7 @@ it makes the Channel give up after its retries and tear the Link down, which
 closes the tunnels.
 
 Who may use a tunnel: on the worker, only a Link from a tower holding
-``shard`` there (tower/split.py), and that tower can then drive the worker's
+``shard`` there (tower/shard.py), and that tower can then drive the worker's
 RPC server as llama.cpp's RPC lets any client (allocate buffers, read and
 write them, run graphs: it trusts its client's input). On the coordinator, a
 listener on 127.0.0.1 can be reached by every local user and process, so it

@@ -36,6 +36,7 @@ from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
 from reticulum_grid.tower.replies import ReplyCache
+from reticulum_grid.tower.shard import TowerShard
 from reticulum_grid.tower.split import TowerSplit
 from reticulum_grid.tower.inference import TowerInference
 from reticulum_grid.tower.parts import TowerParts
@@ -94,6 +95,7 @@ class Tower:
         self.voice: TowerVoice | None = None
         self.jobs: TowerJobs | None = None
         self.split: TowerSplit | None = None
+        self.shard: TowerShard | None = None
         self.blobs: TowerBlobs | None = None
         self.collector: Collector | None = None
         self.destination: RNS.Destination | None = None
@@ -127,13 +129,15 @@ class Tower:
         self.inference = TowerInference(parts)
         self.voice = TowerVoice(parts).start()
         self.split = TowerSplit(parts)
+        self.shard = TowerShard(parts)
         self.collector = Collector(self.store, self.config.unreferenced_s, self.jobs.manager.datasets_in_use).start()
         self.destination = RNS.Destination(self.identity, RNS.Destination.IN, RNS.Destination.SINGLE,
                                            APP_NAME, TOWER_ASPECT)
         self.destination.set_link_established_callback(lambda link: self._session(link.link_id, link))
         self.blobs = TowerBlobs(parts)
         self.commands = merge_commands(self._commands(), self.inference.commands(), self.voice.commands(),
-                                       self.blobs.commands(), self.jobs.commands(), self.split.commands())
+                                       self.blobs.commands(), self.jobs.commands(), self.split.commands(),
+                                       self.shard.commands())
         for path, command in self.commands.items():
             self.destination.register_request_handler(path, response_generator=self._handler(command),
                                                       allow=RNS.Destination.ALLOW_ALL)
@@ -158,6 +162,8 @@ class Tower:
             self.jobs.manager.stop()
         if self.split:
             self.split.stop()
+        if self.shard:
+            self.shard.stop()
         if self.registry:
             self.registry.close()
         if self.collector:
@@ -232,7 +238,7 @@ class Tower:
 
     def caps(self) -> capscodec.Caps:
         tower = cast(TowerParts, self)  # announced once start() made every part
-        jobs, split, voice = cast(TowerJobs, self.jobs), cast(TowerSplit, self.split), cast(TowerVoice, self.voice)
+        jobs, shard, voice = cast(TowerJobs, self.jobs), cast(TowerShard, self.shard), cast(TowerVoice, self.voice)
         slots = tower.registry.slots()
         hardware = tower.registry.truthful(self.hardware())  # cpu when llama.cpp kept a model off the GPU
         return capscodec.Caps(
@@ -245,7 +251,7 @@ class Tower:
                                 queue=sum(s.queue.waiting for s in slots)),
             tokens_per_s=round(self.tokens_per_s, 1),
             heartbeat_s=int(self.config.heartbeat_s),
-            lend_mib=split.lend_mib(hardware),
+            lend_mib=shard.lend_mib(hardware),
             voice=voice.caps(),
         )
 

@@ -33,7 +33,7 @@ class LinkSession:
         self.stream_routes = StreamRoutes(self.router, on_cancel=self.cancel)
         self.fetcher = ChunkFetcher(self.router)
         self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
-        self.tunnels: Tunnels | None = None  # once a coordinator opens one (tower/split.py)
+        self.tunnels: Tunnels | None = None  # once a coordinator opens one (tower/shard.py)
         self._tower = tower
         self._on_close: list[Callable[[], object]] = []
         link.set_link_closed_callback(self._closed)
