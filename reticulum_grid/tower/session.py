@@ -14,6 +14,7 @@ from links.channel import ChannelRouter
 from links.chunks import ChunkFetcher, ChunkServer
 from links.stream import StreamRoutes
 from links.wire import Code, WireError
+from reticulum_grid.node.dataplane import Front
 from reticulum_grid.split.tunnel import Tunnels
 from reticulum_grid.tower.parts import TowerParts
 from reticulum_grid.tower.replies import ReplyCache
@@ -34,6 +35,7 @@ class LinkSession:
         self.fetcher = ChunkFetcher(self.router)
         self.chunk_server = ChunkServer(self.router, tower.store.read_chunk, self._authorize_read)
         self.tunnels: Tunnels | None = None  # once a coordinator opens one (tower/shard.py)
+        self.fronts: list[Front] = []  # the data-plane fronts a coordinator's plans opened here (tower/shard.py)
         self._tower = tower
         self._on_close: list[Callable[[], object]] = []
         link.set_link_closed_callback(self._closed)

@@ -24,7 +24,6 @@ from announce.caps import Hardware
 from links.commands import Command, bind
 from links.wire import Code, Field, WireError, max_len, validate
 from reticulum_grid.node import engine
-from reticulum_grid.node.dataplane import Front
 from reticulum_grid.split import direct
 from reticulum_grid.split.lease import Holder, RpcLease
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
@@ -76,7 +75,6 @@ class TowerShard:
         cap = self.tower.config.lend_mib
         return spare if cap is None else min(cap, spare)
 
-    # -- worker end -------------------------------------------------------
     def tunnel(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         """shard/tunnel: lend this tower's RPC server to the calling coordinator's
         plan, once it is free (split/lease.py) and answers a HELLO."""
@@ -85,9 +83,8 @@ class TowerShard:
             raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER}: run `make llama` there")
         identity = session.identity
         who = identity.hash if identity is not None else b""
-        fronts: list[Front] = []
         holder = Holder(session, who, who.hex()[:16] or "an unidentified tower", end=session.link.teardown,
-                        last_active=lambda: _last_active(session, fronts))
+                        last_active=lambda: _last_active(session))
         if self.lease.take(holder):
             session.on_close(lambda: self.lease.release(session))
             try:
@@ -106,7 +103,7 @@ class TowerShard:
         own = self.tower.config.dataplane
         if own and coordinator:  # the RPC bytes go straight over the data plane (direct.py)
             front, reply["dataplane"] = direct.offer(own, coordinator, self.worker.connect)
-            fronts.append(front)
+            session.fronts.append(front)
             session.on_close(front.close)
         return reply
 
@@ -155,7 +152,7 @@ class TowerShard:
             log.warning("tensor cache: seeding %s failed: %s", blob.hex()[:16], e)
 
 
-def _last_active(session: "LinkSession", fronts: list[Front]) -> float | None:
+def _last_active(session: "LinkSession") -> float | None:
     """When a worker's session last carried an RPC byte (time.monotonic()), over its tunnels or data-plane fronts."""
-    times = [f.moved.last_active for f in fronts] + [session.tunnels.last_active if session.tunnels else None]
+    times = [f.moved.last_active for f in session.fronts] + [session.tunnels.last_active if session.tunnels else None]
     return max((t for t in times if t is not None), default=None)
