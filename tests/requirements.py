@@ -137,6 +137,19 @@ def _memory_cgroup():
         return f"cannot make a memory cgroup here ({e})"
 
 
+def _private_network():
+    from reticulum_grid.node.private_net import unavailable
+    return unavailable() or None
+
+
+def _another_user():
+    """None when this process may run a system python3 as ``nobody`` (root, with setpriv)."""
+    if os.getuid() != 0:
+        return "only root may run a process as another user"
+    missing_tools = [t for t, where in (("setpriv", None), ("python3", "/usr/bin:/bin")) if not shutil.which(t, path=where)]
+    return f"{', '.join(missing_tools)} not found" if missing_tools else None
+
+
 THINGS = {
     "node": Thing(_command("node", "Debian's nodejs"), "as root: apt-get install nodejs (make setup does it)"),
     "node-packages": Thing(_node_packages, "make setup (npm ci in tests/node, from its package-lock.json)"),
@@ -152,6 +165,8 @@ THINGS = {
                           "make setup (pip install -e '.[voice]')"),
     "gpu-wheels": Thing(_gpu_wheels, "make gpu-pack (downloads the GPU machine's wheels once)"),
     "memory-cgroup": Thing(_memory_cgroup, None),
+    "private-net": Thing(_private_network, None),
+    "another-user": Thing(_another_user, None),
     "ipv6": Thing(_ipv6_sockets, None),
     "gpu": Thing(_gpus(1), None),
     "2-gpus": Thing(_gpus(2), None),

@@ -25,7 +25,7 @@ from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, trust_
 from reticulum_grid.split.lease import Holder, RpcLease
 from reticulum_grid.split.rpcworker import RpcWorker, hello
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
-from tests.requirements import needs
+from tests.requirements import need, needs
 
 pytestmark = needs("llama-rpc", "the RPC server is llama.cpp's ggml-rpc-server")
 
@@ -35,9 +35,7 @@ USABLE_AGAIN_S = 30.0
 
 
 def private_network_or_skip():
-    reason = private_net.unavailable()
-    if reason:
-        pytest.skip(f"this kernel gives no private network: {reason}")
+    need("private-net", "the RPC server in a network namespace of its own")
 
 
 def server_of(worker):
@@ -81,9 +79,8 @@ def test_no_other_process_reaches_the_server(worker):
 
 def test_another_user_is_refused_before_any_rpc_command(worker):
     private_network_or_skip()
+    need("another-user", "a process of another user")
     setpriv, python = shutil.which("setpriv"), shutil.which("python3", path="/usr/bin:/bin")
-    if os.getuid() != 0 or setpriv is None or python is None:
-        pytest.skip("needs root, setpriv and a system python3 to run a process as another user")
     w = worker()
     w.ready()
     _, port = server_of(w)
