@@ -19,6 +19,7 @@ from reticulum_grid.node.config import (
     load_tower,
     write_toml,
 )
+from reticulum_grid.node.live_toml import LiveToml
 
 
 def allow(path: str | os.PathLike[str], identity_hash_hex: str, roles: Iterable[str]) -> list[str]:
@@ -54,30 +55,14 @@ def revoke(path: str | os.PathLike[str], identity_hash_hex: str) -> bool:
 class LiveAllowList:
     """A tower config's [allow] table, re-read when the file changes, so
     ``rngrid allow`` takes effect without restarting the tower. A config that
-    stops parsing keeps the last good allow-list (and logs why)."""
+    stops parsing keeps the last good allow-list (and ``on_error`` hears why)."""
 
     def __init__(self, config: TowerConfig, on_error: Callable[[Exception], None] | None = None) -> None:
-        self._path = config.path
-        self._allow = config.allow
-        self._mtime = self._stat()
-        self._on_error = on_error
-
-    def _stat(self) -> int | None:
-        try:
-            return self._path.stat().st_mtime_ns
-        except OSError:
-            return None
+        self._allow = LiveToml(config.path, lambda path: load_tower(path).allow, initial=config.allow,
+                               on_error=on_error)
 
     def roles_of(self, identity_hash: bytes) -> set[str]:
-        mtime = self._stat()
-        if mtime != self._mtime:
-            self._mtime = mtime
-            try:
-                self._allow = load_tower(self._path).allow
-            except (ConfigError, OSError) as e:
-                if self._on_error:
-                    self._on_error(e)
-        roles = set(self._allow.get(identity_hash.hex(), ()))
+        roles = set(self._allow.value.get(identity_hash.hex(), ()))
         return (set(ROLES) - set(TOWER_ROLES)) | roles if "admin" in roles else roles
 
     def check_tower(self, key: bytes, role: str, name: str, what: str) -> None:

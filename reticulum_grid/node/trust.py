@@ -34,6 +34,7 @@ from announce.announcer import APP_NAME, TOWER_ASPECT
 from announce.caps import Caps
 from announce.unseen import name_problem
 from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, write_toml
+from reticulum_grid.node.live_toml import LiveToml, Stamp
 
 log = logging.getLogger("rngrid.trust")
 
@@ -137,47 +138,30 @@ class LiveTrust:
     entries (announce.table.TowerTable's ``vet``)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        self._mtime = self._stat()
-        self._trust = load(self._path)
-        self._destinations = self._trust.destinations()
+        self._file = LiveToml(path, load, on_error=lambda e: log.error("trust list not reloaded: %s", e))
+        self._destinations = self._file.value.destinations()
         self._warned = False
 
-    def _stat(self) -> tuple[int, int, int, int] | None:
-        # The file is replaced on every write (a new inode; its size grows with
-        # each entry): two writes within one tick of the file system's clock
-        # still differ.
-        try:
-            st = self._path.stat()
-        except OSError:
-            return None
-        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
     @property
-    def version(self) -> tuple[int, int, int, int] | None:
+    def version(self) -> Stamp:
         """Changes whenever the table does (re-reading the file if it changed)."""
-        mtime = self._stat()
-        if mtime != self._mtime:
-            self._mtime = mtime
-            try:
-                self._trust = load(self._path)
-                self._destinations = self._trust.destinations()
-            except (ConfigError, OSError) as e:
-                log.error("trust list not reloaded: %s", e)
-        return self._mtime
+        if self._file.fresh():
+            self._destinations = self._file.value.destinations()
+        return self._file.stamp
 
     @property
     def trust(self) -> Trust:
         self.version  # noqa: B018 (re-reads a changed file)
-        return self._trust
+        return self._file.value
 
     def __call__(self, destination_hash: bytes, caps: Caps) -> tuple[Caps, bool] | None:
         """(caps named as the trust entry says, trusted?) for an announce or
         caps/full of ``destination_hash``; None for a tower not to be used."""
+        trusted = self.trust  # the file as it is now
         name = self._destinations.get(destination_hash)
         if name is not None:
             return (replace(caps, name=name) if name else caps), True
-        if not self._trust.any:
+        if not trusted.any:
             return None
         if not self._warned:
             self._warned = True
