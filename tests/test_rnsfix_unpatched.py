@@ -13,7 +13,8 @@ sending thread to pause right after the packet leaves, which those tests do
 on purpose (without the pause race 1 was not lost once in 600 round trips on
 loopback); race 2 is lost within the first few Resources; the unlocked ring
 walk breaks within a fraction of a second of its 3 s loop (a fixed 20,000
-rounds once missed it); the others are deterministic. A test listed in UNRELIABLE is still run and reported, and
+rounds once missed it); the others are deterministic. Race 2 once went unlost in a CI run, so it is
+listed in UNRELIABLE. A test listed in UNRELIABLE is still run and reported, and
 its unpatched pass is not held against the fix. A test counts as failing
 without its fix only when it failed in its own body with the symptom its fix
 is for (an assertion message listed below); an error in set-up or any other
@@ -67,7 +68,11 @@ GROUPS = {
 }
 FIX_TESTS = {node: why for group in GROUPS.values() for node, (why, _) in group.items()}
 SYMPTOMS = {node: symptom for group in GROUPS.values() for node, (_, symptom) in group.items()}
-UNRELIABLE = {}
+UNRELIABLE = {
+    # Lost within the first few Resources in every local run, yet one CI run (two test workers
+    # sharing 2 cores) got all its Resources through without the fix.
+    RNSFIX + "test_resource_responses_need_no_retry": "race 2 is usually lost within a few Resources, not always",
+}
 #: Bound on each unpatched run (its tests bound their own waits far below it).
 RUN_TIMEOUT_S = 120
 

@@ -129,6 +129,9 @@ def run(job_dir: Path, spec: Spec, events: trainer.Events) -> None:
         events.emit("done", final_loss=final_loss, total_steps=total, device=device,
                     store_front={"admitted": front.admitted, "refused": front.refused}
                     if isinstance(front, rendezvous.Front) else None)
+    if group is not None:  # gloo's threads end before the interpreter does; else the exit may abort ("terminate called")
+        import torch.distributed as dist
+        dist.destroy_process_group()
 
 
 def _is_comm_error(e: BaseException) -> bool:
