@@ -232,12 +232,15 @@ def test_a_freed_queue_place_wakes_a_waiting_request(hub, model_path, caplog):
     assert results["C"].completion_tokens == 4, results["C"]
 
 
-def test_a_retry_after_is_never_longer_than_the_time_left_on_the_stream_it_waits_for(hub, model_path):
+def test_a_retry_after_follows_the_stream_it_waits_for_not_the_average(hub, model_path):
     """One slot, no queue, and a long generation timed before (the tower's
     average): a request refused while a short stream runs is told to come back
     when that stream ends, not after the average. Its Retry-After (the body's
-    seconds) is at most that stream's time left by the tower's own log, from
-    the refusal to the stream's end (or the shortest hint, MIN_HINT_S)."""
+    seconds) is under half the average generation by the tower's own log (the
+    short stream is an eighth of it; the old hint was the average itself). The
+    hint is the stream's remaining tokens at its rate so far, an estimate: a
+    stream that speeds up ends sooner than it said (seen in CI: 0.6 s said,
+    0.33 s left), so the time left is no exact bound."""
     tower = hub.start_tower("busy-e", models={HINT_MODEL: {"path": model_path, "parallel": 1}},
                             limits={"queue_depth": 0})
     hub.wait_tower(tower.name)
@@ -257,5 +260,5 @@ def test_a_retry_after_is_never_longer_than_the_time_left_on_the_stream_it_waits
     hint = busy.value.body["retry_after"]
     print(f"Retry-After {hint} s ({busy.value.response.headers['retry-after']} s in the header); the stream it "
           f"waited for ended {end - refused_at:.2f} s after the refusal; the average was {warm_end - warm_start:.2f} s")
-    assert hint <= max(MIN_HINT_S, end - refused_at), hint
+    assert refused_at <= end and MIN_HINT_S <= hint < (warm_end - warm_start) / 2, hint
     assert busy.value.response.headers["retry-after"] == str(max(1, int(hint)))
