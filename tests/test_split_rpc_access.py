@@ -116,6 +116,18 @@ def test_a_held_server_is_started_again_and_answers(worker, private):
     assert holder.recv(1) == b""  # the holder's server is gone
 
 
+@pytest.mark.parametrize("private", [True, False], ids=["private-network", "host-loopback"])
+def test_the_towers_connection_has_no_timeout(worker, private):
+    """A tunnel's connection rests between a loaded split model's requests:
+    one with a timeout would end the plan after its first quiet spell."""
+    if private:
+        private_network_or_skip()
+    w = worker(private=private)
+    w.ready()
+    with w.connect(timeout_s=2.0) as conn:
+        assert conn.gettimeout() is None and hello(conn)
+
+
 # -- one plan at a time (split/lease.py), without a tower ----------------------------------------
 
 def holder(token, who):

@@ -11,6 +11,8 @@ refuses a namespace, the server listens on the host's 127.0.0.1 and the tower
 logs why (``isolation``). What such a peer can still do is bounded by the
 process it talks to:
 
+- it runs under node/childguard.py, a child of the tower that holds no key,
+  no identity and no blob of the tower's, and ends with the tower;
 - on a CPU tower its data segment is capped at the memory the tower lends
   (RLIMIT_DATA: lent MiB + RPC_HEADROOM_MIB), so an ALLOC_BUFFER beyond it
   fails inside the RPC server instead of taking the machine's RAM (GPU memory
@@ -80,9 +82,10 @@ class RpcUnavailable(RuntimeError):
 
 class RpcWorker:
     """The tower's RPC server child. ``ready()`` starts it (again, if it
-    died) and proves it answers; ``connect()`` returns a new connection to it. ``private``: run it in a network of its own where the kernel
-    allows (False: on the host's 127.0.0.1, for llama.cpp's own RPC client to
-    dial ``endpoint()``, as bench/ and tests do without a tower between).
+    died) and proves it answers; ``connect()`` returns a new connection to
+    it. ``private``: run it in a network of its own where the kernel allows
+    (False: on the host's 127.0.0.1, for llama.cpp's own RPC client to dial
+    ``endpoint()``, as bench/ and tests do without a tower between).
     ``lend_mib()`` gives the memory cap (MiB) of the next start, None for none;
     ``cache``: its tensor cache, if any. ``isolation`` says where it listens."""
 
@@ -123,7 +126,9 @@ class RpcWorker:
             raise RpcUnavailable("the RPC server is not running")
         if dialer is not None:
             return dialer.dial(timeout_s)
-        return socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        sock.settimeout(None)  # a tunnel's connection may rest between requests for as long as its plan lives
+        return sock
 
     def ready(self, timeout_s: float = HELLO_TIMEOUT_S) -> None:
         """Start the server if needed and make sure it answers a HELLO within
