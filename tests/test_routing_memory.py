@@ -17,8 +17,10 @@ from tests.requirements import need
 
 MODEL = "room-model"
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
-#: The tight tower's limit (bytes): its own process (~100-200 MiB) plus less than the model needs.
-LIMIT = 360 << 20
+#: The tight tower's limit (bytes): below the model's need (~311 MiB) even with none of the tower's
+#: own memory counted in it. The tower moves in after it started, and a memory cgroup keeps the pages
+#: a process touched before it moved charged where they were: 360 MiB once left it 328 MiB free.
+LIMIT = 288 << 20
 
 
 def free_mib(hub, name):
