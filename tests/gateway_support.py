@@ -2,11 +2,13 @@
 gateway served in-process on a free loopback port, and the tower's live load."""
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -15,6 +17,9 @@ from announce.caps import decode_full
 from reticulum_grid.gateway.server import BackgroundServer
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.localgrid import free_port, trust_local_towers, wait_port
+
+#: The JavaScript tests (tests/node: the TS client, openai-node, the npm Ollama provider).
+NODE_TESTS = Path(__file__).resolve().parent / "node"
 
 
 def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, **sections):
@@ -132,3 +137,14 @@ def served_hearing(hub, tower, model, tmp_path):
             assert time.monotonic() < deadline, "the served grid never heard the tower"
             time.sleep(0.2)
         yield url
+
+
+def node_test(name, flags=(), **env):
+    """Run tests/node/``name`` under Node.js's test runner (TAP output), its
+    environment this process's plus ``env``; the finished CompletedProcess.
+    Its output's tail is printed, for the test's report."""
+    node = shutil.which("node")
+    run = subprocess.run([node, *flags, "--test", "--test-reporter=tap", str(NODE_TESTS / name)],
+                         capture_output=True, text=True, timeout=240, env=dict(os.environ, **env))
+    print(run.stdout[-3000:], run.stderr[-2000:])
+    return run

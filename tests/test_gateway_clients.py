@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway_support import serve, start_tower, wait_idle
+from tests.gateway_support import node_test, serve, start_tower, wait_idle
 from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,11 +47,8 @@ def execute(gateway, command, params):
 def node(gateway, tower, phase, **env):
     """Run the phase of tests/node/client.test.mjs; its TAP output."""
     need("node", "the JavaScript client runs under Node.js")
-    binary = shutil.which("node")
-    env = dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name, RNGRID_PHASE=phase, **env)
-    run = subprocess.run([binary, "--test", "--test-reporter=tap", str(ROOT / "tests" / "node" / "client.test.mjs")],
-                         capture_output=True, text=True, timeout=240, env=env)
-    print(run.stdout[-3000:], run.stderr[-2000:])
+    run = node_test("client.test.mjs", RNGRID_URL=gateway, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name,
+                    RNGRID_PHASE=phase, **env)
     assert run.returncode == 0 and "# fail 0" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
     return run.stdout
 

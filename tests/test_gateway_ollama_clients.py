@@ -7,8 +7,6 @@ schema checks). The npm packages come from tests/node/package.json."""
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 # litellm fetches its model price list from the web at import unless told to use its own copy.
@@ -18,7 +16,7 @@ import litellm  # noqa: E402
 import pytest  # noqa: E402
 
 from reticulum_grid.client import Usage  # noqa: E402
-from tests.gateway_support import served_hearing, start_tower  # noqa: E402
+from tests.gateway_support import node_test, served_hearing, start_tower  # noqa: E402
 from tests.requirements import need  # noqa: E402
 
 #: litellm's own types trip pydantic's warnings at import; they say nothing about the gateway.
@@ -84,8 +82,6 @@ def test_litellm_ollama_generate(served):
 def test_npm_ollama_provider_chat_and_embed(served):
     need("node", "the npm provider runs under Node.js")
     need("node-packages", "the npm provider and the ai package")
-    run = subprocess.run([shutil.which("node"), "--test", "--test-reporter=tap",
-                          str(ROOT / "tests" / "node" / "ollama_provider.test.mjs")], capture_output=True, text=True,
-                         timeout=240, env=dict(os.environ, RNGRID_URL=served, RNGRID_MODEL=MODEL))
+    run = node_test("ollama_provider.test.mjs", RNGRID_URL=served, RNGRID_MODEL=MODEL)
     assert run.returncode == 0 and "# fail 0" in run.stdout and "# pass 3" in run.stdout, \
         run.stdout[-4000:] + run.stderr[-2000:]

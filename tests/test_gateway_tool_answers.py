@@ -8,16 +8,13 @@ run the tool, send its result; and openai-node's own ``runTools`` under Node)
 ends with a text answer that uses the result."""
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import ollama
 import openai
 import pytest
 
-from tests.gateway_support import serve, start_tower
+from tests.gateway_support import node_test, serve, start_tower
 from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,8 +149,5 @@ def test_an_agent_loop_ends_with_a_text_answer_that_uses_the_tools_result(client
 def test_openai_nodes_run_tools_loop_ends_with_the_tools_result(gateway):
     need("node", "openai-node runs under Node.js")
     need("node-packages", "openai-node")
-    run = subprocess.run([shutil.which("node"), "--test", "--test-reporter=tap",
-                          str(ROOT / "tests" / "node" / "runtools.test.mjs")], capture_output=True, text=True,
-                         timeout=240, env=dict(os.environ, RNGRID_URL=gateway, RNGRID_MODEL=MODEL))
-    print(run.stdout[-3000:])
+    run = node_test("runtools.test.mjs", RNGRID_URL=gateway, RNGRID_MODEL=MODEL)
     assert run.returncode == 0 and "# pass 1" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]

@@ -4,7 +4,6 @@ key and Origin checked before any command, malformed messages answered while
 the rest goes on."""
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -17,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from reticulum_grid.client import Usage
-from tests.gateway_support import serve, start_tower, stops, turns, wait_stopped
+from tests.gateway_support import node_test, serve, start_tower, stops, turns, wait_stopped
 from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,10 +171,8 @@ def test_the_javascript_client_runs_commands_over_one_socket(hub, tower, keyed):
     flags = [] if subprocess.run([node, "-e", "process.exit(typeof WebSocket === 'undefined' ? 1 : 0)"]).returncode == 0 \
         else ["--experimental-websocket"]
     before = len(stops(tower))
-    env = dict(os.environ, RNGRID_URL=keyed.replace("ws://", "http://").removesuffix("/v1/grid/ws"),
-               RNGRID_API_KEY=KEY, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name)
-    run = subprocess.run([node, *flags, "--test", "--test-reporter=tap", str(ROOT / "tests" / "node" / "socket.test.mjs")],
-                         capture_output=True, text=True, timeout=240, env=env)
+    run = node_test("socket.test.mjs", flags, RNGRID_URL=keyed.replace("ws://", "http://").removesuffix("/v1/grid/ws"),
+                    RNGRID_API_KEY=KEY, RNGRID_MODEL=MODEL, RNGRID_TOWER=tower.name)
     assert run.returncode == 0 and "# pass 3" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
     assert "CANCELLED" in run.stdout
     stopped = wait_stopped(tower, before)

@@ -3,9 +3,6 @@ command API from Node.js, and the dashboard listing the voice tower, in front of
 tower (espeak-ng, faster-whisper with the bundled Whisper base)."""
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -13,7 +10,7 @@ import openai
 import pytest
 
 from reticulum_grid.voice.audio import STT_RATE, decode
-from tests.gateway_support import serve
+from tests.gateway_support import node_test, serve
 from tests.requirements import need, needs
 from tests.voice_support import SENTENCE, VOICE, spoken, wait_voice, wer
 
@@ -100,12 +97,8 @@ def test_openai_speech_is_heard_back(client, hub, fmt):
 
 def test_node_client_voice_commands(gateway, tower, note, grid_text):
     need("node", "the JavaScript client runs under Node.js")
-    env = dict(os.environ, RNGRID_URL=gateway, RNGRID_AUDIO=str(note), RNGRID_EXPECT=grid_text,
-               RNGRID_TOWER=tower.name)
-    run = subprocess.run([shutil.which("node"), "--test", "--test-reporter=tap", str(ROOT / "tests" / "node" /
-                                                                                    "voice.test.mjs")],
-                         capture_output=True, text=True, timeout=240, env=env)
-    print(run.stdout[-3000:], run.stderr[-2000:])
+    run = node_test("voice.test.mjs", RNGRID_URL=gateway, RNGRID_AUDIO=str(note), RNGRID_EXPECT=grid_text,
+                    RNGRID_TOWER=tower.name)
     assert run.returncode == 0 and "# pass 2" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
 
 
