@@ -160,6 +160,17 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def pool_tower(hub):
+    """One tower per test process serving the default model as POOL_MODEL (embeddings on), for
+    modules that only send it requests and read their answers: none may assert on its log, load or
+    whole state, which other modules' requests share. A module that does keeps a tower of its own."""
+    from tests.gateway_support import POOL_MODEL, start_tower
+    tower = start_tower(hub, "pool", POOL_MODEL, roles=("infer", "sync"), settings={"embeddings": True})
+    yield tower
+    hub.stop_towers([tower])
+
+
+@pytest.fixture(scope="session")
 def machine():
     """This machine's hardware as a tower here announces it (node/hardware.py): tests
     compare a tower's backend with it and never assume a CPU."""

@@ -32,6 +32,16 @@ def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, *
     return tower
 
 
+#: The alias only conftest's ``pool_tower`` serves.
+POOL_MODEL = "pool-smol"
+
+
+def openai_client(url, timeout=120):
+    """openai's client on a gateway at ``url``: no retries, so a refusal is seen as it is."""
+    import openai
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
+
+
 def serve(hub, **options):
     """The gateway on a free 127.0.0.1 port: a context manager giving its URL."""
     return BackgroundServer(hub.grid, port=free_port(), **options)

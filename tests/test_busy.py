@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from reticulum_grid.inference.admission import MIN_HINT_S
-from tests.gateway_support import live_load, serve
+from tests.gateway_support import live_load, openai_client, serve
 
 MODEL = "busy-one"  # only this module's towers have these aliases
 WOKEN_MODEL = "busy-woken"
@@ -54,7 +54,7 @@ def test_eight_requests_on_a_one_slot_tower_all_run_back_to_back(hub, model_path
     hub.wait_tower(tower.name)
     caplog.set_level(logging.INFO, logger="rngrid.client")
     with serve(hub) as url:  # the gateway's own busy-wait: 30 s
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(url)
         # Warm: the runner is loaded and the tower has timed one generation (its hint).
         assert not completions_at_once(client, MODEL, [7], TOKENS)[1]
         replies, errors = completions_at_once(client, MODEL, range(11, 19), TOKENS)
@@ -126,7 +126,7 @@ def test_a_free_slot_announce_wakes_a_waiting_request(hub, model_path, caplog):
     hub.wait_tower(tower.name)
     caplog.set_level(logging.INFO, logger="rngrid.client")
     with serve(hub) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(url)
         running = iter(hub.grid.execute("ai/inference", {"model": WOKEN_MODEL, "prompt": "Numbers: 1, 2, 3,",
                                                          "max_tokens": 2000, "temperature": 0.0}))
         next(running)  # the slot is taken, for far longer than the hint
@@ -173,7 +173,7 @@ def test_ten_streams_on_four_slots_and_a_queue_of_four_none_refused(hub, model_p
     wait_s = 0.6 * (end - start)  # the old hint, that average, outlasted this wait: two were refused
     caplog.set_level(logging.INFO, logger="rngrid.client")
     with serve(hub, busy_wait_s=wait_s) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(url)
         replies, errors = completions_at_once(client, FOUR_MODEL, range(11, 21), SHORT)
     told_busy = busy_waits(caplog)
     turns = wait_turns(tower, 11)[1:]
@@ -247,7 +247,7 @@ def test_a_retry_after_follows_the_stream_it_waits_for_not_the_average(hub, mode
     *_, warm = hub.grid.execute("ai/inference", ask(HINT_MODEL, 1, LONG // 3))
     assert warm.completion_tokens == LONG // 3
     with serve(hub, busy_wait_s=0) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        client = openai_client(url)
         running = iter(hub.grid.execute("ai/inference", ask(HINT_MODEL, 2, 4 * SHORT)))
         next(running)  # the short stream holds the slot
         with pytest.raises(openai.RateLimitError) as busy:

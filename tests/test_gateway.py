@@ -17,7 +17,7 @@ from reticulum_grid.gateway.openai_reply import Reply
 from reticulum_grid.gateway.openai_routes import OpenAIRoutes
 from reticulum_grid.gateway.server import BindRefused, check_bind
 from reticulum_grid.node.allowlist import allow, revoke
-from tests.gateway_support import (laptop, serve, serve_process, start_tower, stops, wait_idle,
+from tests.gateway_support import (laptop, openai_client, serve, serve_process, start_tower, stops, wait_idle,
                                    wait_stopped, wait_streaming)
 
 MODEL = "gw-smol"  # only this module's tower has this alias
@@ -43,7 +43,7 @@ def gateway(hub, tower):
 
 @pytest.fixture
 def client(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=60)
+    return openai_client(gateway, timeout=60)
 
 
 def grid_text(hub, **payload):

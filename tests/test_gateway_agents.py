@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway_support import serve, start_tower
+from tests.gateway_support import POOL_MODEL, openai_client, serve
 
-MODEL = "gw-agent"  # only this module's tower has this alias
+MODEL = POOL_MODEL
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
@@ -24,21 +24,14 @@ SPIDER = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {
 
 
 @pytest.fixture(scope="module")
-def tower(hub):
-    tower = start_tower(hub, "gw-agents", MODEL, settings={"embeddings": True})
-    yield tower
-    hub.stop_towers([tower])
-
-
-@pytest.fixture(scope="module")
-def gateway(hub, tower):
+def gateway(hub, pool_tower):
     with serve(hub, busy_wait_s=30) as url:
         yield url
 
 
 @pytest.fixture
 def client(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(gateway)
 
 
 def cosine(a, b):

@@ -16,13 +16,13 @@ import litellm  # noqa: E402
 import pytest  # noqa: E402
 
 from reticulum_grid.client import Usage  # noqa: E402
-from tests.gateway_support import node_test, served_hearing, start_tower  # noqa: E402
+from tests.gateway_support import POOL_MODEL, node_test, served_hearing  # noqa: E402
 from tests.requirements import need  # noqa: E402
 
 #: litellm's own types trip pydantic's warnings at import; they say nothing about the gateway.
 pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "gw-olc"  # only this module's tower has this alias
+MODEL = POOL_MODEL
 CHAT = [{"role": "user", "content": "Name two planets."}]
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -30,16 +30,9 @@ WEATHER = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def tower(hub):
-    tower = start_tower(hub, "gw-ollama-clients", MODEL, n_ctx=1024, settings={"embeddings": True})
-    yield tower
-    hub.stop_towers([tower])
-
-
-@pytest.fixture(scope="module")
-def served(hub, tower, tmp_path_factory):
+def served(hub, pool_tower, tmp_path_factory):
     """The URL of `rngrid serve` (its own process, as a user runs it) once it has heard the tower."""
-    with served_hearing(hub, tower, MODEL, tmp_path_factory.mktemp("ollama-clients")) as url:
+    with served_hearing(hub, pool_tower, MODEL, tmp_path_factory.mktemp("ollama-clients")) as url:
         yield url
 
 

@@ -25,9 +25,9 @@ from reticulum_grid.gateway.errors import ApiError
 from reticulum_grid.gateway.responses_reply import Turn
 from reticulum_grid.gateway.responses_routes import ResponsesRoutes
 from reticulum_grid.gateway.responses_store import ResponseStore
-from tests.gateway_support import served_hearing, start_tower
+from tests.gateway_support import POOL_MODEL, openai_client, served_hearing
 
-MODEL = "gw-responses"  # only this module's tower has this alias
+MODEL = POOL_MODEL
 ASK = "What is the weather in Paris?"
 WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
             "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}]
@@ -40,22 +40,15 @@ class Spider(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def tower(hub):
-    tower = start_tower(hub, "gw-resp", MODEL)
-    yield tower
-    hub.stop_towers([tower])
-
-
-@pytest.fixture(scope="module")
-def gateway(hub, tower, tmp_path_factory):
+def gateway(hub, pool_tower, tmp_path_factory):
     """`rngrid serve` in its own process, as a user runs it, once it has heard the tower."""
-    with served_hearing(hub, tower, MODEL, tmp_path_factory.mktemp("responses")) as url:
+    with served_hearing(hub, pool_tower, MODEL, tmp_path_factory.mktemp("responses")) as url:
         yield url
 
 
 @pytest.fixture
 def client(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(gateway)
 
 
 def strict(events):
@@ -168,7 +161,7 @@ def test_text_whole_and_streamed_is_the_chat_paths_answer(client):
     assert whole.usage.input_tokens == chat.usage.prompt_tokens
     assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
     assert whole.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
-    assert whole.model == MODEL and whole.id.startswith("resp_") and whole.model_extra["rngrid"]["tower"] == "gw-resp"
+    assert whole.model == MODEL and whole.id.startswith("resp_") and whole.model_extra["rngrid"]["tower"] == "pool"
 
     events = list(client.responses.create(model=MODEL, instructions="Answer briefly.", input="Name two planets.",
                                           max_output_tokens=12, temperature=0, stream=True))

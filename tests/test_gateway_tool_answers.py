@@ -11,15 +11,14 @@ import json
 from pathlib import Path
 
 import ollama
-import openai
 import pytest
 
-from tests.gateway_support import node_test, serve, start_tower
+from tests.gateway_support import POOL_MODEL, node_test, openai_client, serve
 from tests.requirements import need
 
 ROOT = Path(__file__).resolve().parent.parent
 
-MODEL = "gw-tools"  # only this module's tower has this alias
+MODEL = POOL_MODEL
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
@@ -33,21 +32,14 @@ CUT_TEXT, CUT_BEFORE_NAME, CUT_IN_ARGUMENTS = 12, 12, 28
 
 
 @pytest.fixture(scope="module")
-def tower(hub):
-    tower = start_tower(hub, "gw-tool-answers", MODEL)
-    yield tower
-    hub.stop_towers([tower])
-
-
-@pytest.fixture(scope="module")
-def gateway(hub, tower):
+def gateway(hub, pool_tower):
     with serve(hub, busy_wait_s=30) as url:
         yield url
 
 
 @pytest.fixture
 def client(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(gateway)
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ have-map when it runs again: verified chunks are never fetched twice.
 Tower A pulls from tower B over a link shaped to a few MB/s (the lab's
 shaping relay), so the transfer lasts long enough to kill A half-way."""
 
-import os
 
 import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.node.connection import wait_until
+from tests.blob_towers import random_file
 from tests.lab.shaper import tcp_relay
 
 SIZE = 24 << 20
@@ -18,9 +18,7 @@ RATE_BPS = 40_000_000  # 5 MB/s from B to A: ~5 s for the whole blob
 
 @pytest.fixture(scope="module")
 def blob(tmp_path_factory):
-    path = tmp_path_factory.mktemp("resume") / "big.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path_factory, "big.bin", SIZE)
 
 
 @pytest.fixture(scope="module")

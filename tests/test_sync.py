@@ -12,6 +12,7 @@ from links.wire import Code, WireError
 from reticulum_grid.client import Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.store.sync import SyncReport
+from tests.blob_towers import holding, random_file
 
 SIZE = 64 * 2**20 + 4321
 
@@ -22,20 +23,13 @@ def digest(path):
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    path = tmp_path_factory.mktemp("blobs") / "big.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path_factory, "big.bin", SIZE)
 
 
 @pytest.fixture(scope="module")
 def sources(hub, big):
-    spec = [(big, "big", "dataset", False)]
-    a = hub.start_tower("src-a", models={}, roles=("infer", "sync"), blobs=spec)
-    b = hub.start_tower("src-b", models={}, roles=("infer", "sync"), blobs=spec)
-    for t in (a, b):
-        hub.wait_tower(t.name)
-    yield a, b
-    hub.stop_towers([a, b])
+    with holding(hub, big, "big", "src-a", "src-b") as towers:
+        yield towers
 
 
 def test_pull_64mb_blob_and_compare_blake3(hub, sources, big):

@@ -7,23 +7,20 @@ import pytest
 
 from links import manifest as mf
 from links.wire import Code, WireError
+from tests.blob_towers import holding, random_file
 
 SIZE = 3 * 2**20 + 99
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    path = tmp_path_factory.mktemp("small") / "small.bin"
-    path.write_bytes(os.urandom(SIZE))
-    return path
+    return random_file(tmp_path_factory, "small.bin", SIZE)
 
 
 @pytest.fixture(scope="module")
 def tower(hub, small):
-    t = hub.start_tower("sync-bad", models={}, roles=("infer", "sync"), blobs=[(small, "small", "dataset", False)])
-    hub.wait_tower(t.name)
-    yield t
-    hub.stop_towers([t])
+    with holding(hub, small, "small", "sync-bad") as (tower,):
+        yield tower
 
 
 @pytest.fixture(scope="module")

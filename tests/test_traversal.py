@@ -17,6 +17,7 @@ import pytest
 from links import manifest as mf
 from links.wire import Code, WireError
 from reticulum_grid.store.blobstore import BlobStore
+from tests.blob_towers import holding, random_file
 from tests.conftest import rngrid
 
 MARKER = f"rngrid-escape-{secrets.token_hex(4)}"
@@ -28,17 +29,13 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    path = tmp_path_factory.mktemp("trav") / "small.bin"
-    path.write_bytes(os.urandom(200_000))
-    return path
+    return random_file(tmp_path_factory, "small.bin", 200_000)
 
 
 @pytest.fixture(scope="module")
 def tower(hub, small):
-    t = hub.start_tower("trav-a", models={}, roles=("infer", "sync"), blobs=[(small, "small", "dataset", False)])
-    hub.wait_tower(t.name)
-    yield t
-    t.stop()
+    with holding(hub, small, "small", "trav-a") as (tower,):
+        yield tower
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from reticulum_grid.voice.audio import STT_RATE, decode
-from tests.gateway_support import node_test, serve
+from tests.gateway_support import node_test, openai_client, serve
 from tests.requirements import need, needs
 from tests.voice_support import SENTENCE, VOICE, spoken, wait_voice, wer
 
@@ -47,7 +46,7 @@ def grid_text(hub, tower, note):
 
 @pytest.fixture
 def client(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai_client(gateway)
 
 
 def test_openai_transcription_gives_the_grids_text(client, note, grid_text):
