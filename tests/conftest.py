@@ -171,6 +171,14 @@ def pool_tower(hub):
 
 
 @pytest.fixture(scope="session")
+def pool_gateway(hub, pool_tower):
+    """The gateway in this process in front of the pool tower (its URL), with a 30 s busy wait."""
+    from tests.gateway_support import serve
+    with serve(hub, busy_wait_s=30) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def machine():
     """This machine's hardware as a tower here announces it (node/hardware.py): tests
     compare a tower's backend with it and never assume a CPU."""

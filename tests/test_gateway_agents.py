@@ -23,10 +23,9 @@ SPIDER = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {
           "required": ["name", "legs"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def gateway(hub, pool_tower):
-    with serve(hub, busy_wait_s=30) as url:
-        yield url
+@pytest.fixture
+def gateway(pool_gateway):
+    return pool_gateway
 
 
 @pytest.fixture

@@ -31,10 +31,9 @@ TASK = [{"role": "user", "content": "Use the get_weather tool to find the weathe
 CUT_TEXT, CUT_BEFORE_NAME, CUT_IN_ARGUMENTS = 12, 12, 28
 
 
-@pytest.fixture(scope="module")
-def gateway(hub, pool_tower):
-    with serve(hub, busy_wait_s=30) as url:
-        yield url
+@pytest.fixture
+def gateway(pool_gateway):
+    return pool_gateway
 
 
 @pytest.fixture
