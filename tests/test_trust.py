@@ -129,7 +129,7 @@ def test_trust_and_untrust_edit_client_toml(tmp_path):
     assert bare_rngrid("untrust", tower_id, home=tmp_path).returncode == 0
     assert trust.load(tmp_path / "client.toml").towers == {}
     with pytest.raises(ConfigError):
-        trust.add(tmp_path / "client.toml", other_id, "bad\x1bname")
+        trust.trust(tmp_path / "client.toml", other_id, "bad\x1bname")
 
 
 def test_a_trusted_tower_that_lies_about_its_speed_loses_to_what_the_client_measured(hub):
@@ -167,6 +167,6 @@ def test_the_trust_line_a_tower_prints_is_the_one_that_works(grid3, tmp_path):
 def test_job_notifications_are_known_by_the_trusted_towers_lxmf_address(tmp_path):
     from reticulum_grid.training.notify import delivery_hash
     tower = load_or_create(tmp_path / "t" / "identity")
-    trust.add(tmp_path / "client.toml", tower.hash.hex(), "gpu-box")
+    trust.trust(tmp_path / "client.toml", tower.hash.hex(), "gpu-box")
     sources = trust.load(tmp_path / "client.toml").lxmf_sources()
     assert sources == {delivery_hash(tower).hex(): "gpu-box"}  # the address its Notifier sends from

@@ -89,10 +89,10 @@ def test_only_the_owning_process_gets_through(link):
 def test_a_dual_stack_client_is_known_by_its_ipv4_address():
     """torch's TCPStore connects with an IPv6 socket to ::ffff:127.0.0.1: the
     owner lists it as IPv6, the IPv4 listener sees 127.0.0.1; it is still ours
-    (seen refused, every rank's store connection, before node/peers.py mapped them)."""
+    (seen refused, every rank's store connection, before node/socket_owner.py mapped them)."""
     import os
 
-    from reticulum_grid.node.peers import owned_by
+    from reticulum_grid.node.socket_owner import owned_by
     need("ipv6", "a dual-stack socket")
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)

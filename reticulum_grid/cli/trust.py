@@ -18,7 +18,7 @@ def trust(ctx: click.Context, identity_hash: str, name: str | None) -> None:
     adapters and shard plans (``rngrid tower`` prints the line to run)."""
     path = ctx.obj["home"] / "client.toml"
     try:
-        named = trustlist.add(path, identity_hash, name)
+        named = trustlist.trust(path, identity_hash, name)
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     destination = trustlist.tower_destination(cfg.identity_hex(identity_hash)).hex()
@@ -33,7 +33,7 @@ def untrust(ctx: click.Context, identity_hash: str) -> None:
     """Stop trusting the tower with IDENTITY_HASH (nothing more is sent to it)."""
     path = ctx.obj["home"] / "client.toml"
     try:
-        removed = trustlist.remove(path, identity_hash)
+        removed = trustlist.untrust(path, identity_hash)
     except (cfg.ConfigError, OSError) as e:
         fail(str(e))
     out.print(f"{identity_hash} {'is no longer trusted' if removed else 'was not trusted'} in {path}")

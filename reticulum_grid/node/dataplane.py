@@ -16,7 +16,7 @@ given, also limits who may try (their data-plane addresses).
 
 The other tower runs a ``Forwarder``: a listener on 127.0.0.1 that answers the
 challenge for connections from given local processes only (``owners``:
-node/peers.py asks the kernel whose socket the other end is) and relays bytes
+node/socket_owner.py asks the kernel whose socket the other end is) and relays bytes
 both ways, so no other local user or process can use it. Relayed sockets set
 TCP_NODELAY: RPC is request and reply, and Nagle's delay would be paid on
 every token.
@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from reticulum_grid.node.peers import owned_by, plain_ip
+from reticulum_grid.node.socket_owner import owned_by, plain_ip
 
 NONCE_BYTES = 32
 MAC_BYTES = 32

@@ -36,7 +36,7 @@ def trust_local_towers(home: str | os.PathLike[str], follow: bool = True) -> Non
     if follow and path not in _trusting:
         _trusting.append(path)
     if _started:
-        trust.add_many(path, {h: "" for h in _started})
+        trust.trust_many(path, {h: "" for h in _started})
 
 
 def free_port() -> int:
@@ -161,7 +161,7 @@ class TowerProcess(LocalProcess):
             else:
                 for path in _trusting:
                     if path.parent.is_dir():
-                        trust.add_many(path, {self.identity_hash: ""})
+                        trust.trust_many(path, {self.identity_hash: ""})
         return super().start(timeout)
 
     def argv(self) -> list[str]:

@@ -91,14 +91,14 @@ def check_name(name: str) -> str:
     return name
 
 
-def add(path: str | os.PathLike[str], identity_hash: str, name: str | None = None) -> str:
+def trust(path: str | os.PathLike[str], identity_hash: str, name: str | None = None) -> str:
     """Trust the tower with ``identity_hash``, called ``name`` (None or "": the
     name it announces). Returns the entry's name. Raises ConfigError when the
     name is another trusted tower's."""
-    return add_many(path, {identity_hash: name})[identity_hex(identity_hash)]
+    return trust_many(path, {identity_hash: name})[identity_hex(identity_hash)]
 
 
-def add_many(path: str | os.PathLike[str], towers: Mapping[str, str | None]) -> dict[str, str]:
+def trust_many(path: str | os.PathLike[str], towers: Mapping[str, str | None]) -> dict[str, str]:
     """Trust every tower of ``towers`` ({identity hash: name or None}) in one
     write of the client config at ``path``. Returns {identity hex: name}."""
     path = Path(path)
@@ -116,7 +116,7 @@ def add_many(path: str | os.PathLike[str], towers: Mapping[str, str | None]) -> 
     return added
 
 
-def remove(path: str | os.PathLike[str], identity_hash: str) -> bool:
+def untrust(path: str | os.PathLike[str], identity_hash: str) -> bool:
     """Stop trusting a tower. Returns True if it was trusted."""
     identity_hash = identity_hex(identity_hash)
     path = Path(path)

@@ -28,7 +28,7 @@ RPC server as llama.cpp's RPC lets any client (allocate buffers, read and
 write them, run graphs: it trusts its client's input). On the coordinator, a
 listener on 127.0.0.1 can be reached by every local user and process, so it
 accepts only connections made by its own split model's process (or its
-children), as the kernel tells (node/peers.py); any other is closed before a
+children), as the kernel tells (node/socket_owner.py); any other is closed before a
 byte crosses the Link.
 """
 
@@ -43,7 +43,7 @@ from RNS.Channel import ChannelException
 
 from links.channel import ChannelRouter
 from links.tunnel import TunnelClose, TunnelData, TunnelOpen
-from reticulum_grid.node.peers import owned_by
+from reticulum_grid.node.socket_owner import owned_by
 
 log = logging.getLogger("rngrid.split.tunnel")
 

@@ -20,7 +20,7 @@ challenge, whatever it knows.
 
 Each participant runs the other half, a ``Forwarder``: a listener on 127.0.0.1
 that answers the challenge for connections from its own worker process only
-(the store client inside it; node/peers.py asks the kernel whose socket the
+(the store client inside it; node/socket_owner.py asks the kernel whose socket the
 other end is) and then relays bytes both ways: another local user or process
 that reaches the port is refused. Both close with the worker process, so the
 job's ports live only as long as the job.
