@@ -9,6 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from bench import fuzz_inputs as INPUTS
 from links.jobevents import JobEvent
 from reticulum_grid.node import config
 from reticulum_grid.training import datasets, notify
@@ -55,15 +56,15 @@ def test_every_end_usage_shape_is_a_fuzz_target():
 
 def test_every_caps_key_the_decoders_read_is_fuzzed():
     """The caps strategy holds each key announce/caps.py's decoder reads, "vo" and "qf" included."""
-    read = {path[0] for path in FUZZ._CAPS_READS}
+    read = {path[0] for path in INPUTS.CAPS_READS}
     assert {"v", "n", "hb", "hw", "m", "qf", "a", "l", "t", "sh", "vo", "more"} <= read
 
 
 def test_a_caps_key_the_sample_lacks_is_still_generated():
     """A field added to the decoder reaches the fuzzer before anyone adds it to bench/'s sample."""
     from hypothesis import find, settings
-    sample = {k: v for k, v in FUZZ._SAMPLE_CAPS_MAP.items() if k != "vo"}
-    found = find(FUZZ.shaped(sample, FUZZ._CAPS_READS), lambda m: isinstance(m, dict) and "vo" in m,
+    sample = {k: v for k, v in INPUTS.SAMPLE_CAPS_MAP.items() if k != "vo"}
+    found = find(INPUTS.shaped(sample, INPUTS.CAPS_READS), lambda m: isinstance(m, dict) and "vo" in m,
                  settings=settings(max_examples=2000, database=None))
     assert "vo" in found
 
