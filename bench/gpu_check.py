@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,9 +63,6 @@ STEPS, WARMUP_STEPS = 20, 3
 TRAIN_SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
               "learning_rate": 2e-4, "seq_len": 96, "batch_size": 4, "seed": 3, "checkpoint_every": 10_000,
               "precision": "bf16", "output_alias": "gpu-check"}
-#: (part, seconds it is expected to take on an H200 machine, model loads included; a part starts
-#: only while that much time is left before the deadline, and bounds its own waits by it).
-PARTS = (("machine", 5), ("caps", 40), ("concurrency", 50), ("split", 70), ("train", 60), ("dp", 50))
 
 
 class Check:
@@ -393,28 +391,41 @@ def part_dp(check, opts, tmp):
             break  # NCCL ran: gloo adds nothing
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of the check: ``estimate_s``, the seconds it is expected to take on an
+    H200 machine, model loads included (it starts only while that much time is left
+    before the deadline, and bounds its own waits by it); ``run(check, opts, tmp)``;
+    ``plan``, what the dry run says it does."""
+    name: str
+    estimate_s: int
+    run: Callable[[Check, argparse.Namespace, str], None]
+    plan: str
+
+
+PARTS = (
+    Part("machine", 5, part_machine, " ".join(SMI_QUERY)),
+    Part("caps", 40, part_caps, f"a tower serving --big as {BIG_ALIAS} (n_ctx 4096, {THREADS} threads): caps "
+         f"backend/device/VRAM vs nvidia-smi, llama.cpp's buffer report, {STREAM_RUNS} streams of {STREAM_TOKENS} tokens"),
+    Part("concurrency", 50, part_concurrency,
+         "bench.concurrency.throughput: 1, 4, 8 streams, 8 slots, 64 tokens, 2 rounds, grid vs direct"),
+    Part("split", 70, part_split,
+         "bench.split.run: whole vs split over two towers (worker lends ~11.5 % of the need), 3 pairs of 64 tokens"),
+    Part("train", 60, part_train, f"reticulum_grid.training.trainer on --hf (else --small): {STEPS} LoRA steps in "
+         "bf16, on the GPU, then with CUDA_VISIBLE_DEVICES='' on the CPU"),
+    Part("dp", 50, part_dp, f"reticulum_grid.training.distributed, 2 ranks on one GPU: nccl, then gloo, {STEPS} steps"),
+)
+BY_NAME = {part.name: part for part in PARTS}
+
+
 def plan_lines(opts):
     """What a run would do (the dry run's output)."""
     lines = [f"# deadline in {opts.budget:.0f} s; parts skipped when their estimate no longer fits"]
-    for name, estimate in PARTS:
-        lines.append(f"part {name} (~{estimate} s): {PART_DOC[name]}")
+    for part in PARTS:
+        lines.append(f"part {part.name} (~{part.estimate_s} s): {part.plan}")
     return lines
 
 
-PART_DOC = {
-    "machine": " ".join(SMI_QUERY),
-    "caps": f"a tower serving --big as {BIG_ALIAS} (n_ctx 4096, {THREADS} threads): caps backend/device/VRAM vs "
-            f"nvidia-smi, llama.cpp's buffer report, {STREAM_RUNS} streams of {STREAM_TOKENS} tokens",
-    "concurrency": "bench.concurrency.throughput: 1, 4, 8 streams, 8 slots, 64 tokens, 2 rounds, grid vs direct",
-    "split": "bench.split.run: whole vs split over two towers (worker lends ~11.5 % of the need), 3 pairs of 64 tokens",
-    "train": f"reticulum_grid.training.trainer on --hf (else --small): {STEPS} LoRA steps in bf16, on the GPU, "
-             "then with CUDA_VISIBLE_DEVICES='' on the CPU",
-    "dp": f"reticulum_grid.training.distributed, 2 ranks on one GPU: nccl, then gloo, {STEPS} steps",
-}
-
-
-FUNCTIONS = {"machine": part_machine, "caps": part_caps, "concurrency": part_concurrency, "split": part_split,
-             "train": part_train, "dp": part_dp}
 #: Seconds past its estimate a part may run before it is stopped (model loads vary).
 GRACE_S = 90
 
@@ -423,7 +434,7 @@ def run_part(name, opts):
     """The child's side: one part, its figures added to the check's JSON."""
     check = Check(opts.out, opts.deadline).load()
     try:
-        FUNCTIONS[name](check, opts, opts.tmp)
+        BY_NAME[name].run(check, opts, opts.tmp)
     except Exception as e:  # reported; the next part still runs
         check.fail(name, f"{type(e).__name__}: {e}")
         check.detail(name, traceback=traceback.format_exc()[-4000:])
@@ -436,7 +447,8 @@ def run_all(opts, wanted):
     check = Check(opts.out, time.time() + opts.budget)
     (Path(opts.out) / "gpu_check.json").unlink(missing_ok=True)
     check.save()
-    for name, estimate in PARTS:
+    for part in PARTS:
+        name, estimate = part.name, part.estimate_s
         if name not in wanted:
             continue
         if check.left() < estimate:
@@ -479,7 +491,7 @@ def main(argv=None):
     ap.add_argument("--hf", default="", help="the SmolLM2-shaped transformers checkpoint (default: train on --small)")
     ap.add_argument("--out", default="gpu-check-out", help="folder for gpu_check.json and logs.txt")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds this script may take")
-    ap.add_argument("--parts", default=",".join(p for p, _ in PARTS), help="comma-separated parts to run")
+    ap.add_argument("--parts", default=",".join(BY_NAME), help="comma-separated parts to run")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
     ap.add_argument("--rehearse", action="store_true", help="run on a machine without a GPU (checks fail)")
     ap.add_argument("--only", default="", help=argparse.SUPPRESS)  # one part, in the child process
@@ -487,9 +499,9 @@ def main(argv=None):
     ap.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     wanted = [p for p in opts.parts.split(",") if p]
-    unknown = sorted(set(wanted + ([opts.only] if opts.only else [])) - {p for p, _ in PARTS})
+    unknown = sorted(set(wanted + ([opts.only] if opts.only else [])) - set(BY_NAME))
     if unknown:
-        ap.error(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(p for p, _ in PARTS)}")
+        ap.error(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(BY_NAME)}")
     if opts.dry_run:
         for line in plan_lines(opts):
             print(line)

@@ -58,10 +58,15 @@ def test_wire_packages_never_import_the_application():
     assert not wrong, "\n".join(wrong)
 
 
-def test_no_module_over_400_lines():
+#: Lines a module of the product may have: past it, a file holds more than one idea;
+#: cut it where the ideas part, not where the count says.
+MAX_LINES = 420
+
+
+def test_no_product_module_over_max_lines():
     long = [f"{p.relative_to(ROOT)}: {n}" for folder in ("reticulum_grid", "announce", "links")
-            for p in (ROOT / folder).rglob("*.py") if (n := p.read_text().count("\n")) > 420]
-    assert not long, "\n".join(long)
+            for p in (ROOT / folder).rglob("*.py") if (n := p.read_text().count("\n")) > MAX_LINES]
+    assert not long, f"over {MAX_LINES} lines:\n" + "\n".join(long)
 
 
 def _module_name(path):
