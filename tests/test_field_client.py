@@ -6,11 +6,7 @@ frozen with SIGSTOP and killed with SIGKILL."""
 
 import json
 import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -24,7 +20,8 @@ from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node.connection import wait_until
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TransportProcess, trust_local_towers
-from tests.conftest import ROOT, rngrid
+from tests.client_process import ClientProcess
+from tests.conftest import rngrid
 
 FC = "fc-model"  # the bundled GGUF under an alias only this module's towers A and B have
 PROMPT = "Count from 1 to 500, separated by commas: 1, 2, 3,"
@@ -222,12 +219,6 @@ def _clients_of(transport):
         return 0
 
 
-def _lines(proc):
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    return lines
-
-
 def test_a_long_lived_client_survives_a_transport_restart(hub, tmp_path):
     # Case 5: tower T behind transport node X; a client process connected to X only.
     home = tmp_path / "client"
@@ -236,29 +227,23 @@ def test_a_long_lived_client_survives_a_transport_restart(hub, tmp_path):
     tower = hub.start_tower("fc-T", models={"fc-t-model": default_model_path()}, connect=[transport.address],
                             allow={client_id: ["infer"]})
     trust_local_towers(home, follow=False)
-    client = subprocess.Popen([sys.executable, "-m", "tests.long_client", str(home), transport.address], cwd=ROOT,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = ClientProcess(home, [transport.address])
     try:
-        lines = _lines(client)
-        assert json.loads(lines.get(timeout=60))["ready"]
-
         def request(timeout):
-            client.stdin.write("fc-t-model\n")
-            client.stdin.flush()
-            return json.loads(lines.get(timeout=timeout))
+            client.ask({"model": "fc-t-model", "prompt": "Hi", "max_tokens": 4, "temperature": 0.0})
+            return client.result(timeout)
 
         first = request(60)
-        assert first["ok"], first
+        assert first.usage and not first.error, first
         transport.kill()
         time.sleep(2)  # down for a while, as a restart is
         transport.start()
         # Both TCP clients (the tower and the client process) reconnect: RNS retries every 5 s.
         assert wait_until(lambda: _clients_of(transport) >= 2, 60), "the tower and the client never reconnected"
         again = request(60)
-        print(f"after the transport restart the next request took {again['s']} s")
-        assert again["ok"] and again["tower"] == "fc-T", again
+        print(f"after the transport restart the next request took {again.seconds} s")
+        assert again.usage and not again.error and again.usage["tower"] == "fc-T", again
     finally:
-        client.kill()
-        client.wait(10)
+        client.close()
         tower.stop()
         transport.stop()

@@ -2,38 +2,34 @@
 succeeds and both towers serve. (That a busy answer sends a client to another
 tower is shown, deterministically, in tests/test_routing.py.)"""
 
-import json
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import trust_local_towers
-from tests.leftovers import end
-
-HERE = Path(__file__).parent
+from tests.client_process import ClientProcess
 
 
 def test_eight_clients_three_requests_two_towers(hub, tmp_path):
     homes = [tmp_path / f"client-{i}" for i in range(8)]
     allow = {load_or_create(h / "identity").hash.hex(): ["infer"] for h in homes}
     towers = [hub.start_tower(f"lb-{n}", allow=allow) for n in ("a", "b")]
-    procs, results = [], []
+    clients = []
     try:
         for h in homes:
             trust_local_towers(h, follow=False)
-            procs.append(subprocess.Popen([sys.executable, str(HERE / "load_client.py"), str(h), "3"]
-                                          + [t.address for t in towers],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err[-2000:]
-            results += [json.loads(line) for line in out.splitlines()]
+            clients.append(ClientProcess(h, [t.address for t in towers]))
+        for i in range(3):  # each client's three requests go one after another; the eight clients at once
+            for client in clients:
+                client.ask({"model": DEFAULT_ALIAS, "max_tokens": 24, "prompt": f"Request {i}: list three colours:"},
+                           wait_towers=2)
+        results = [client.result(300) for client in clients for _ in range(3)]
     finally:
-        end(*procs)
-    failed = [r for r in results if not r["ok"]]
+        for client in clients:
+            client.close()
+        hub.stop_towers(towers)
+    failed = [r for r in results if r.error or not r.usage]
     assert len(results) == 24 and not failed, failed
-    served = Counter(r["tower"] for r in results)
+    served = Counter(r.usage["tower"] for r in results)
     print(f"requests per tower: {dict(served)}")
     assert set(served) == {"lb-a", "lb-b"}

@@ -9,10 +9,8 @@ other tests never enter the plan.
 
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from links.wire import Code, WireError
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
+from tests.client_process import ClientProcess
 from tests.requirements import needs
 
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
@@ -33,46 +32,16 @@ PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse ke
 HERE = Path(__file__).resolve().parent
 
 
-class Client:
-    """tests/split_client.py in its own process (its own RNS instance)."""
-
-    def __init__(self, home, connect):
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "split_client.py"), str(home), *connect],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-        self.lines.put(None)
+class Client(ClientProcess):
+    """A split client in its own process (tests/client_process.py), asking for ALIAS and PROMPT."""
 
     def send(self, max_tokens, wait_towers=3, **extra):
-        payload = {"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, **extra}
-        self.proc.stdin.write(json.dumps({"payload": payload, "wait_towers": wait_towers}) + "\n")
-        self.proc.stdin.flush()
-
-    def next(self, timeout=180):
-        item = self.lines.get(timeout=timeout)
-        assert item is not None, "the client process ended"
-        return item
+        self.ask({"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, **extra},
+                 wait_towers)
 
     def result(self, timeout=180):
         """(text, usage or None, error or None, plan) of the request in flight."""
-        text, usage, error, plan = "", None, None, None
-        while not (item := self.next(timeout)).get("done"):
-            text += item.get("text", "")
-            usage, error = item.get("usage", usage), item.get("error", error)
-            plan = item.get("plan") or plan
-        return text, usage, error, plan
-
-    def close(self):
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        return super().result(timeout)[:4]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ by a per-plan HMAC challenge; the RNS tunnel stays the fallback.
 
 Towers dp-a (holds the GGUF) and dp-b each lend 200 MiB, the model needs
 ~316 MiB, so a plan takes both; the client runs in its own process
-(tests/split_client.py) as in test_split.py."""
+(tests/client_process.py) as in test_split.py."""
 
 import socket
 
