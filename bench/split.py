@@ -96,15 +96,20 @@ def worker_names(towers):
 
 
 def split_lends(model, towers=2, n_ctx=4096):
-    """(coordinator MiB, then each worker's) that make the planner split
-    ``model`` over ``towers`` towers with each worker holding a few of its
-    layers: the coordinator lends the need less what the workers beyond the
-    first lend, so that every tower is needed (one fewer falls short of the need
-    plus the plan's headroom) and all together hold it. The need is the towers'
-    own estimate (store/gguf_info.need_mib, n_ctx 4096)."""
-    need = gguf_info.need_mib(model, n_ctx, Path(model).stat().st_size)
-    worker = math.ceil(need * WORKER_SHARE)
-    return (need - (towers - 2) * worker,) + (worker,) * (towers - 1)
+    """lends_for the need of ``model`` (the towers' own estimate,
+    store/gguf_info.need_mib, n_ctx 4096) over ``towers`` towers."""
+    return lends_for(gguf_info.need_mib(model, n_ctx, Path(model).stat().st_size), towers)
+
+
+def lends_for(need_mib, towers=2):
+    """(coordinator MiB, then each worker's) that make the planner split a
+    model of ``need_mib`` over ``towers`` towers with each worker holding a few
+    of its layers: each worker lends WORKER_SHARE of the need and the
+    coordinator the need less what the workers beyond the first lend, so that
+    every tower is needed (one fewer falls short of the need plus the plan's
+    headroom) and all together hold it."""
+    worker = math.ceil(need_mib * WORKER_SHARE)
+    return (need_mib - (towers - 2) * worker,) + (worker,) * (towers - 1)
 
 
 def default_lends(draft, towers=2):
