@@ -19,6 +19,7 @@ Wire format (msgpack map; a row leaves out fields at their defaults)::
                 "vram_mib" (the load as the GPUs show it), "slots", "slots_free", "n_ctx",
                 # a model's GGUF facts, read in the background (inference/facts.py)
                 "need_mib", "n_layers", "embedding" (width), "reading": true while still to come,
+                "draft_bytes",       # the draft model its split runs beside it (bytes; absent: none)
                 "gguf": {"architecture", "parameters", "quantization", "context_length",
                          "embedding_length", "block_count", "pooling", "name"}}, ...],
      "gpus": [{"index", "name", "total_mib", "free_mib"}, ...],   # each GPU ([] on a CPU tower)
@@ -118,7 +119,9 @@ class BlobFacts:
     ``slots_free``: streams the loaded model's runner serves at once and how
     many are free now; ``n_ctx``: tokens per slot. ``need_mib``,
     ``n_layers``, ``embedding`` and ``gguf`` come once the tower read the
-    model's GGUF (``reading`` until then)."""
+    model's GGUF (``reading`` until then). ``draft_bytes``: the size of the
+    draft model this tower runs beside the model when it coordinates a split
+    of it (speculative decoding, tower/split.py draft_for), None for none."""
     alias: str
     blob_id: bytes
     size: int
@@ -138,6 +141,7 @@ class BlobFacts:
     embedding: int | None = None
     reading: bool = False
     gguf: ModelSummary | None = None
+    draft_bytes: int | None = None
 
     @property
     def hex(self) -> str:
@@ -178,7 +182,7 @@ _BLOB: dict[str, Check] = {
     "gpu_model_mib": _int(MAX_MIB), "host_model_mib": _int(MAX_MIB), "vram_mib": _int(MAX_MIB),
     "slots": _int(MAX_COUNT), "slots_free": _int(MAX_COUNT), "n_ctx": _int(MAX_TOKENS), "need_mib": _int(MAX_MIB),
     "n_layers": _int(MAX_LAYERS), "embedding": _int(1 << 20), "reading": bool_field,
-    "gguf": lambda value, what: ModelSummary.from_map(value)}
+    "gguf": lambda value, what: ModelSummary.from_map(value), "draft_bytes": _int(MAX_BYTES)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -253,7 +253,7 @@ def part_concurrency(check, opts, tmp):
 def part_split(check, opts, tmp):
     from bench import split
     figures = split.run(opts.big, runs=3, max_tokens=64, threads=THREADS, lends=split.split_lends(opts.big),
-                        root=tmp, alone=False)
+                        root=tmp, raw=False)
     check.detail("split", **figures)
     check.put("split_plan", figures["plan"].replace(" ", ""), "split")
     check.put("whole_tokens_per_s", figures["single_tokens_per_s"], "split")

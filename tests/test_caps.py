@@ -127,7 +127,7 @@ def test_material_change():
 def full_reply():
     from announce.capsfull import BlobFacts, Caller, CapsFull, GpuInfo, ModelSummary, VoiceInfo
     model = BlobFacts("model-0", b"\x01" * 32, 1 << 30, "model", True, on_gpu=True, gpu_mib=900, slots=4,
-                      slots_free=3, n_ctx=4096, need_mib=1200, n_layers=30, embedding=576,
+                      slots_free=3, n_ctx=4096, need_mib=1200, n_layers=30, embedding=576, draft_bytes=98_362_432,
                       gguf=ModelSummary("llama", 134_515_008, "Q4_1", 8192, 576, 30, 0, "SmolLM2"))
     return CapsFull(caps=full_caps(), blobs=(model, BlobFacts("", b"\x02" * 32, 12, "dataset"),
                                              BlobFacts("reader", b"\x03" * 32, 5, "model", reading=True)),
@@ -148,6 +148,7 @@ def test_caps_full_round_trip():
     decoded = CapsFull.from_map(wire(full))
     assert decoded == full and decoded.roles == {"infer", "sync"}
     assert decoded.blob("model-0").n_layers == 30 and decoded.blob("missing") is None
+    assert decoded.blob("model-0").draft_bytes == 98_362_432 and decoded.blob("reader").draft_bytes is None
     assert decoded.holds("reader") and decoded.holds("0202") and not decoded.holds("0404")
 
 
@@ -166,6 +167,7 @@ def test_caps_full_ignores_fields_it_does_not_know():
     (lambda m: m.pop("caps"), "not bytes"),
     (lambda m: m.update(blobs="x"), "blobs is str"),
     (lambda m: m["blobs"][0].update(size=-1), "size -1 outside"),
+    (lambda m: m["blobs"][0].update(draft_bytes="98 MB"), "draft_bytes is str"),
     (lambda m: m["blobs"][0].update(blob_id=b"short"), "blob id is 5 bytes"),
     (lambda m: m["blobs"][0].pop("kind"), "has no kind"),
     (lambda m: m["blobs"][0].update(loaded=1), "loaded is int"),

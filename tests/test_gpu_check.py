@@ -251,3 +251,34 @@ def test_the_split_lends_give_the_worker_a_few_layers(need_mib):
     placement = plan([Offer("coord", lend_mib=coord, has_model=True), Offer("worker", lend_mib=worker)], need_mib, 32)
     assert placement.towers == ["worker", "coord"]
     assert 2 <= placement.workers[0].layers <= 5 and placement.workers[0].first == 0
+
+
+def _needs_every_tower(lends, need_mib, n_layers):
+    """The plan over towers lending ``lends`` (the coordinator's first, it holds
+    the GGUF): it takes them all, and without the last worker none fits."""
+    from reticulum_grid.split.plan import Offer, PlanError, plan
+    offers = [Offer("coord", lend_mib=lends[0], has_model=True)]
+    offers += [Offer(f"worker{i}", lend_mib=mib) for i, mib in enumerate(lends[1:])]
+    placement = plan(offers, need_mib, n_layers)
+    assert placement.towers[-1] == "coord" and len(placement.parts) == len(lends)
+    with pytest.raises(PlanError):
+        plan(offers[:-1], need_mib, n_layers)
+    return placement
+
+
+@pytest.mark.parametrize("need_mib", [200, 2_000, 8_750, 80_000])
+def test_the_three_tower_lends_need_every_tower(need_mib):
+    """bench/split.py --towers 3 with --model: no two towers hold the model, all
+    three do, and each worker gets a few of 32 layers."""
+    from bench.split import lends_for
+    placement = _needs_every_tower(lends_for(need_mib, 3), need_mib, 32)
+    assert all(2 <= w.layers <= 5 for w in placement.workers)
+
+
+@pytest.mark.parametrize("towers", [2, 3])
+def test_the_bundled_model_lends_need_every_tower(towers, model_path):
+    """bench/split.py's lends of the bundled model, against its need as the towers estimate it."""
+    from bench.split import default_lends
+    from reticulum_grid.store import gguf_info
+    need = gguf_info.need_mib(model_path, 4096, Path(model_path).stat().st_size)
+    _needs_every_tower(default_lends(False, towers), need, gguf_info.architecture(model_path)[1])

@@ -35,6 +35,18 @@ def test_the_draft_runs_further_ahead_the_longer_the_round_trip():
     assert speculation.draft_max(0.044, SMOLLM_BYTES, 500e9) == speculation.MAX_DRAFT  # a GPU drafts for free
 
 
+def test_the_ceiling_of_a_draft_is_every_drafted_token_accepted():
+    cpu, split = 10e9, 8.6  # the 135M's split over the lab's tailnet, estimated (docs/split.md)
+    ahead, most = speculation.ceiling(split, 0.044, SMOLLM_BYTES, cpu)
+    assert ahead == 11  # as the coordinator chooses (draft_max)
+    # 11 drafted tokens (9.8 ms each) and one split pass (1 / 8.6 s) give 12 tokens.
+    assert most == pytest.approx(12 / (11 * SMOLLM_BYTES / cpu + 1 / split))
+    assert 2 < most / split < 12
+    # Nearby, a round trip costs little: a short draft; a draft slower than the model loses.
+    near, slow = speculation.ceiling(50.0, 0.0005, SMOLLM_BYTES, cpu), speculation.ceiling(10.0, 0.0, 2 * 10**9, cpu)
+    assert near[0] == speculation.MIN_DRAFT and slow[1] < 10.0
+
+
 @pytest.fixture
 def worker(tmp_path):
     made = RpcWorker(tmp_path / "rpc.log", threads=1, private=False)

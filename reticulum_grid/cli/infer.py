@@ -183,7 +183,8 @@ def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
         json_line(rows)
         if placement is not None:
             json_line({"split": {**placement.to_map(), "rpc": _rpc_paths(grid, placement),
-                                 "single": single.to_map() if single else None}})
+                                 "single": single.to_map() if single else None,
+                                 "draft": _draft_gain(grid, model, placement)}})
         return
     table = Table("#", "tower", "model", "why not first", "load", "tok/s", "RTT", "hops", "s/token")
     for r in rows:
@@ -195,6 +196,7 @@ def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
     out.print(table)
     if placement is not None:
         _print_split(placement, _rpc_paths(grid, placement), single)
+        _print_draft(_draft_gain(grid, model, placement))
 
 
 def _rate(row: dict[str, Any]) -> str:
@@ -210,6 +212,30 @@ def _best_single(grid: "Grid", model: str, ranked: "Sequence[Choice]") -> "Estim
     need = grid.needs.get(model, 0)
     size = grid.model_facts.get(model, {}).get("bytes") or need << 20
     return estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
+
+
+def _draft_gain(grid: "Grid", model: str, placement: "Plan") -> dict[str, Any] | None:
+    """The draft the plan's coordinator holds for ``model`` (its caps/full) and
+    what it may gain (split/speculation.py ceiling: every drafted token
+    accepted), None when it holds none: {"bytes", "draft_max",
+    "tokens_per_s_at_most", "gain_at_most"}."""
+    from reticulum_grid.split import estimate, speculation
+    key = placement.coordinator.offer.key
+    draft, entry = grid.drafts.get(key, {}).get(model), grid.table.get(key)
+    if not draft or entry is None or placement.estimate is None:
+        return None
+    rtt = max((p.offer.rtt_s for p in placement.workers), default=0.0)  # the coordinator's, as it chooses
+    ahead, most = speculation.ceiling(placement.estimate.tokens_per_s, rtt, draft,
+                                      estimate.bandwidth(entry.caps.hardware.backend))
+    return {"bytes": draft, "draft_max": ahead, "tokens_per_s_at_most": round(most, 2),
+            "gain_at_most": round(most / placement.estimate.tokens_per_s, 2)}
+
+
+def _print_draft(gain: dict[str, Any] | None) -> None:
+    if gain is not None:
+        out.print(f"  the coordinator drafts with a {gain['bytes'] / 1e6:.0f} MB model, up to {gain['draft_max']} "
+                  f"tokens a verification: at most ~{gain['tokens_per_s_at_most']:.1f} tokens/s "
+                  f"({gain['gain_at_most']:.1f}x) when every drafted token is accepted")
 
 
 def _rpc_paths(grid: "Grid", placement: "Plan") -> dict[str, str]:

@@ -130,6 +130,8 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         # destination hash -> bytes of the largest model the tower serves (its bandwidth)
         self.served: dict[bytes, int] = {}
         self.dataplanes: dict[bytes, bool] = {}  # destination hash -> the tower offers a data-plane address
+        # destination hash -> {model alias: bytes of the draft its split of that model runs with}
+        self.drafts: dict[bytes, dict[str, int]] = {}
         self.liveness = Liveness(self)
         self._pinger = Pinger(self.identity)
         self._last_ping = float("-inf")

@@ -43,6 +43,7 @@ class GridParts(Protocol):
     model_facts: dict[str, dict[str, int]]
     served: dict[bytes, int]
     dataplanes: dict[bytes, bool]
+    drafts: dict[bytes, dict[str, int]]
 
     @property
     def identity_hash(self) -> str: ...

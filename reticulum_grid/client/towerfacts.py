@@ -82,12 +82,14 @@ class TowerFacts(_Parts):
         """Keep what tower ``entry``'s caps/full says: its caps (in the table),
         each model's memory need (routing) and bytes and embedding width
         (split estimates), the largest model it serves (its bandwidth,
-        client/estimates.py) and whether it offers a data plane. Returns the
+        client/estimates.py), whether it offers a data plane and the size of
+        the draft its split of each model runs with. Returns the
         refreshed entry (``entry`` when the table no longer has it)."""
         key = entry.destination_hash
         self.dataplanes[key] = full.dataplane
         models = [b for b in full.blobs if b.kind == "model" and b.alias]
         self.served[key] = max((b.size for b in models if b.loaded), default=0)
+        self.drafts[key] = {b.alias: b.draft_bytes for b in models if b.draft_bytes}
         for blob in models:
             if blob.need_mib is not None:
                 self.needs[blob.alias] = blob.need_mib

@@ -56,6 +56,18 @@ class ModelFactsReader:
             threading.Thread(target=self._read_one, args=(slot,), name="rngrid-facts", daemon=True).start()
         return facts if slot.path in self._unreadable else {**facts, "reading": True}
 
+    def settled(self) -> bool:
+        """True once every model the registry holds was read (or failed to be):
+        from then on gguf_info answers about any of them without reading a file."""
+        done = self._read | self._unreadable
+        for blob_id in set(self.registry.aliases().values()):
+            try:
+                if self.registry.slot(blob_id).path not in done:
+                    return False
+            except Exception:  # a broken store entry: reported when the model is asked for
+                continue
+        return True
+
     def _read_all(self, slots: list[ModelSlot]) -> None:
         for slot in slots:
             self._read_one(slot)

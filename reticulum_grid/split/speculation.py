@@ -42,3 +42,19 @@ def draft_max(rtt_s: float, draft_bytes: int, bandwidth: float) -> int:
     token_s = max(draft_bytes, 1) / max(bandwidth, 1.0)
     ahead = math.ceil(ROUND_TRIPS_PER_STAGE * max(rtt_s, 0.0) / token_s)
     return min(max(ahead, MIN_DRAFT), MAX_DRAFT)
+
+
+def ceiling(split_tokens_per_s: float, rtt_s: float, draft_bytes: int, bandwidth: float) -> tuple[int, float]:
+    """(tokens the draft proposes a verification, tokens/s at most) for a split
+    estimated at ``split_tokens_per_s`` without a draft, whose coordinator
+    (reading ``bandwidth`` bytes/s) drafts with a model of ``draft_bytes`` for
+    workers up to ``rtt_s`` seconds away: the figure where every drafted token
+    is accepted, so each verification, one split pass (a GPU checks a batch of
+    tokens in about a token's time), gives draft_max + 1 tokens after
+    draft_max drafted ones. Acceptance is what the draft and its model make of
+    each text (each usage says it: draft_tokens, draft_accepted), so this is
+    an upper bound; on a CPU a checked token costs nearly what a decoded one
+    does, and the gain is smaller."""
+    ahead = draft_max(rtt_s, draft_bytes, bandwidth)
+    per_verification = ahead * max(draft_bytes, 1) / max(bandwidth, 1.0) + 1.0 / max(split_tokens_per_s, 1e-9)
+    return ahead, (ahead + 1) / per_verification

@@ -11,6 +11,7 @@ capability module declares the handlers of its own (``commands()``), and
 """
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,7 +32,7 @@ from reticulum_grid.node.allowlist import LiveAllowList
 from reticulum_grid.node.config import TOWER_ROLES, TowerConfig
 from reticulum_grid.node.private import keep_private
 from reticulum_grid.inference.facts import ModelFactsReader
-from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.inference.registry import ModelRegistry, ModelSlot
 from reticulum_grid.training.notify import Notifier
 from reticulum_grid.tower.blobs import TowerBlobs
 from reticulum_grid.tower.jobs import TowerJobs
@@ -294,6 +295,7 @@ class Tower:
                     # facts.known holds BlobFacts fields by name (typed there as objects).
                     row = replace(row, **tower.registry.placement_info(slot),
                                   **tower.facts.known(slot))  # type: ignore[arg-type]
+                    row = replace(row, draft_bytes=_draft_bytes(tower, slot))
                 except Exception as e:  # one unreadable GGUF must not hide the rest
                     log.warning("model %s: cannot estimate its memory: %s", (info.aliases or [info.hex])[0], e)
             rows += [replace(row, alias=alias) for alias in info.aliases or [""]]
@@ -315,3 +317,18 @@ class Tower:
     def link_closed(self, link: RNS.Link) -> None:
         with self._lock:
             self.sessions.pop(link.link_id, None)
+
+
+def _draft_bytes(tower: TowerParts, slot: ModelSlot) -> int | None:
+    """The size of the draft model a split of ``slot``'s model coordinated here
+    would run beside it (tower/split.py draft_for), None for none, for a draft
+    that cannot be found (the split's load reports that) and while the models'
+    GGUFs are still being read (draft_for compares their vocabularies; a
+    request handler never waits on a file)."""
+    if not tower.facts.settled():
+        return None
+    try:
+        draft = tower.split.draft_for(slot)
+        return os.path.getsize(draft) if draft else None
+    except (OSError, WireError):
+        return None

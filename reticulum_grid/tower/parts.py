@@ -9,7 +9,7 @@ optional: a capability's callbacks may run while ``start()`` still builds it."""
 from typing import TYPE_CHECKING, Any, Protocol
 
 from announce.announcer import Announcer
-from reticulum_grid.inference.registry import ModelRegistry
+from reticulum_grid.inference.registry import ModelRegistry, ModelSlot
 from reticulum_grid.node.allowlist import LiveAllowList
 from reticulum_grid.node.config import TowerConfig
 from reticulum_grid.node.hardware import CachedProbe
@@ -25,6 +25,8 @@ class SplitServing(Protocol):
     """What a part asks of the tower's split capability (tower/split.py)."""
 
     def inference(self, session: Any, request: dict[str, Any]) -> dict[str, Any]: ...  # session: a LinkSession
+
+    def draft_for(self, slot: ModelSlot) -> str: ...
 
 
 class UsageOf(Protocol):

@@ -1,19 +1,24 @@
-"""A shaping Ethernet bridge in user space: two hosts on one link, with rate, delay, jitter and loss.
+"""A shaping Ethernet bridge in user space: hosts on one link, with rate, delay, jitter and loss.
 
 The kernel here has no ``netem`` qdisc. The relay (shaper.py) shapes what it
 relays, but a relayed connection comes from the relay's address; services
 that check who connects (a data-plane front admits one peer address) need the
-peer's own address. So for a link between two towers the lab puts this bridge
-in a namespace of its own between two veth pairs: every frame arriving on one
-side (an AF_PACKET socket) waits its airtime at the link's rate and its
-one-way delay, is dropped with the link's loss, and goes out the other side.
-Both hosts share one subnet and see each other's real addresses, and TCP
-between them behaves as on a LAN or tailnet (a lost frame costs a
-retransmission). Large segments are avoided at the source: the lab sets the
-hosts' veths to segments of one MTU (``gso_max_size``).
+peer's own address. So for a link between towers the lab puts this bridge
+in a namespace of its own with one veth pair per host: every frame arriving
+on one side (an AF_PACKET socket) waits its airtime at the link's rate and
+its one-way delay, is dropped with the link's loss, and goes out the side of
+the host it is addressed to (learned from the source addresses of the frames
+each side sent, as a switch learns; a broadcast or a destination not seen
+yet goes out every other side). Each pair of sides is a link of its own (its
+air per direction), as if each host had its own cable to the others. All
+hosts share one subnet and see each other's real addresses, and TCP between
+them behaves as on a LAN or tailnet (a lost frame costs a retransmission).
+Large segments are avoided at the source: the lab sets the hosts' veths to
+segments of one MTU (``gso_max_size``).
 
-Run: ``python -m tests.lab.bridge --a IFNAME --b IFNAME --rate BPS --delay S ...``
-(in the bridge's namespace; it writes counters as JSON to ``--stats``).
+Run: ``python -m tests.lab.bridge --a IFNAME --b IFNAME [--c IFNAME] --rate BPS --delay S ...``
+(in the bridge's namespace; it writes counters as JSON to ``--stats``: bytes
+and packets per direction, ``ab`` from side a to side b and so on).
 """
 
 import argparse
@@ -31,32 +36,38 @@ PACKET_OUTGOING = 4
 
 
 class Side:
-    """One of the bridge's two interfaces: frames in, frames out."""
+    """One of the bridge's interfaces: frames in, frames out."""
 
-    def __init__(self, ifname):
+    def __init__(self, ifname, letter):
+        self.letter = letter
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         self.sock.bind((ifname, 0))
         self.queue = []  # (departure, seq, frame) heap of frames to send out of this side
         self.cond = threading.Condition()
 
 
-def forward(source, dest, direction, air, stats, stop, seq):
-    """Frames arriving on ``source`` go into ``dest``'s queue, shaped."""
+def forward(source, sides, hosts, air, stats, stop, seq):
+    """Frames arriving on ``source`` go into the queue of the side their
+    destination was seen on (``hosts``: {MAC: side}), or of every other side, shaped."""
     while not stop.is_set():
         try:
             frame, address = source.sock.recvfrom(1 << 16)
         except OSError:
             return
-        if address[2] == PACKET_OUTGOING:
+        if address[2] == PACKET_OUTGOING or len(frame) < 14:
             continue  # our own send on this side
-        if air.lost():
-            stats.add(lost=1)
-            continue
-        leaves = air.transmit(direction, len(frame)) + air.latency()
-        with dest.cond:
-            heapq.heappush(dest.queue, (leaves, next(seq), frame))
-            dest.cond.notify()
-        stats.add(**{f"bytes_{direction}": len(frame), f"packets_{direction}": 1})
+        hosts[frame[6:12]] = source
+        known = hosts.get(frame[0:6])
+        for dest in [known] if known is not None and known is not source else [s for s in sides if s is not source]:
+            direction = source.letter + dest.letter
+            if air.lost():
+                stats.add(lost=1)
+                continue
+            leaves = air.transmit(direction, len(frame)) + air.latency()
+            with dest.cond:
+                heapq.heappush(dest.queue, (leaves, next(seq), frame))
+                dest.cond.notify()
+            stats.add(**{f"bytes_{direction}": len(frame), f"packets_{direction}": 1})
 
 
 def send(side, stop):
@@ -83,6 +94,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", required=True)
     ap.add_argument("--b", required=True)
+    ap.add_argument("--c", default="", help="a third host's side")
     ap.add_argument("--rate", type=int, default=0, help="bit/s, 0 = unlimited")
     ap.add_argument("--delay", type=float, default=0.0, help="one-way seconds")
     ap.add_argument("--jitter", type=float, default=0.0)
@@ -93,14 +105,14 @@ def main(argv=None):
     random.seed(args.seed)
     air = Air(Shape(args.rate, args.delay, args.jitter, args.loss, 9000))
     stats, stop = Stats(args.stats), threading.Event()
-    a, b = Side(args.a), Side(args.b)
+    sides = [Side(ifname, letter) for ifname, letter in ((args.a, "a"), (args.b, "b"), (args.c, "c")) if ifname]
+    hosts = {}
     seq = iter(range(1 << 62))
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threads = [threading.Thread(target=forward, args=(a, b, "ab", air, stats, stop, seq), daemon=True),
-               threading.Thread(target=forward, args=(b, a, "ba", air, stats, stop, seq), daemon=True),
-               threading.Thread(target=send, args=(a, stop), daemon=True),
-               threading.Thread(target=send, args=(b, stop), daemon=True),
-               threading.Thread(target=stats.writer, args=(stop,), daemon=True)]
+    threads = [threading.Thread(target=forward, args=(side, sides, hosts, air, stats, stop, seq), daemon=True)
+               for side in sides]
+    threads += [threading.Thread(target=send, args=(side, stop), daemon=True) for side in sides]
+    threads.append(threading.Thread(target=stats.writer, args=(stop,), daemon=True))
     for t in threads:
         t.start()
     print("ready", flush=True)

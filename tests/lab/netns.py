@@ -3,8 +3,8 @@
 Every namespace and address the lab uses is made here and removed by
 ``Namespaces.close()``; names carry the process id and a random part, so
 concurrent runs never clash. Addresses come from LAB_NET, a private /24 that
-exists only inside these namespaces (each veth pair gets a /30 of it; the
-same addresses in another run's namespaces are separate networks).
+exists only inside these namespaces (each veth pair or bridged link gets a
+/29 of it; the same addresses in another run's namespaces are separate networks).
 """
 
 import ipaddress
@@ -60,7 +60,7 @@ class Namespaces:
     def __init__(self):
         self.prefix = f"rglab{os.getpid():x}{secrets.token_hex(2)}"
         self.names = []
-        self._subnets = LAB_NET.subnets(new_prefix=30)
+        self._subnets = LAB_NET.subnets(new_prefix=29)
 
     def add(self, role):
         """A new namespace for ``role`` with its loopback up; returns its name."""
@@ -82,17 +82,19 @@ class Namespaces:
             _ip("-n", ns, "link", "set", ifname, "up")
         return addr_a, addr_b
 
-    def bridged(self, a, b, bridge_ns):
-        """Namespaces ``a`` and ``b`` on one subnet through ``bridge_ns`` (where
-        tests/lab/bridge.py forwards frames between its two veths): returns
-        (address in a, address in b, the bridge's interface to a, to b). The
-        hosts' veths send segments of one MTU with their checksums filled in
-        (no offloaded large segments or checksums: ethtool), so every frame the
-        bridge sees is one the link would carry."""
+    def bridged(self, hosts, bridge_ns):
+        """Namespaces ``hosts`` (two to six) on one subnet through ``bridge_ns``
+        (where tests/lab/bridge.py forwards frames between its veths): returns
+        (each host's address, the bridge's interface to each host), in the
+        order of ``hosts``. The hosts' veths send segments of one MTU with their
+        checksums filled in (no offloaded large segments or checksums: ethtool),
+        so every frame the bridge sees is one the link would carry."""
         net = next(self._subnets)
-        addr_a, addr_b = (str(h) for h in list(net.hosts())[:2])
+        addresses = [str(h) for h in list(net.hosts())[:len(hosts)]]
+        if len(addresses) < len(hosts):
+            raise ValueError(f"a bridged link holds {len(addresses)} hosts at most")
         ends = []
-        for host, addr in ((a, addr_a), (b, addr_b)):
+        for host, addr in zip(hosts, addresses):
             host_if, bridge_if = f"br{self.names.index(bridge_ns)}", f"to{self.names.index(host)}"
             _ip("link", "add", host_if, "netns", host, "type", "veth", "peer", "name", bridge_if, "netns", bridge_ns)
             _ip("-n", host, "addr", "add", f"{addr}/{net.prefixlen}", "dev", host_if)
@@ -100,7 +102,7 @@ class Namespaces:
                 _ethtool(ns, ifname)
                 _ip("-n", ns, "link", "set", ifname, "up")
             ends.append(bridge_if)
-        return addr_a, addr_b, ends[0], ends[1]
+        return addresses, ends
 
     def argv(self, ns, argv):
         """``argv`` run inside namespace ``ns`` (``ip netns exec`` execs it, so

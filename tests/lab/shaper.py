@@ -104,7 +104,7 @@ class Stats:
     def add(self, **counts):
         with self._lock:
             for key, value in counts.items():
-                self.counts[key] += value
+                self.counts[key] = self.counts.get(key, 0) + value
         self._dirty.set()
 
     def writer(self, stop):
