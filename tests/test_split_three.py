@@ -6,7 +6,7 @@ the GGUF and lends 200 MiB, s3-b, s3-c and s3-d lend 120 each: s3-a with one
 other falls short, with any two of them holds the model, so a plan takes
 s3-a and two of the others, and when one of its workers dies the two towers
 left and the third lender make the next plan. RPC goes over the data plane
-(127.0.0.1); the client runs in its own process (tests/split_client.py) as
+(127.0.0.1); the client runs in its own process (tests/client_process.py) as
 in test_split.py. s3-a also holds a twin of the model under another alias,
 whose split it would run with a draft (``draft = "split3-draft"``, the
 model's first block: too large to be the model's own draft, which is at
