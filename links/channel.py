@@ -136,6 +136,25 @@ class ChannelRouter:
         handler(message)
         return True
 
+    def describe(self) -> str:
+        """This Channel's sequence state, for a log line when traffic stops: the next
+        sequence it waits for and those it holds out of order (receive side); the
+        envelopes not yet acknowledged, each with its sequence, tries and whether its
+        packet has a receipt (send side); and the window. Reads rns 0.9.4's private
+        fields (no public view exists)."""
+        channel = self.channel
+        try:
+            with channel._lock:
+                held = [e.sequence for e in channel._rx_ring]
+                sent = [(e.sequence, e.tries, bool(e.packet is not None and getattr(e.packet, "receipt", None)))
+                        for e in channel._tx_ring]
+                return (f"rx next {channel._next_rx_sequence} held {held[:8]}{'...' if len(held) > 8 else ''}; "
+                        f"tx next {channel._next_sequence} unacknowledged (seq, tries, receipt) {sent[:8]}"
+                        f"{'...' if len(sent) > 8 else ''}; window {channel.window}/{channel.window_max}; "
+                        f"link status {self.link.status}")
+        except AttributeError as e:  # another RNS release
+            return f"channel state unreadable: {e}"
+
     def link_usable(self) -> bool:
         """False once the Link is closed or the interface it runs on went away.
 

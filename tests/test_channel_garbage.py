@@ -72,3 +72,22 @@ def test_the_tower_still_serves_everyone(hub, tower, conn):
     with pytest.raises(WireError) as e:
         list(conn.fetch(m.blob_id, m, [0]))
     assert e.value.code == Code.NOT_ALLOWED
+
+
+def test_a_sequence_gap_shows_in_the_channel_description(conn):
+    """What a stalled tunnel logs (ChannelRouter.describe): a message held out of order
+    while an earlier sequence is missing, then nothing held once the gap fills."""
+    conn.ensure_link()
+    router = conn.router
+    got = []
+    router.on(StreamCancel, lambda message: got.append(message.stream_id))
+    expected = router.channel._next_rx_sequence
+
+    def arrive(sequence, stream_id):  # as Link.receive hands a decrypted Channel packet over
+        payload = StreamCancel(stream_id).pack()
+        router.channel._receive(struct.pack(">HHH", StreamCancel.MSGTYPE, sequence, len(payload)) + payload)
+
+    arrive(expected + 1, 2)
+    assert got == [] and f"rx next {expected} held [{expected + 1}]" in router.describe(), router.describe()
+    arrive(expected, 1)
+    assert got == [1, 2] and f"rx next {expected + 2} held []" in router.describe(), router.describe()

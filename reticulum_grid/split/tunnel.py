@@ -55,6 +55,8 @@ LINK_POLL_S = 0.5
 MAX_TUNNELS = 16
 #: How often a worker with open tunnels asks the coordinator's tower to acknowledge (seconds, or 4 RTTs if longer).
 KEEPALIVE_S = 5.0
+#: A tunnel that closes after this many seconds without a byte logs its Channel's state.
+QUIET_LOG_S = 20.0
 
 
 class _Pipe:
@@ -119,6 +121,10 @@ class _Pipe:
         self.closed.set()
         log.info("tunnel %d closed: %s (%d bytes out, %d in on this link)", self.tunnel_id, reason,
                  self.tunnels.sent_bytes, self.tunnels.received_bytes)
+        quiet_s = time.monotonic() - (self.tunnels.last_active or time.monotonic())
+        if quiet_s >= QUIET_LOG_S:  # RPC is request and reply: a tunnel this quiet waited on a lost message
+            log.warning("tunnel %d was quiet for %.0f s before it closed; channel: %s", self.tunnel_id, quiet_s,
+                        self.tunnels.router.describe())
         self.outbox.put(None)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
