@@ -17,15 +17,23 @@ Figures are as the caller sees them:
 Medians over the runs are printed with their ranges; the last line is
 ``stream_ratio=<grid tokens/s / runner tokens/s>`` (the median of the per-pair ratios).
 Goal: ratio >= 0.98 and added TTFT <= 15 ms.
+
+Where a shortfall comes from: each side's engine reports its own decode time
+(llama.cpp's ``predicted_ms``; the grid's end usage carries the tower's as
+``decode_s``), so the ratio splits into ``transport`` (what the caller saw over
+what its engine produced: the link's own cost) and ``engine`` (the tower's
+llama-server rate over the runner's: the CPU a tower's own work takes from its
+engine on a machine with few cores), each the median of the per-pair ratios.
 """
 
 import argparse
+import statistics
 import tempfile
 import threading
 from pathlib import Path
 
-from bench.common import grid_run, report_pairs, time_stream, with_end
-from reticulum_grid.client import Grid
+from bench.common import report_pairs, time_stream, with_end
+from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference import generation, request as inference_request
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.inference.registry import MAX_AUTO_SLOTS
@@ -38,13 +46,38 @@ PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
 
 
 def runner_run(runner, prompt, max_tokens):
-    """One request straight to the runner, streamed: (TTFT s, tokens/s)."""
+    """One request straight to the runner, streamed: (TTFT s, tokens/s, the engine's own tokens/s)."""
     request = inference_request.parse({"model": "m", "prompt": prompt, "max_tokens": max_tokens,
                                        "temperature": 0.0, "stream_id": 0})
     result = generation.Generation()
     pieces = generation.generate(runner, request, threading.Event(), result)
-    return time_stream(with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
-                       max_tokens, "runner")[:2]
+    ttft, rate, usage = time_stream(with_end(pieces, result), lambda p: isinstance(p, generation.Piece) and bool(p.data),
+                                    max_tokens, "runner")
+    return ttft, rate, engine_rate(usage)
+
+
+def grid_side(grid, prompt, max_tokens):
+    """One request through the tower: (TTFT s, tokens/s, its engine's own tokens/s)."""
+    pieces = grid.execute("ai/inference", {"model": DEFAULT_ALIAS, "prompt": prompt, "max_tokens": max_tokens,
+                                           "temperature": 0.0})
+    ttft, rate, usage = time_stream(pieces, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "grid")
+    return ttft, rate, engine_rate(usage)
+
+
+def engine_rate(usage):
+    """llama.cpp's own decode rate: the tokens after the first over its ``decode_s``."""
+    if not usage.decode_s:
+        raise RuntimeError("the engine reported no decode time")
+    return (usage.completion_tokens - 1) / usage.decode_s
+
+
+def report_sources(local, remote):
+    """The per-pair medians of transport (grid's rate over its engine's) and engine (the tower's
+    engine over the runner's)."""
+    transport = statistics.median(r[1] / r[2] for r in remote)
+    engine = statistics.median(r[2] / l[2] for l, r in zip(local, remote))
+    print(f"where it goes: transport={transport:.3f} (grid tokens/s over its tower's engine) "
+          f"engine={engine:.3f} (the tower's llama-server over the runner alone)")
 
 
 def main():
@@ -64,17 +97,19 @@ def main():
             runner.start()
             grid = Grid(home=home, connect=[tower.address])
             grid.route(DEFAULT_ALIAS, timeout=120)
-            runner_run(runner, PROMPT.format(k=1), 8), grid_run(grid, PROMPT.format(k=2), 8, DEFAULT_ALIAS)  # warm up
+            runner_run(runner, PROMPT.format(k=1), 8), grid_side(grid, PROMPT.format(k=2), 8)  # warm up
             local, remote = [], []
             for k in range(args.runs):
                 prompt = PROMPT.format(k=100 + 137 * k)  # differs from the first digit on
                 if k % 2:
-                    remote.append(grid_run(grid, prompt, args.max_tokens, DEFAULT_ALIAS))
+                    remote.append(grid_side(grid, prompt, args.max_tokens))
                     local.append(runner_run(runner, prompt, args.max_tokens))
                 else:
                     local.append(runner_run(runner, prompt, args.max_tokens))
-                    remote.append(grid_run(grid, prompt, args.max_tokens, DEFAULT_ALIAS))
-            report_pairs(local, remote, ("runner", "grid"), "stream_ratio", args, DEFAULT_ALIAS)
+                    remote.append(grid_side(grid, prompt, args.max_tokens))
+            report_sources(local, remote)
+            report_pairs([r[:2] for r in local], [r[:2] for r in remote], ("runner", "grid"), "stream_ratio", args,
+                         DEFAULT_ALIAS)
             grid.close()
         finally:
             runner.close()
