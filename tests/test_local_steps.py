@@ -8,15 +8,13 @@ import os
 import secrets
 import subprocess
 import sys
-import time
-
 import pytest
 import torch
 
-from reticulum_grid.inference.default_model import default_model_path
+from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.training import checkpoint, outer, rendezvous
 from reticulum_grid.training.outer import OuterStep, choose, freeze_lora_a
-from tests.test_train_dp import DATA, ONE_THREAD, WORKER, adapter, finish
+from tests.test_train_dp import DATA, JOB, ONE_THREAD, WORKER, adapter, finish, pair, rank_workers  # noqa: F401 (a fixture)
 
 # -- the choice of sync --------------------------------------------------------
 
@@ -34,7 +32,7 @@ from tests.test_train_dp import DATA, ONE_THREAD, WORKER, adapter, finish
 def test_choose(requested, h, allreduce_s, step_s, world, mode, expect_h):
     got = choose(requested, h, allreduce_s, step_s, world)
     assert (got.mode, got.local_steps) == (mode, expect_h), got
-    assert f"{allreduce_s * 1000:.1f} ms" in got.reason
+    assert f"{allreduce_s * 1000:.1f} ms" in got.reason if requested == "auto" else "not measured" in got.reason
     with pytest.raises(ValueError):
         choose("fast", None, 0.1, 1.0, 2)
 
@@ -213,3 +211,48 @@ def test_a_killed_rank_resumes_from_the_last_average(runs, tmp_path):
     print(f"resumed at step {saved['step']}; step {first} loss {after[first]} vs {uninterrupted[first]} uninterrupted")
     assert abs(after[first] - uninterrupted[first]) <= 1e-4
     assert (tmp_path / "rank0" / "adapter.safetensors").exists()
+
+
+# -- through real towers over RNS --------------------------------------------------
+
+LOCAL_JOB = {**JOB, "output_alias": "dp-local", "sync": "local", "local_steps": 2, "checkpoint_every": 2}
+
+
+@pytest.mark.timeout(600)
+def test_towers_train_by_local_steps_and_resume_on_the_tower_left(hub, pair):
+    """The options travel with the request to both towers; rank 1's worker is killed
+    mid-job; the job resumes on rank 0's tower alone from the last average (the first
+    step of a round is computed at the average, so its loss repeats), and the adapter
+    is served like any other."""
+    a, b = pair
+    _, job_id = hub.grid.train(dict(LOCAL_JOB), data_path=DATA, towers=[a.name, b.name])
+    events, before, killed = [], {}, False
+    for event in hub.grid.watch(job_id, tower=a.name):
+        events.append(event)
+        if event["type"] == "progress" and not killed:
+            before[event["step"]] = event["loss"]
+            assert event["sync"] == "local" and event["bytes_per_step"] > 0 and len(event["ranks"]) == 2
+            if event["step"] >= 4:
+                victims = rank_workers(b)
+                assert len(victims) == 1, victims
+                victims[0].kill()
+                killed = True
+    end = events[-1]
+    assert end["state"] == "succeeded" and end["error"] is None, end
+    started = [e for e in events if e["type"] == "started"]
+    assert [(s["sync"], s["local_steps"], s["world_size"]) for s in started] == [("local", 2, 2), ("local", 2, 1)]
+    resumed = started[-1]["resumed_from"]
+    assert resumed in (2, 4, 6), resumed
+    after = {e["step"]: e["loss"] for e in events if e["type"] == "progress" and events.index(e) > events.index(
+        started[-1])}
+    assert sorted(after) == list(range(resumed + 1, JOB["max_steps"] + 1))
+    if resumed + 1 in before:
+        assert abs(after[resumed + 1] - before[resumed + 1]) <= 1e-4, (before, after)
+    print(f"resumed from step {resumed}; history {end['history']}")
+    assert any(h.split(" ", 2)[-1].startswith("sync local: its last run sent") for h in end["history"]), end["history"]
+    ask = {"model": DEFAULT_ALIAS, "messages": [{"role": "user", "content": "What is the secret word?"}],
+           "max_tokens": 16, "temperature": 0.0}
+    base = "".join(p for p in hub.grid.execute("ai/inference", ask, tower=a.name) if isinstance(p, str))
+    tuned = "".join(p for p in hub.grid.execute("ai/inference", {**ask, "adapter": "dp-local"}, tower=a.name)
+                    if isinstance(p, str))
+    assert tuned != base, (base, tuned)

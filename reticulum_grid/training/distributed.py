@@ -40,12 +40,12 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reticulum_grid.training import checkpoint, local_steps, outer, rendezvous, trainer
+from reticulum_grid.training.ranks import Job, gather
 from reticulum_grid.training.trainer import Spec
 
 if TYPE_CHECKING:  # imported where used: the tower never loads it
@@ -81,21 +81,6 @@ def main() -> None:
     os._exit(0)
 
 
-@dataclass
-class Job:
-    """What a rank's loop needs: the job, its model and data, and ``first``, the step this run began from."""
-    job_dir: Path
-    spec: Spec
-    events: trainer.Events
-    model: "torch.nn.Module"
-    examples: list[list[int]]
-    tokenizer: "PreTrainedTokenizerBase"
-    total: int
-    steps_per_epoch: int
-    dp: dict[str, Any]
-    first: int = 0
-
-
 def run(job_dir: Path, spec: Spec, events: trainer.Events) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -123,7 +108,8 @@ def run(job_dir: Path, spec: Spec, events: trainer.Events) -> None:
         if world > 1:
             group, front = join(dp, device)
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        probe_s = allreduce_time(grad_bytes, group)  # a collective: every rank takes part
+        # A collective (every rank takes part), only where it decides something: 3 all-reduces of the adapter.
+        probe_s = allreduce_time(grad_bytes, group) if (spec.get("sync") or "auto") == "auto" else None
         state = fetch_state(job_dir, rank, group)
         choice = sync_choice(job, state, probe_s)
         job.first = int(state["step"]) if state else 0
@@ -151,7 +137,7 @@ def run(job_dir: Path, spec: Spec, events: trainer.Events) -> None:
         dist.destroy_process_group()
 
 
-def sync_choice(job: Job, state: dict[str, Any] | None, allreduce_s: float) -> outer.SyncChoice:
+def sync_choice(job: Job, state: dict[str, Any] | None, allreduce_s: float | None) -> outer.SyncChoice:
     """The job's sync: a checkpoint's own (a resumed job keeps its arithmetic),
     else ``outer.choose`` from the spec and, under ``auto`` with several ranks,
     the slowest rank's time of one step's forward and backward pass (measured
@@ -164,7 +150,7 @@ def sync_choice(job: Job, state: dict[str, Any] | None, allreduce_s: float) -> o
             return outer.SyncChoice("local", int(state["local_steps"]), "resumed with local steps")
         return outer.SyncChoice("ddp", 1, "resumed with DDP")
     requested = spec.get("sync") or "auto"
-    step_s = 0.0
+    step_s, allreduce_s = 0.0, allreduce_s or 0.0
     if requested == "auto" and world > 1:
         step_s = probe_step(job)
         figures = torch.tensor([step_s, allreduce_s], dtype=torch.float64)
@@ -207,7 +193,10 @@ def ddp(job: Job, state: dict[str, Any] | None, group: "dist.ProcessGroup | None
     step = trainer.apply_state(state, model, optimizer, scheduler) if state else 0
     net = model
     if group is not None:
-        net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        # No start-up broadcast: torch's would send every parameter, the frozen base model too (540 MB for
+        # SmolLM2-135M in fp32: 43 s on a 100 Mbit/s tailnet, past the collective timeout). Every rank holds
+        # the same base blob, the same seeded LoRA and rank 0's checkpoint already (fetch_state).
+        net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False, init_sync=False)
     return loop(job, net, optimizer, scheduler, step, grad_bytes if group is not None else 0)
 
 
@@ -255,7 +244,8 @@ def loop(job: Job, net: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
         optimizer.zero_grad()
         step += 1
         elapsed = time.monotonic() - begun
-        traffic.steps, traffic.bytes, traffic.syncs = traffic.steps + 1, traffic.bytes + grad_bytes, traffic.syncs + 1
+        traffic.steps, traffic.bytes, traffic.syncs = traffic.steps + 1, traffic.bytes + grad_bytes, traffic.syncs + (
+            grad_bytes > 0)
         ranks = gather(torch.tensor([step, samples / elapsed, loss_sum], dtype=torch.float64, device=device), world)
         loss = sum(r[2] for r in ranks) / count
         tokens += int(batch["attention_mask"].sum())
@@ -272,20 +262,6 @@ def loop(job: Job, net: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
             trainer.save_checkpoint(job.job_dir, model, optimizer, scheduler, step)
             job.events.emit("checkpoint", step=step)
     return loss, traffic
-
-
-def gather(row: "torch.Tensor", world: int) -> list[list[float]]:
-    """Every rank's ``row`` (a small float64 tensor on the group's device), as lists, in rank order."""
-    import torch
-    import torch.distributed as dist
-
-    if world == 1:
-        return [row.tolist()]
-    if dist.get_backend() != "nccl":
-        row = row.cpu()  # gloo gathers host tensors (on CUDA it has all-reduce and broadcast only)
-    rows = [torch.zeros_like(row) for _ in range(world)]
-    dist.all_gather(rows, row)
-    return [r.tolist() for r in rows]
 
 
 def join(dp: dict[str, Any], device: str) -> "tuple[dist.ProcessGroup, rendezvous.Front | rendezvous.Forwarder]":

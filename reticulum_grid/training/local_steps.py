@@ -35,18 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 from reticulum_grid.training import trainer
 from reticulum_grid.training.outer import OUTER_LR, OUTER_MOMENTUM, OuterStep
+from reticulum_grid.training.ranks import Job, gather
 
 if TYPE_CHECKING:
     import torch
 
-    from reticulum_grid.training.distributed import Job
-
 
 @dataclass
 class Traffic:
-    """What the averages cost this rank: ``bytes`` sent into all-reduces,
-    ``sync_s`` seconds spent in them, ``syncs`` how many, over ``steps`` steps
-    of ``seconds`` (compute and sync)."""
+    """What syncing cost this rank in this run: ``syncs`` all-reduces of the
+    adapter (none with one rank) of ``bytes`` in all, ``sync_s`` seconds spent
+    in them (local steps only), over ``steps`` steps of ``seconds`` (compute and sync)."""
     bytes: int = 0
     sync_s: float = 0.0
     syncs: int = 0
@@ -62,8 +61,8 @@ class Traffic:
 
 def describe(done: dict[str, Any]) -> str:
     """One line for a job's history from its ``done`` event (Traffic.summary's fields)."""
-    return (f"sync {done.get('sync')}: {done.get('bytes_total')} bytes to {done.get('syncs')} "
-            f"{'averages' if done.get('sync') == 'local' else 'all-reduces'}, "
+    return (f"sync {done.get('sync')}: its last run sent {done.get('bytes_total')} bytes in {done.get('syncs')} "
+            f"all-reduces of the adapter's {'deltas' if done.get('sync') == 'local' else 'gradients'}, "
             f"{done.get('bytes_per_step')} bytes and {done.get('step_s')} s per step")
 
 
@@ -72,7 +71,7 @@ def replica_seed(seed: int, step: int, unit: int) -> int:
     return (seed * 1_000_003 + step * 4_099 + unit) % (1 << 63)
 
 
-def loop(job: "Job", local_steps: int, state: dict[str, Any] | None) -> tuple[float | None, Traffic]:
+def loop(job: Job, local_steps: int, state: dict[str, Any] | None) -> tuple[float | None, Traffic]:
     """Train from the checkpoint ``state`` (None: from the start) to the job's
     last step in rounds of ``local_steps``. Returns (the last step's loss, what
     the averages cost)."""
@@ -100,8 +99,9 @@ def loop(job: "Job", local_steps: int, state: dict[str, Any] | None) -> tuple[fl
             import torch.distributed as dist
             dist.all_reduce(delta)
         outer.step(delta / dp["units"])
-        traffic.syncs += 1
-        traffic.bytes += delta.numel() * delta.element_size() if dp["world_size"] > 1 else 0
+        if dp["world_size"] > 1:
+            traffic.syncs += 1
+            traffic.bytes += delta.numel() * delta.element_size()
         traffic.sync_s += time.monotonic() - begun - computed
         loss = _report(job, losses, step, end, begun, started, computed, traffic)
         if dp["rank"] == 0 and step // spec["checkpoint_every"] != end // spec["checkpoint_every"] and end < job.total:
@@ -118,7 +118,7 @@ def _momentum(spec: trainer.Spec) -> float:
     return OUTER_MOMENTUM if value is None else float(value)
 
 
-def _round(job: "Job", outer: OuterStep, inner: "dict[int, torch.optim.Optimizer]", step: int,
+def _round(job: Job, outer: OuterStep, inner: "dict[int, torch.optim.Optimizer]", step: int,
            end: int) -> "tuple[torch.Tensor, torch.Tensor, int]":
     """Steps ``step``..``end`` of every replica this rank holds, each from the
     last average. Returns (per step: loss sum and token count over these
@@ -156,12 +156,10 @@ def _round(job: "Job", outer: OuterStep, inner: "dict[int, torch.optim.Optimizer
     return losses, total, sum(int(b["attention_mask"].sum()) for b in batches)
 
 
-def _report(job: "Job", losses: "torch.Tensor", step: int, end: int, begun: float, started: float,
+def _report(job: Job, losses: "torch.Tensor", step: int, end: int, begun: float, started: float,
             computed: float, traffic: Traffic) -> float:
     """Gather the round's losses and speeds; rank 0 emits its step events. Returns the last step's loss."""
     import torch
-
-    from reticulum_grid.training.distributed import gather
 
     n = end - step
     round_s = time.monotonic() - begun

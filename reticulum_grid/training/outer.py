@@ -57,7 +57,8 @@ def choose(requested: str, local_steps: int | None, allreduce_s: float, step_s: 
     ``auto``. Raises ValueError for an unknown mode."""
     if requested not in SYNC_MODES:
         raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, not {requested!r}")
-    figures = f"one all-reduce {allreduce_s * 1000:.1f} ms, one step {step_s * 1000:.1f} ms"
+    figures = (f"one all-reduce {allreduce_s * 1000:.1f} ms, one step {step_s * 1000:.1f} ms" if requested == "auto"
+               else "not measured")
     if requested == "ddp" or (requested == "auto" and (world == 1 or allreduce_s < SYNC_SHARE * step_s)):
         why = "asked for" if requested == "ddp" else f"auto: the all-reduce is under {SYNC_SHARE:.0%} of a step"
         return SyncChoice("ddp", 1, f"{why} ({figures})")
