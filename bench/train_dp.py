@@ -28,7 +28,8 @@ needs root) it compares instead the job's two ways to sync on 2 ranks: DDP
 against local steps with H = 8 and H = 32 (training/outer.py), the same data,
 samples, seed and steps (``--steps``, default 32), each run once between two
 network namespaces joined by the lab's shaping bridge (tests/lab/bridge.py)
-with the profile's rate, delay, jitter and loss, and once on loopback. Bytes
+with the profile's rate, delay, jitter and loss, and once on loopback (a
+mode's two runs back to back, their order alternating between modes). Bytes
 moved are the bridge's counters (every frame both ways, headers and the
 job's start-up included); the workers' own count of the bytes they put into
 collectives is printed beside them. Wall time is the training's (the last

@@ -110,12 +110,11 @@ def compare(profile_name, steps, run, spec):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         with shaped_link(tmp, profile_name) as link:
-            for label, extra in MODES:
-                results[label, profile_name] = one(tmp, label, extra, steps, run, link)
-                print(f"{label} over {profile_name}: done", flush=True)
-        for label, extra in MODES:
-            results[label, "loopback"] = one(tmp, label, extra, steps, run)
-            print(f"{label} over loopback: done", flush=True)
+            # Each mode's two runs back to back, their order alternating: the machine's load drifts.
+            for k, (label, extra) in enumerate(MODES):
+                for where in ((profile_name, "loopback") if k % 2 == 0 else ("loopback", profile_name)):
+                    results[label, where] = one(tmp, label, extra, steps, run, link if where != "loopback" else None)
+                    print(f"{label} over {where}: done", flush=True)
         losses = dict(zip(results, final_loss([r[2] for r in results.values()], spec)))
     report(results, losses, profile_name, steps)
 
@@ -129,13 +128,14 @@ def report(results, losses, profile_name, steps):
 
     ddp_link = results["ddp", profile_name][1]
     print(f"2 ranks, {steps} steps, the same data, samples and seed; link {profile_name} (lab bridge) and loopback")
-    print(f"{'mode':<11} {'link MiB':>9} {'payload MiB':>11} {'syncs':>5} {'wall s ' + profile_name:>14} "
+    print(f"{'mode':<11} {'link MiB':>9} {'payload MiB':>11} {'syncs':>5} {'sync s':>7} {'wall s ' + profile_name:>14} "
           f"{'wall s loop':>11} {'link/loop':>9} {'final loss':>10}")
     for label, _ in MODES:
         events, moved, _ = results[label, profile_name]
         loop_events = results[label, "loopback"][0]
         d = done(events)
-        print(f"{label:<11} {moved / 2**20:>9.2f} {d['bytes_total'] / 2**20:>11.2f} {d['syncs']:>5} "
+        sync_s = f"{d['sync_s']:.1f}" if label != "ddp" else "-"  # DDP's all-reduces overlap its backward pass
+        print(f"{label:<11} {moved / 2**20:>9.2f} {d['bytes_total'] / 2**20:>11.2f} {d['syncs']:>5} {sync_s:>7} "
               f"{wall(events):>14.1f} {wall(loop_events):>11.1f} {wall(events) / wall(loop_events):>9.2f} "
               f"{losses[label, profile_name]:>10.4f}")
     for label in ("local H=8", "local H=32"):
