@@ -14,7 +14,7 @@ import torch
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.training import checkpoint, outer, rendezvous
 from reticulum_grid.training.outer import OuterStep, choose, freeze_lora_a
-from tests.test_train_dp import DATA, JOB, ONE_THREAD, WORKER, adapter, finish, pair, rank_workers  # noqa: F401 (a fixture)
+from tests.test_train_dp import DATA, JOB, ONE_THREAD, WORKER, adapter, finish, rank_workers, start_pair
 
 # -- the choice of sync --------------------------------------------------------
 
@@ -216,6 +216,13 @@ def test_a_killed_rank_resumes_from_the_last_average(runs, tmp_path):
 # -- through real towers over RNS --------------------------------------------------
 
 LOCAL_JOB = {**JOB, "output_alias": "dp-local", "sync": "local", "local_steps": 2, "checkpoint_every": 2}
+
+
+@pytest.fixture(scope="module")
+def pair(hub):
+    a, b = start_pair(hub, "ls")
+    yield a, b
+    hub.stop_towers([a, b])
 
 
 @pytest.mark.timeout(600)

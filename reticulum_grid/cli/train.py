@@ -41,10 +41,12 @@ if TYPE_CHECKING:  # imported where used: a command that needs no grid never loa
 @click.option("--sync", type=click.Choice(["auto", "ddp", "local"]), default="auto", show_default=True,
               help="With --towers: all-reduce every step (ddp), local steps with rare averages (local), "
                    "or pick by the towers' measured link (auto).")
-@click.option("--local-steps", default=None, type=click.IntRange(1), help="Steps between averages (default: by the link).")
+@click.option("--local-steps", default=None, type=click.IntRange(1),
+              help="Steps between averages (default: by the link).")
 @click.option("--outer-lr", default=0.7, show_default=True, help="Outer learning rate of local steps (DiLoCo's).")
 @click.option("--outer-momentum", default=0.9, show_default=True, help="Outer Nesterov momentum of local steps.")
-@click.option("--freeze-a", is_flag=True, default=None, help="Train only LoRA's B matrices: exact averages, half the bytes.")
+@click.option("--freeze-a", is_flag=True, default=None,
+              help="Train only LoRA's B matrices: exact averages, half the bytes.")
 @click.option("--notify", default=None, help="LXMF address for the result (default: this identity's).")
 @click.option("--detach", is_flag=True, help="Print the job id and return instead of watching.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")

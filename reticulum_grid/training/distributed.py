@@ -18,15 +18,22 @@ global batch); rank r computes units ``r, r+N, ...``, accumulating gradients,
 and DDP all-reduces them over the PEFT model once per step. The loss is the sum
 over the global batch's tokens divided by their count, so the gradient is the
 same whatever N is, and with M fixed the arithmetic is the same too: a job
-resumed on fewer ranks, or run on one, follows the same trajectory.
+resumed on fewer ranks, or run on one, follows the same trajectory. That is
+the spec's ``sync`` "ddp"; with "local" the M units are replicas that take
+local steps and average rarely (training/local_steps.py); "auto" (the
+default) picks one before training from the measured link (sync_choice,
+outer.choose). A resumed job keeps the sync its checkpoint was written with.
 
 Rank 0 owns the job: it reads the checkpoint and sends it to the others
 (checkpoint.py bytes in a tensor: nothing a peer sends is unpickled),
 writes checkpoints and the adapter, and emits the job's events: ``started``
-(world_size, units, grad_bytes: the LoRA gradient bytes all-reduced per step,
-allreduce_s: one such all-reduce, timed before training), ``step`` (as
-trainer.py's, plus ``ranks``: every rank's step and samples/s), ``checkpoint``,
-``done`` (plus ``store_front``: connections admitted and refused) or ``error``. Tensors travel over
+(world_size, units, grad_bytes: the trainable LoRA bytes, all-reduced per
+step by DDP and per average by local steps, allreduce_s: one such all-reduce,
+timed before training under ``auto``, else None; sync, local_steps,
+sync_reason, freeze_a), ``step`` (as trainer.py's, plus ``ranks``: every
+rank's step and samples/s, ``sync``, ``bytes_per_step``, ``step_s``),
+``checkpoint``, ``done`` (plus ``store_front``: connections admitted and
+refused, and local_steps.Traffic.summary's fields) or ``error``. Tensors travel over
 gloo (CPU) or NCCL (CUDA) bound to the data-plane interface; the store behind
 rendezvous.py's authenticating front. A collective that does not complete
 within ``COLLECTIVE_TIMEOUT_S`` (a rank died or was cut off) ends every rank
@@ -172,7 +179,8 @@ def probe_step(job: Job) -> float:
     for unit in range(job.dp["rank"], units, job.dp["world_size"]):
         rows = slice(unit, spec["batch_size"], units)
         out = job.model(input_ids=batch["input_ids"][rows].to(device),
-                        attention_mask=batch["attention_mask"][rows].to(device), labels=batch["labels"][rows].to(device))
+                        attention_mask=batch["attention_mask"][rows].to(device),
+                        labels=batch["labels"][rows].to(device))
         out.loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -254,10 +262,11 @@ def loop(job: Job, net: "torch.nn.Module", optimizer: "torch.optim.Optimizer",
             continue
         so_far = time.monotonic() - started
         job.events.emit("step", step=step, total_steps=total, loss=round(loss, 5),
-                    lr=scheduler.get_last_lr()[0], tokens_per_s=round(tokens / so_far, 1),
-                    eta_s=round((total - step) * so_far / (step - first), 1), elapsed_s=round(so_far, 4),
-                    bytes_per_step=grad_bytes, step_s=round(elapsed, 5), sync="ddp", ranks=[{"rank": r, "step": int(s), "samples_per_s": round(v, 2)} for r, (s, v, _) in
-                           enumerate(ranks)])
+                        lr=scheduler.get_last_lr()[0], tokens_per_s=round(tokens / so_far, 1),
+                        eta_s=round((total - step) * so_far / (step - first), 1), elapsed_s=round(so_far, 4),
+                        bytes_per_step=grad_bytes, step_s=round(elapsed, 5), sync="ddp",
+                        ranks=[{"rank": r, "step": int(s), "samples_per_s": round(v, 2)} for r, (s, v, _) in
+                               enumerate(ranks)])
         if step % spec["checkpoint_every"] == 0 and step < total:
             trainer.save_checkpoint(job.job_dir, model, optimizer, scheduler, step)
             job.events.emit("checkpoint", step=step)

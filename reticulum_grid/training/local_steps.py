@@ -106,8 +106,8 @@ def loop(job: Job, local_steps: int, state: dict[str, Any] | None) -> tuple[floa
         loss = _report(job, losses, step, end, begun, started, computed, traffic)
         if dp["rank"] == 0 and step // spec["checkpoint_every"] != end // spec["checkpoint_every"] and end < job.total:
             from reticulum_grid.training import checkpoint
-            checkpoint.save(job.job_dir / trainer.CHECKPOINT, {"outer": outer.state(), "step": end,
-                                                               "local_steps": local_steps, "rng": torch.get_rng_state()})
+            state = {"outer": outer.state(), "step": end, "local_steps": local_steps, "rng": torch.get_rng_state()}
+            checkpoint.save(job.job_dir / trainer.CHECKPOINT, state)
             job.events.emit("checkpoint", step=end)
         step = end
     return loss, traffic
@@ -181,7 +181,8 @@ def _report(job: Job, losses: "torch.Tensor", step: int, end: int, begun: float,
         done = step + i + 1
         job.events.emit("step", step=done, total_steps=job.total, loss=round(loss, 5),
                         lr=job.spec["learning_rate"] * max(0.0, 1 - done / job.total),
-                        tokens_per_s=round(traffic.tokens / (time.monotonic() - started), 1), eta_s=round((job.total - done) * so_far / (done - job.first), 1),
+                        tokens_per_s=round(traffic.tokens / (time.monotonic() - started), 1),
+                        eta_s=round((job.total - done) * so_far / (done - job.first), 1),
                         elapsed_s=round(so_far, 4), bytes_per_step=round(traffic.bytes / traffic.steps, 1),
                         step_s=round(round_s / n, 5), sync="local",
                         ranks=[{"rank": r, "step": int(v[2 * n]), "samples_per_s": round(v[2 * n + 1], 2)}
