@@ -22,6 +22,21 @@ when DDP overlaps it fully. t1 on a GPU is estimated from FLOPs (6 x params x
 tokens per step) at an assumed sustained rate, stated in the output.
 
 Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>`` (median of the pairs).
+
+With ``--profile NAME`` (a link profile of the network lab, tests/lab/profiles.py;
+needs root) it compares instead the job's two ways to sync on 2 ranks: DDP
+against local steps with H = 8 and H = 32 (training/outer.py), the same data,
+samples, seed and steps (``--steps``, default 32), each run once between two
+network namespaces joined by the lab's shaping bridge (tests/lab/bridge.py)
+with the profile's rate, delay, jitter and loss, and once on loopback (a
+mode's two runs back to back, their order alternating between modes). Bytes
+moved are the bridge's counters (every frame both ways, headers and the
+job's start-up included); the workers' own count of the bytes they put into
+collectives is printed beside them. Wall time is the training's (the last
+step's ``elapsed_s``: model loading and joining excluded). Final loss is the
+mean token loss of each run's adapter over the whole dataset, computed here.
+Last lines: ``local_bytes_vs_ddp=`` (link bytes of local steps with H = 32 /
+DDP's) and ``local_loss_vs_ddp=`` (final loss of H = 32 / DDP's).
 """
 
 import argparse
@@ -53,18 +68,21 @@ THREADS = 1
 GPU_FLOPS = 100e12  # assumed sustained bf16 rate of one data-centre GPU on this small model
 
 
-def run(tmp, name, steps, dp):
-    """Events of each rank's worker for one job."""
+def run(tmp, name, steps, dp, extra=None, ranks=None):
+    """Events of each rank's worker for one job. ``extra``: spec keys to add;
+    ``ranks``: per rank, (dp keys to add, argv prefix: a namespace to run in)."""
     procs = []
     for rank in range(dp["world_size"]):
+        own, prefix = (ranks or {}).get(rank, ({}, []))
         job_dir = tmp / f"{name}-{rank}"
         job_dir.mkdir()
-        spec = {**SPEC, "max_steps": steps, "base_path": str(default_model_path()), "dataset_path": str(DATA),
-                "dp": {**dp, "rank": rank}}
+        spec = {**SPEC, **(extra or {}), "max_steps": steps, "base_path": str(default_model_path()),
+                "dataset_path": str(DATA), "dp": {**dp, **own, "rank": rank}}
         (job_dir / "spec.json").write_text(json.dumps(spec))
-        procs.append(subprocess.Popen([sys.executable, "-m", "reticulum_grid.training.distributed", str(job_dir)],
+        procs.append(subprocess.Popen(prefix + [sys.executable, "-m", "reticulum_grid.training.distributed",
+                                                str(job_dir)],
                                       stdout=subprocess.PIPE, stderr=open(job_dir / "worker.log", "wb"), text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": str(THREADS)}))
+                                      env={**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(ROOT)}))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     for p, name_ in zip(procs, range(len(procs))):
         if p.returncode != 0:
@@ -84,9 +102,14 @@ def spread(values, fmt=".3f"):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 32 with --profile)")
     parser.add_argument("--pairs", type=int, default=3, help="1-rank/2-rank pairs (their order alternates)")
+    parser.add_argument("--profile", default=None, help="compare DDP with local steps over this lab link profile")
     args = parser.parse_args()
+    if args.profile:
+        from bench.train_local import compare
+        return compare(args.profile, args.steps or 32, run, SPEC)
+    args.steps = args.steps or 12
     one_s, two_s, allreduce = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

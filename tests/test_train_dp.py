@@ -178,19 +178,26 @@ JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "dp-lora", "rank": 
 DATAPLANE = "127.0.0.1"
 
 
-@pytest.fixture(scope="module")
-def pair(hub):
+def start_pair(hub, prefix):
+    """Two towers ``PREFIX-a`` and ``PREFIX-b`` that train for the hub's client and enlist each other."""
     roles = ["infer", "sync", "train"]
+    names = f"{prefix}-a", f"{prefix}-b"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", ONE_THREAD["OMP_NUM_THREADS"])  # the towers' workers inherit it
         # Each enlists only towers it trusts as training peers: a names b, and b names a.
-        a = hub.start_tower("dp-a", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-b"): ["train-peer"]},
+        a = hub.start_tower(names[0], allow={hub.grid.identity_hash: roles, hub.tower_identity(names[1]): ["train-peer"]},
                             dataplane=DATAPLANE)
         # b also connects to a directly: the hub's RNS is no transport node, and a enlists b over a Link.
-        b = hub.start_tower("dp-b", allow={hub.grid.identity_hash: roles, hub.tower_identity("dp-a"): ["train-peer"]},
+        b = hub.start_tower(names[1], allow={hub.grid.identity_hash: roles, hub.tower_identity(names[0]): ["train-peer"]},
                             connect=[hub.address, a.address], dataplane=DATAPLANE)
     hub.wait_tower(a.name)
     hub.wait_tower(b.name)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def pair(hub):
+    a, b = start_pair(hub, "dp")
     yield a, b
     hub.stop_towers([a, b])
 

@@ -38,6 +38,15 @@ if TYPE_CHECKING:  # imported where used: a command that needs no grid never loa
 @click.option("--batch-size", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0))
 @click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--sync", type=click.Choice(["auto", "ddp", "local"]), default="auto", show_default=True,
+              help="With --towers: all-reduce every step (ddp), local steps with rare averages (local), "
+                   "or pick by the towers' measured link (auto).")
+@click.option("--local-steps", default=None, type=click.IntRange(1),
+              help="Steps between averages (default: by the link).")
+@click.option("--outer-lr", default=0.7, show_default=True, help="Outer learning rate of local steps (DiLoCo's).")
+@click.option("--outer-momentum", default=0.9, show_default=True, help="Outer Nesterov momentum of local steps.")
+@click.option("--freeze-a", is_flag=True, default=None,
+              help="Train only LoRA's B matrices: exact averages, half the bytes.")
 @click.option("--notify", default=None, help="LXMF address for the result (default: this identity's).")
 @click.option("--detach", is_flag=True, help="Print the job id and return instead of watching.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
@@ -140,6 +149,8 @@ def _watch(grid: "Grid", job_id: str, tower: str | None, as_json: bool) -> None:
                 if event.get("device"):
                     err.print(f"training on {event['device']}" + (
                         f" ({event.get('device_name')}, {event['precision']})" if event.get("precision") else ""))
+                if event.get("sync") and event.get("world_size", 1) > 1:
+                    err.print(_sync_line(event))
                 if event.get("truncated"):
                     err.print(f"{event['truncated']} of {event.get('examples')} examples are longer than --seq-len "
                               f"{event.get('seq_len')} tokens and are cut: what comes after is not learned",
@@ -148,7 +159,8 @@ def _watch(grid: "Grid", job_id: str, tower: str | None, as_json: bool) -> None:
                 ranks = "".join(f"  r{r['rank']}:{r['step']} {r['samples_per_s']:.1f}/s" for r in event.get("ranks", ()))
                 bar.update(task, completed=event["step"], total=event["total_steps"],
                            info=f"loss {event['loss']:.4f}  lr {event['lr']:.2e}  {event['tokens_per_s']:.0f} tok/s"
-                                + ranks)
+                                + (f"  {event['step_s']:.2f} s/step  {event['bytes_per_step'] / 2**20:.2f} MiB/step"
+                                   if event.get("step_s") is not None else "") + ranks)
             elif event["type"] == "note":
                 err.print(event["text"], style="yellow")
             if event["type"] == "end":
@@ -170,6 +182,15 @@ def _watch(grid: "Grid", job_id: str, tower: str | None, as_json: bool) -> None:
                      if end["state"] == "succeeded" else f": {end.get('error') or ''}"))
     if end and end["state"] != "succeeded":
         sys.exit(1)
+
+
+def _sync_line(event: dict[str, Any]) -> str:
+    """How a multi-tower job's towers sync, as `rngrid route` shows a choice: the choice, then why."""
+    what = "DDP (an all-reduce every step)" if event["sync"] == "ddp" else \
+        f"local steps, an average every {event['local_steps']} steps"
+    size = event.get("grad_bytes") or 0
+    return (f"sync over {event['world_size']} towers: {what}; {size / 2**20:.2f} MiB per sync"
+            f"{' (B only)' if event.get('freeze_a') else ''}\n  why: {visible(str(event.get('sync_reason', '')))}")
 
 
 @main.command()

@@ -71,7 +71,8 @@ JOIN = {
 }
 #: Spec keys a participant takes from the coordinator (paths are its own).
 PORTABLE = ("rank", "alpha", "dropout", "target_modules", "learning_rate", "epochs", "max_steps", "seq_len",
-            "batch_size", "seed", "checkpoint_every", "output_alias", "base_blob", "dataset_blob")
+            "batch_size", "seed", "checkpoint_every", "output_alias", "base_blob", "dataset_blob", "sync", "local_steps",
+            "outer_lr", "outer_momentum", "freeze_a")
 JOIN_TIMEOUT_S = 20.0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict, cast
 
 from links.wire import Code, WireError
-from reticulum_grid.training import trainer
+from reticulum_grid.training import local_steps, trainer
 
 log = logging.getLogger("rngrid.jobs")
 
@@ -339,6 +339,8 @@ class JobManager:
             log.exception("publishing job %s failed", job_id)
             self._finish(job_id, "failed", error=f"publishing the adapter failed: {e}")
             return
+        if done.get("sync"):  # a multi-tower job: what its syncs cost goes into its history
+            self._note(job_id, local_steps.describe(done))
         self._finish(job_id, "succeeded", final_loss=done.get("final_loss"), adapter_blob=adapter, peft_blob=peft)
 
     def _finish(self, job_id: str, state: str, **fields: Any) -> None:

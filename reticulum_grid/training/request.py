@@ -11,6 +11,10 @@ Request map (msgpack; ``TrainRequest.to_map`` / ``from_map``)::
      "notify": LXMF address (16 bytes or 32 hex) | None = the submitter's own address,
      "towers": [tower destination hash, 32 hex] = [] (more towers to train on with this one,
                data-parallel; this tower coordinates as rank 0; see training/distributed.py),
+     "sync": "auto" | "ddp" | "local" = "auto" (how towers sync; training/outer.py),
+     "local_steps": int | None (H, steps between averages in local mode; None: chosen by the link),
+     "outer_lr": float = 0.7, "outer_momentum": float = 0.9 (the outer Nesterov SGD of local mode),
+     "freeze_a": bool = False (train only LoRA's B: averages exactly, half the bytes),
      "modules_to_save": [] (refused: a GGUF LoRA cannot carry them), "use_dora": False (refused),
      "submit_id": int 0..2^63-1 (a random number the client picks, so a request it sends
                   again after a lost reply is told apart from a second job; see tower/replies.py)}
@@ -33,6 +37,7 @@ from typing import Any, Self
 from links.wire import Code, Field, WireError, in_range, max_len, validate
 from reticulum_grid.store.names import check_alias
 from reticulum_grid.training.datasets import DatasetError, read_examples
+from reticulum_grid.training.outer import OUTER_LR, OUTER_MOMENTUM, SYNC_MODES
 from reticulum_grid.store.gguf_info import LINEAR_TARGETS
 
 PEFT_SUFFIX = ".peft"
@@ -63,6 +68,12 @@ SCHEMA = {
     "towers": Field((list, tuple), default=(), check=lambda v: None if len(v) < MAX_TOWERS else
                     f"{len(v)} towers, at most {MAX_TOWERS - 1} beside the coordinator"),
     "submit_id": Field(int, check=in_range(0, (1 << 63) - 1)),
+    "sync": Field(str, default="auto", check=lambda v: None if v in SYNC_MODES else
+                  f"{v[:16]!r} is not one of {', '.join(SYNC_MODES)}"),
+    "local_steps": Field(int, check=in_range(1, 100_000)),
+    "outer_lr": Field(float, default=OUTER_LR, check=in_range(1e-4, 10.0)),
+    "outer_momentum": Field(float, default=OUTER_MOMENTUM, check=in_range(0.0, 0.999)),
+    "freeze_a": Field(bool, default=False),
 }
 
 
@@ -90,6 +101,11 @@ class TrainRequest:
     notify: bytes | None = None
     towers: tuple[str, ...] = ()
     submit_id: int | None = None
+    sync: str = "auto"
+    local_steps: int | None = None
+    outer_lr: float = OUTER_LR
+    outer_momentum: float = OUTER_MOMENTUM
+    freeze_a: bool = False
 
     def __post_init__(self) -> None:
         validate(self.to_map(), SCHEMA)

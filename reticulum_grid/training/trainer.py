@@ -225,11 +225,17 @@ def tokenize(examples: "list[Example]", tokenizer: "PreTrainedTokenizerBase",
 
 
 def add_lora(model: "torch.nn.Module", spec: Spec) -> "torch.nn.Module":
+    """``model`` with the spec's LoRA; with ``freeze_a`` only the B matrices train (outer.py: FFA-LoRA)."""
     from peft import LoraConfig, get_peft_model
+
+    from reticulum_grid.training.outer import freeze_lora_a
 
     config = LoraConfig(r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
                         target_modules=spec["target_modules"], task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    if spec.get("freeze_a"):
+        freeze_lora_a(model)
+    return model
 
 
 def make_batch(examples: list[list[int]], spec: Spec, step: int, steps_per_epoch: int, pad_id: int,
