@@ -87,9 +87,11 @@ def _print_strangers(rows: list[dict[str, Any]]) -> None:
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to keep waiting while every tower is busy: it asks again when a tower announces a "
                    "free slot or queue place or its retry hint has passed, and a last time at the end.")
-@click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never"]), default="auto",
-              show_default=True, help="Split the model over towers: when no one tower can hold it and the "
-              "estimate says it pays (auto), whenever towers are heard (always), or never.")
+@click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never", "pipeline", "experts", "tensor"]),
+              default="auto", show_default=True, help="Split the model over towers: when no one tower can hold it "
+              "and the estimate says it pays (auto), whenever towers are heard (always), never, or always with one "
+              "strategy: layers in order (pipeline), an MoE model's experts on the workers (experts), or every "
+              "layer across the towers (tensor).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
@@ -99,8 +101,11 @@ def infer(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
     """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
     if prompt == "-":
         prompt = sys.stdin.read()
+    from reticulum_grid.split.plan import STRATEGIES
     payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-               "split_policy": split_policy}
+               "split_policy": "always" if split_policy in STRATEGIES else split_policy}
+    if split_policy in STRATEGIES:
+        payload["placement"] = split_policy
     if adapter:
         payload.update(adapter=adapter, adapter_scale=adapter_scale)
     if raw:
