@@ -46,8 +46,18 @@ tenth of it (``split_lends``), so the worker holds a few layers; ``--threads N``
 sets llama.cpp's threads on every tower; ``--json FILE`` also writes the
 figures (``run`` returns them).
 
-Last lines: ``profile=<p> path=<path> split_vs_single=<split / single tokens/s>`` (median of
-the pairs), and with --draft ``split_draft_vs_single=``. Goal: split_vs_single >= 0.8 on loopback.
+``--strategy pipeline|experts|tensor`` plans the split with that strategy
+(split/plan.py STRATEGIES; llama.cpp's own side runs the same one). experts
+needs a mixture-of-experts model: without ``--model`` a Qwen3-MoE shape with
+8 experts and random weights is written on the spot (tests/tiny_models.py,
+~99 MiB, MOE_SHAPE) and both lenders lend MOE_LEND_MIB, which holds all but
+its experts on the coordinator. ``estimate_error`` is |estimated - measured| /
+measured of the split's tokens/s, the estimate being the one the client
+planned with for this request's shape (split/strategy.py).
+
+Last lines: ``profile=<p> path=<path> strategy=<s> split_vs_single=<split / single tokens/s>`` (median of
+the pairs; with --draft ``split_draft_vs_single=`` before it), then ``estimate_error=``. Goal:
+split_vs_single >= 0.8 on loopback for pipeline; estimate_error <= 0.3.
 """
 
 import argparse
@@ -79,6 +89,10 @@ LONG = "{k}. " + "The quick brown fox jumps over the lazy dog. " * 100 + "Count 
 LOADED = re.compile(r"split model loaded in ([0-9.]+) s over \d+ worker\(s\); (\d+) bytes crossed")
 #: The worker's share of a model's need when the coordinator lends just under it (see split_lends).
 WORKER_SHARE = 0.115
+#: The MoE model --strategy experts writes when given none (tests/tiny_models.write_tiny), and what each lender
+#: lends then (MiB): below its need (~243 MiB) with headroom, above all but its 48 MiB of experts with headroom.
+MOE_SHAPE = {"arch": "qwen3moe", "layers": 8, "dim": 128, "ff": 512, "heads": 4, "experts": 8}
+MOE_LEND_MIB = 230
 
 
 def split_lends(model, n_ctx=4096):
@@ -113,7 +127,7 @@ def measure(grid, args, alone=None):
     grid.wait_for(lambda entries: len(entries) >= 3, 120)
     grid.route(ALIAS, tower="single", timeout=120)
     grid.caps_full(grid.towers(), timeout=60)  # each tower reads the GGUF's metadata once
-    placement, entries = make_plan(grid, ALIAS)
+    placement, entries = make_plan(grid, ALIAS, strategy=args.strategy, shape=(len(PROMPT) // 4, args.max_tokens))
     with alone(placement) if alone else contextlib.nullcontext() as llama:
         return _pairs(grid, args, placement, entries, llama)
 
@@ -126,6 +140,8 @@ def _pairs(grid, args, placement, entries, llama):
         return timed(SplitStream(grid, payload(k, n, long, speculative), placement, entries), n)
 
     single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
+    # Planned again, with the link rates the coordinator measured while it loaded: the estimate to check.
+    estimated = make_plan(grid, ALIAS, strategy=args.strategy, shape=(len(PROMPT) // 4, args.max_tokens))[0]
     out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
     # With a draft the coordinator's llama-server speculates on every request: it has no per-request switch
     # (tools/server/server-schema.cpp leaves speculative.* out), so the split side is the drafted one.
@@ -134,11 +150,11 @@ def _pairs(grid, args, placement, entries, llama):
     sides += [("llama", lambda k, n=args.max_tokens, long=False: llama(k, n, long))] if llama else []
     pairs = {name: [] for name, _ in sides}
     for k in range(args.runs):
-        for name, run in (sides if k % 2 == 0 else sides[::-1]):
-            pairs[name].append(run(100 + 137 * k))
-    for name, runs in pairs.items():
-        out[f"{name}_tokens_per_s"] = statistics.median(r[1] for r in runs)
-        out[f"{name}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
+        for side, run in (sides if k % 2 == 0 else sides[::-1]):
+            pairs[side].append(run(100 + 137 * k))
+    for side, runs in pairs.items():
+        out[f"{side}_tokens_per_s"] = statistics.median(r[1] for r in runs)
+        out[f"{side}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000
     ratio = lambda over, under: statistics.median(b[1] / a[1] for a, b in zip(pairs[under], pairs[over]))
     out[f"{name}_vs_single"] = ratio(name, "single")
     if llama:  # llama.cpp's own split: what the grid's split keeps of it
@@ -158,8 +174,9 @@ def _pairs(grid, args, placement, entries, llama):
     # What the client planned with (split/estimate.py), against what it got.
     rtt = placement.workers[0].offer.rtt_s
     out["coordinator_rtt_ms"] = rtt * 1000
-    if placement.estimate is not None:
-        out["estimate_tokens_per_s"] = placement.estimate.tokens_per_s
+    if estimated.estimate is not None and estimated.towers == placement.towers:
+        out["estimate_tokens_per_s"] = estimated.estimate.tokens_per_s
+        out["estimate_error"] = abs(estimated.estimate.tokens_per_s / out[f"{name}_tokens_per_s"] - 1)
     if rtt > 0:  # the seconds a token costs beyond one tower's, in the worker's round trips
         out[f"{prefix}round_trips_per_token"] = (1 / out[f"{name}_tokens_per_s"] - 1 / out["single_tokens_per_s"]) / rtt
     out[f"{prefix}added_ttft_1k_ms"] = (statistics.median(long_split) - statistics.median(long_single)) * 1000
@@ -177,11 +194,15 @@ def llama_alone(model, placement, threads, root):
     from reticulum_grid.node.hardware import first_gpu_name
     from reticulum_grid.split.rpcworker import RpcWorker
     from reticulum_grid.split.supervisor import SplitModel
-    servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads, private=False) for i in range(len(placement.workers))]
+    gpu = first_gpu_name()
+    # A tensor split's coordinator without a GPU computes its share in an RPC server of its own (split/tensor.py).
+    count = len(placement.workers) + (placement.strategy == "tensor" and not gpu)
+    servers = [RpcWorker(Path(root) / f"alone-rpc{i}.log", threads=threads, private=False) for i in range(count)]
     split = None
     try:
         split = SplitModel("alone", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.parts],
-                           Path(root) / "alone-split.log", threads=threads, gpu=first_gpu_name()).start(timeout=300)
+                           Path(root) / "alone-split.log", threads=threads, gpu=gpu,
+                           strategy=placement.strategy).start(timeout=300)
 
         def run(k, n, long=False):
             request = inference_request.parse({**payload(k, n, long), "model": "m", "stream_id": 0})
@@ -228,7 +249,7 @@ def loopback(args, tmp):
         if args.worker_holds:  # as `rngrid add` or a finished pull leaves it
             BlobStore(worker.dir / "blobs").add_file(model, alias=ALIAS, kind="model")
         drop_split_runner(coord.proc.pid)  # the same plan loads again on the next request
-        placement, entries = make_plan(grid, ALIAS)
+        placement, entries = make_plan(grid, ALIAS, strategy=args.strategy)
         timed(SplitStream(grid, payload(7, 8), placement, entries), 8)
         grid.close()
         return figures, coord.log()
@@ -247,13 +268,20 @@ def lab(args, tmp):
                     draft=draft, dataplane=args.path == "dataplane")
     try:
         done = made.run([sys.executable, "-m", "bench.split", "--measure", str(made.client_home),
-                         str(made.client_rns), "--runs", str(args.runs), "--max-tokens", str(args.max_tokens)]
+                         str(made.client_rns), "--runs", str(args.runs), "--max-tokens", str(args.max_tokens),
+                         "--strategy", args.strategy]
                         + (["--draft"] if args.draft else []), timeout=3000)
         if done.returncode != 0:
             raise SystemExit(f"the measuring client failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1]), made.towers["coord"].log()
     finally:
         made.close()
+
+
+def moe_model(tmp):
+    """A Qwen3-MoE-shaped GGUF (MOE_SHAPE) with random weights and the bundled model's tokenizer, in ``tmp``."""
+    from tests.tiny_models import write_tiny
+    return str(write_tiny(Path(tmp) / "moe-qwen3.gguf", default_model_path(), **MOE_SHAPE))
 
 
 def draft_model(model, tmp, layers=0):
@@ -292,17 +320,21 @@ def load_figures(coord_log):
 
 
 def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
-        path="dataplane", draft=False, alone=True, worker_holds=False, draft_layers=0):
+        path="dataplane", draft=False, alone=True, worker_holds=False, draft_layers=0, strategy="pipeline"):
     """The comparison; returns its figures (measure's and load_figures' keys;
     the plan as text). ``lends``: (coordinator, worker) MiB, default_lends
     when None; ``root``: the towers' folder (default a temporary one);
     ``alone``: llama.cpp's own split as a third side (loopback only);
     ``worker_holds``: the worker gets the GGUF before the second load (loopback only);
-    ``draft``: the coordinator holds a draft (draft_model, ``draft_layers`` blocks)."""
+    ``draft``: the coordinator holds a draft (draft_model, ``draft_layers`` blocks);
+    ``strategy``: the split's (experts without ``model``: moe_model's)."""
     args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
                               threads=threads, lends=lends or default_lends(draft), profile=profile, path=path,
-                              draft=draft, alone=alone, worker_holds=worker_holds, draft_layers=draft_layers)
+                              draft=draft, alone=alone, worker_holds=worker_holds, draft_layers=draft_layers,
+                              strategy=strategy)
     with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
+        if strategy == "experts" and not model:
+            args.model, args.lends = moe_model(tmp), lends or (MOE_LEND_MIB, MOE_LEND_MIB)
         figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
     return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}
 
@@ -323,7 +355,9 @@ def report(args, figures):
         print(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}")
     if args.draft:
         print(f"profile={args.profile} path={args.path} split_draft_vs_single={figures['split_draft_vs_single']:.3f}")
-    print(f"profile={args.profile} path={args.path} split_vs_single={figures['split_vs_single']:.3f}")
+    print(f"profile={args.profile} path={args.path} strategy={args.strategy} "
+          f"split_vs_single={figures['split_vs_single']:.3f}")
+    print(f"estimate_error={figures.get('estimate_error', float('nan')):.3f}")
 
 
 def main():
@@ -337,6 +371,7 @@ def main():
                         help="the draft keeps the model's first N blocks only (default: all, the same weights)")
     parser.add_argument("--model", default="", metavar="GGUF", help="split this model (default: the bundled one)")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads on every tower")
+    parser.add_argument("--strategy", default="pipeline", choices=("pipeline", "experts", "tensor"))
     parser.add_argument("--worker-holds", action="store_true", help="the worker gets the GGUF before the second load (loopback)")
     parser.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     parser.add_argument("--measure", nargs=2, metavar=("HOME", "RNS_CONFIG"), help=argparse.SUPPRESS)
@@ -347,7 +382,7 @@ def main():
         return
     lends = split_lends(args.model) if args.model else None
     figures = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
-                  path=args.path, worker_holds=args.worker_holds)
+                  path=args.path, worker_holds=args.worker_holds, strategy=args.strategy)
     if args.draft:
         figures.update(with_draft(args, lends, figures))
     report(args, figures)

@@ -1,6 +1,6 @@
 """A grid client process for the split tests: reads one JSON request per
 line on stdin ({"payload": {...}, "wait_towers": N}) and writes JSON lines:
-{"plan": [tower, ...]} when the request is split, {"text": piece} per
+{"plan": [tower, ...], "strategy": its strategy} when the request is split, {"text": piece} per
 text piece, {"tool_call": {index, id, name, arguments}} per tool-call piece, then {"usage": {...}} or {"error": {"code", "message"}}, then {"done": true}.
 Usage: python split_client.py HOME HOST:PORT..."""
 
@@ -25,7 +25,7 @@ def main():
         try:
             stream = grid.execute("ai/inference", request["payload"])
             if getattr(stream, "plan", None) is not None:
-                say({"plan": stream.plan.towers})
+                say({"plan": stream.plan.towers, "strategy": stream.plan.strategy})
             for piece in stream:
                 if isinstance(piece, Usage):
                     say({"usage": piece.__dict__, "plan": getattr(stream, "plan", None) and stream.plan.towers})

@@ -11,14 +11,19 @@ the coordinator: each plan takes st-a and one worker, and each killed worker
 leaves another for the failover.
 """
 
+import json
+import re
+
 import pytest
 
 from links.wire import Code
+from reticulum_grid.client.strategies import shape_of
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.store.blobstore import BlobStore
 from tests.reference import Reference
 from tests.requirements import needs
+from tests.conftest import rngrid
 from tests.test_split import PROMPT, Client
 from tests.tiny_models import write_tiny
 
@@ -29,6 +34,7 @@ SHAPE = {"layers": 8, "dim": 128, "ff": 512, "heads": 4, "experts": 8}
 EXPERT_MIB = 48  # 8 layers x 3 tensors x 8 experts x 512 x 128 x 4 bytes
 LEND = {"lend_mib": 230, "threads": 1, "yield_idle_s": 2}
 NAMES = ("st-a", "st-b", "st-c", "st-d")
+LONG = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 90 + "Go on:"}]  # ~1k tokens
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +73,7 @@ def strategy_grid(hub, moe_models, tmp_path_factory):
 def qwen_reference(moe_models, tmp_path_factory):
     """What one process makes of PROMPT with the Qwen3-MoE model (a split runner's settings)."""
     ref = Reference(moe_models[QWEN], tmp_path_factory.mktemp("moe-reference") / "runner.log", parallel=1, threads=1)
-    yield lambda max_tokens: ref.chat(PROMPT, max_tokens)
+    yield lambda max_tokens, messages=PROMPT: ref.chat(messages, max_tokens)
     ref.close()
 
 
@@ -132,3 +138,25 @@ def test_tensor_plan_fails_over_when_its_worker_is_killed(strategy_grid, qwen_re
     assert error is None, error
     assert usage["failovers"] >= 1 and plan[0] not in new_plan and new_plan[-1] == "st-a", (plan, new_plan)
     assert first + text == qwen_reference(160)
+
+
+def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_grid, qwen_reference, tmp_path):
+    """route --split auto costs every strategy for a ~1k-token prompt (the Qwen3-MoE model has experts,
+    so all three) and keeps the cheapest; a request of that shape runs that strategy, with the same text."""
+    towers, client = strategy_grid
+    prompt_tokens, _ = shape_of({"messages": LONG})
+    connect = [a for t in towers.values() if t.proc.poll() is None for a in ("--connect", t.address)]
+    done = rngrid("route", "-m", QWEN, "--split", "auto", "--prompt-tokens", str(prompt_tokens), "--max-tokens", "8",
+                  "--json", *connect, home=tmp_path / "route-home", timeout=120)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])["split"]
+    totals = {m.group(1): float(m.group(2)) for line in plan["reasons"]
+              if (m := re.match(r"estimate (\w+): .* ~([0-9.]+) s in all", line))}
+    assert set(totals) == {"pipeline", "experts", "tensor"}, plan["reasons"]
+    assert plan["strategy"] == min(totals, key=totals.get)
+    client.send(max_tokens=8, wait_towers=2, model=QWEN, messages=LONG)
+    first = client.next()
+    text, usage, error, _ = client.result()
+    assert error is None, error
+    assert first["strategy"] == plan["strategy"], (first, plan["reasons"])
+    assert text == qwen_reference(8, LONG)

@@ -1,6 +1,8 @@
 """Expert placement and tensor plans on paper (split/experts.py, split/tensor.py)
 and the runner command line they make: pure functions, no network."""
 
+import dataclasses
+
 import pytest
 
 from reticulum_grid.inference.runner_spec import RunnerSpec
@@ -69,3 +71,73 @@ def test_llama_cpps_refusal_is_read_back_with_the_architecture():
     line = "E llama_model_load: error loading model: LLAMA_SPLIT_MODE_TENSOR not implemented for architecture 'olmoe'"
     assert tensor.refused_architecture("noise\n" + line + "\n") == "olmoe"
     assert tensor.refused_architecture("error loading model: unknown model architecture: 'x'") is None
+
+
+# -- picking a strategy (split/strategy.py, client/strategies.py) ----------------------------------
+
+SMOL_BYTES, SMOL_LAYERS, SMOL_WIDTH = 105_000_000, 30, 576
+
+
+def loopback_costs(rate=2e9, rtt=0.0, backend="cpu", expert_bytes=0, model_bytes=SMOL_BYTES):
+    """Two CPU towers that each decode SmolLM2-135M alone at 67.4 tokens/s (issue 32's run), joined by a link."""
+    from reticulum_grid.split import strategy
+    keys = [offer(n, 1).key for n in ("coord", "worker")]
+    return strategy.Costs({k: 67.4 * model_bytes for k in keys}, {keys[1]: rtt}, {keys[1]: rate},
+                          {k: backend for k in keys}, model_bytes, expert_bytes, SMOL_WIDTH)
+
+
+def two_plans(strategies=("pipeline", "tensor"), expert_mib=0):
+    towers = [offer("coord", 0.2, has_model=True), offer("worker", 0.2)]
+    place = {"pipeline": lambda: plan(towers, 300, SMOL_LAYERS),
+             "tensor": lambda: tensor.plan_tensor(towers, 300, SMOL_LAYERS),
+             "experts": lambda: experts.plan_experts(towers, 300, SMOL_LAYERS, expert_mib)}
+    return [place[name]() for name in strategies]
+
+
+def test_the_tensor_estimate_reproduces_the_measured_loopback_run():
+    """bench/split.py --strategy tensor through two towers on loopback: one tower decoded at 156.4
+    tokens/s, the tensor split at 12.7 with a 0.33 ms RTT and a 60.6 MB/s link, and took a 1k-token
+    prompt 0.8 s slower than one tower; the estimate is within 30 % and says slower too."""
+    from reticulum_grid.split import strategy
+    pipeline, split = two_plans()
+    costs = dataclasses.replace(loopback_costs(rate=60.6e6, rtt=0.33e-3),
+                                bandwidths={k: 156.4 * SMOL_BYTES for k in loopback_costs().bandwidths})
+    assert strategy.cost(split, costs, 25, 64).tokens_per_s == pytest.approx(12.7, rel=0.3)
+    whole = dataclasses.replace(split, workers=(), strategy="pipeline",
+                                coordinator=dataclasses.replace(split.coordinator, first=0, end=SMOL_LAYERS))
+    assert strategy.cost(split, costs, 1000, 0).ttft_s > strategy.cost(whole, costs, 1000, 0).ttft_s
+
+
+def test_auto_picks_tensor_for_a_long_prompt_on_a_fast_link_only():
+    from reticulum_grid.client import strategies
+    towers = [offer("coord", 0.2, has_model=True), offer("worker", 0.2)]
+
+    def place(name, offers):
+        return {"pipeline": plan, "tensor": tensor.plan_tensor}[name](offers, 300, SMOL_LAYERS)
+
+    def picked(costs, shape):
+        return strategies.auto(place, towers, costs, shape)  # a dense model: no experts candidate
+
+    long_prompt = picked(loopback_costs(), (1000, 8))
+    assert long_prompt.strategy == "tensor"
+    assert any(r.startswith("--split auto for a ~1000-token prompt and 8 tokens: tensor") for r in long_prompt.reasons)
+    assert any(r.startswith("estimate pipeline:") for r in long_prompt.reasons)
+    assert picked(loopback_costs(), (1000, 256)).strategy == "pipeline"  # decode dominates: tensor's syncs cost more
+    assert picked(loopback_costs(), (20, 8)).strategy == "pipeline"
+    # A tailnet (12.5 MB/s, 40 ms): the prompt's hidden state per synchronisation outweighs the shared compute.
+    assert picked(loopback_costs(rate=12.5e6, rtt=0.04), (1000, 8)).strategy == "pipeline"
+
+
+def test_experts_cost_round_trips_per_layer():
+    from reticulum_grid.split import strategy
+    (placed,) = two_plans(("experts",), expert_mib=150)
+    near = strategy.cost(placed, loopback_costs(expert_bytes=150 << 20), 100, 64)
+    far = strategy.cost(placed, loopback_costs(expert_bytes=150 << 20, rtt=0.01), 100, 64)
+    layers = SMOL_LAYERS  # one worker holds every layer's experts
+    assert 1 / far.tokens_per_s - 1 / near.tokens_per_s == pytest.approx(layers * strategy.EXPERT_ROUND_TRIPS * 0.01)
+
+
+def test_a_requests_shape_comes_from_its_text():
+    from reticulum_grid.client import strategies
+    assert strategies.shape_of({"prompt": "x" * 400, "max_tokens": 8}) == (100, 8)
+    assert strategies.shape_of({"messages": [{"role": "user", "content": "y" * 40}, "junk"]}) == (10, 256)

@@ -22,7 +22,7 @@ from typing import Any, cast
 from announce.caps import Caps
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
-from reticulum_grid.client import estimates, router
+from reticulum_grid.client import estimates, router, strategies
 from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
 from reticulum_grid.client.stream import InferenceStream, continued
@@ -146,13 +146,14 @@ def _local_facts(grid: GridParts, model: str) -> tuple[int, int] | None:
     return gguf_info.need_mib(path, 4096, path.stat().st_size), gguf_info.architecture(path)[1]
 
 
-def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (),
-              strategy: str = "pipeline") -> tuple[Plan, dict[bytes, TowerEntry]]:
-    """(Plan, {destination hash: table entry}) of ``strategy`` (plan.STRATEGIES)
-    over the live towers lending memory that answer now, skipping ``exclude``
-    and towers that failed lately (backed off). Every tower that answers the
-    discovery ping counts, not only the first heard (grid.discover: until the
-    table goes quiet). Raises WireError(no_tower)."""
+def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (), strategy: str = "pipeline",
+              shape: tuple[int, int] = strategies.DEFAULT_SHAPE) -> tuple[Plan, dict[bytes, TowerEntry]]:
+    """(Plan, {destination hash: table entry}) of ``strategy`` (plan.STRATEGIES,
+    or "auto": the fastest for a request of ``shape``, (prompt tokens,
+    max_tokens), client/strategies.py) over the live towers lending memory
+    that answer now, skipping ``exclude`` and towers that failed lately
+    (backed off). Every tower that answers the discovery ping counts, not
+    only the first heard (grid.discover: until the table goes quiet). Raises WireError(no_tower)."""
     grid.discover(lambda entries: False, PLAN_TIMEOUT_S)
     lenders = [e for e in grid.table.live() if e.caps.lend_mib and e.destination_hash not in exclude
                and not grid.health.get(e.destination_hash).backed_off()]
@@ -170,16 +171,22 @@ def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (),
                                        f"within {FACTS_WAIT_S:.0f} s")
     known = grid.model_facts.get(model, {})
     try:
-        first = _place(strategy, _offers(grid, live, model), fact, known)
+        first = _place("pipeline" if strategy == "auto" else strategy, _offers(grid, live, model), fact, known)
         coordinator = next(e for e in live if e.destination_hash == first.coordinator.offer.key)
         rtts, rates = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
-        if rtts:  # the coordinator's own view: it pays these round trips on every token
-            reached = [e for e in live if e is coordinator or e.destination_hash in rtts]
-            placement = _place(strategy, _offers(grid, reached, model, rtts, coordinator), fact, known)
-        else:
-            placement = first
+        # the coordinator's own view: it pays these round trips on every token
+        reached = [e for e in live if e is coordinator or e.destination_hash in rtts] if rtts else live
+        view = _offers(grid, reached, model, rtts, coordinator) if rtts else _offers(grid, live, model)
+        costs = strategies.costs(grid, live, model, fact, rtts or {
+            e.destination_hash: grid.health.get(e.destination_hash).rtt_s for e in live}, rates)
+        if strategy == "auto":
+            return strategies.auto(lambda name, offers: _place(name, offers, fact, known), view, costs,
+                                   shape), {e.destination_hash: e for e in live}
+        placement = _place(strategy, view, fact, known) if rtts else first
     except PlanError as e:
         raise WireError(Code.NO_TOWER, f"{model!r} does not fit the grid{_as(strategy)}: {e}") from None
+    if strategy != "pipeline":
+        return strategies.estimated(placement, costs, shape)[0], {e.destination_hash: e for e in live}
     size = known.get("bytes") or fact[0] * MIB
     cost = estimate.split(placement, size, {e.destination_hash: estimates.bandwidth(grid, e, grid.served)
                                             for e in live}, rtts or {p.offer.key: p.offer.rtt_s
@@ -216,10 +223,12 @@ def _offers(grid: GridParts, entries: Sequence[TowerEntry], model: str, rtts: di
 
 
 def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice], policy: str,
-                    strategy: str = "auto") -> tuple[Plan, dict[bytes, TowerEntry]] | None:
+                    strategy: str = "auto", shape: tuple[int, int] = strategies.DEFAULT_SHAPE,
+                    ) -> tuple[Plan, dict[bytes, TowerEntry]] | None:
     """None to run ``model`` whole on the ranked towers, else (Plan, entries) to
     run it split (see POLICIES, PLACEMENTS and choose); a ``strategy`` by name
-    splits it as "always" would. Raises WireError (too_slow, no_tower,
+    splits it as "always" would, "auto" picks the fastest for a request of
+    ``shape`` (prompt tokens, max_tokens). Raises WireError (too_slow, no_tower,
     bad_request for an unknown policy or strategy)."""
     if strategy not in PLACEMENTS:
         raise WireError(Code.BAD_REQUEST, f"placement must be one of {', '.join(PLACEMENTS)}")
@@ -227,7 +236,7 @@ def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice]
         policy = "always"
     if not needs_split(grid, model, ranked, policy):
         return None
-    placement, entries = make_plan(grid, model, strategy="pipeline" if strategy == "auto" else strategy)
+    placement, entries = make_plan(grid, model, strategy=strategy, shape=shape)
     if policy == "always":
         return placement, entries
     need = grid.needs.get(model, 0)
@@ -320,6 +329,9 @@ class SplitStream:
                 self.ids += stream.ids
                 self.generated += stream.generated
                 held = named_worker(e.message) if e.code == Code.BUSY else None
+                if self._refused_tensor(e):  # the planner's pick, for an architecture llama.cpp splits otherwise
+                    self.plan, self.entries = make_plan(self.grid, self.payload["model"], strategy="pipeline")
+                    continue
                 if e.code not in REPLAN_ON and held is None:
                     raise
                 if held is not None:  # its RPC server serves another coordinator's plan (split/lease.py)
@@ -342,6 +354,11 @@ class SplitStream:
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
                            started=self.started)
+
+    def _refused_tensor(self, error: WireError) -> bool:
+        """True when a tensor plan the planner picked (placement auto) was refused before any token."""
+        return error.code == Code.UNSUPPORTED and self.plan.strategy == "tensor" and not self.generated \
+            and self.payload.get("placement", "auto") == "auto"
 
     def _mark_claim(self, error: WireError) -> None:
         """The plan did not load for want of memory on the worker the
