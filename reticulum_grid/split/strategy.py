@@ -14,8 +14,8 @@ A request costs its time to first token (the prompt's prefill) plus
   layer.
 - **tensor**: the towers read their shares at once (the slowest sets the
   pace) and every layer synchronises SYNCS_PER_LAYER times, each costing
-  TENSOR_SYNC_S plus a round trip to the farthest worker and the hidden state
-  of every token in flight over the slowest link; prefill computes on all
+  TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS round trips to the farthest
+  worker and the hidden state of every token in flight over the slowest link; prefill computes on all
   towers at once at TENSOR_EFFICIENCY of their summed rates.
 
 A tower prefills PREFILL_PER_DECODE[backend] times as many tokens a second as
@@ -40,12 +40,16 @@ ACTIVE_EXPERTS = 0.25
 EXPERT_ROUND_TRIPS = 1.0
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
 SYNCS_PER_LAYER = 2
-#: Fixed cost of one synchronisation between RPC devices (seconds), beyond a round trip and the hidden state's
-#: bytes. Measured with SmolLM2-135M (30 layers, 2 syncs each, one thread per device): through two towers
-#: (bench/split.py --strategy tensor, loopback data plane) 65.9-72.7 ms a token against 6.0-6.6 in one process,
-#: 1.0-1.1 ms a sync with the coordinator's 0.37 ms RTT in it. (Two bare ggml-rpc-servers on another machine
-#: took 1.7 ms a sync: 108.7 ms a token against 14.8; the figure follows the machine's CPU.)
+#: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
+#: device reads each device's partial result and writes the sum back, command by command) and the hidden state's
+#: bytes. The round trip is the coordinator's measured one less PROBE_OVERHEAD_S, what its RNS probe adds over a
+#: TCP round trip (0.33 ms on loopback, where TCP takes well under 0.05). Fitted to bench/split.py --strategy
+#: tensor with SmolLM2-135M (30 layers, 2 syncs each, one thread per device, data plane): loopback 65.9-72.7 ms
+#: a token against 6.0-6.6 in one process (~1.1 ms a sync at a 0.33 ms probe RTT); the lab's LAN (1.1 ms) 464 ms
+#: (7.7 ms a sync). (Two bare ggml-rpc-servers on another machine took 1.7 ms a sync on loopback.)
 TENSOR_SYNC_S = 0.9e-3
+TENSOR_SYNC_ROUND_TRIPS = 8.0
+PROBE_OVERHEAD_S = 0.3e-3
 #: What tensor-parallel prefill keeps of the towers' summed prefill rates (the bare RPC servers' run: a 1k-token prompt in
 #: 3.5 s against 4.7 s in one process, the synchronisations above taken out).
 TENSOR_EFFICIENCY = 0.75
@@ -141,7 +145,8 @@ def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
     shares = {p.offer.key: c.model_bytes * p.layers / n for p in placement.parts}
     workers = [p.offer.key for p in placement.workers]
-    rtt = max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
+    rtt = TENSOR_SYNC_ROUND_TRIPS * max(0.0, max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
+                                        - PROBE_OVERHEAD_S)
     slowest = min((_rate(c, k) for k in workers), default=float("inf"))
     syncs = SYNCS_PER_LAYER * n if workers else 0
     state = c.embedding * 4 * 2  # one token's hidden state, out and back
