@@ -53,6 +53,11 @@ PROBE_OVERHEAD_S = 0.3e-3
 #: What tensor-parallel prefill keeps of the towers' summed prefill rates (the bare RPC servers' run: a 1k-token prompt in
 #: 3.5 s against 4.7 s in one process, the synchronisations above taken out).
 TENSOR_EFFICIENCY = 0.75
+#: How much faster (total time) another strategy must be estimated than the pipeline to be picked: the
+#: pipeline alone lets workers seed their tensor caches from their own copies (tower/shard.py), it is
+#: llama.cpp's stable mode (tensor is EXPERIMENTAL, and its sums in another order can change a token where
+#: two are nearly tied), and estimates err by up to 30 %.
+AUTO_MARGIN = 1.2
 #: Tokens llama.cpp prefills in one batch (its default n_ubatch): each costs its own synchronisations.
 UBATCH = 512
 
@@ -95,13 +100,19 @@ def cost(placement: Plan, c: Costs, prompt_tokens: int, max_tokens: int) -> Cand
 
 
 def pick(candidates: list[Candidate]) -> tuple[Candidate, str]:
-    """The fastest candidate for its request and why, in words. Raises ValueError on none."""
+    """The fastest candidate for its request (the pipeline unless another is
+    AUTO_MARGIN times faster) and why, in words. Raises IndexError on none."""
     ranked = sorted(candidates, key=lambda k: k.total_s)
-    best = ranked[0]
+    best, note = ranked[0], ""
+    pipeline = next((k for k in ranked if k.plan.strategy == "pipeline"), None)
+    if pipeline is not None and best is not pipeline and best.total_s * AUTO_MARGIN > pipeline.total_s:
+        note = f" ({best.plan.strategy} is estimated less than {AUTO_MARGIN - 1:.0%} faster)"
+        best = pipeline
     why = f"{best.plan.strategy}: ~{best.total_s:.2f} s for the request " \
-          f"({best.ttft_s:.2f} s to the first token, ~{best.tokens_per_s:.1f} tokens/s)"
-    if len(ranked) > 1:
-        why += "; " + ", ".join(f"{k.plan.strategy} ~{k.total_s:.2f} s" for k in ranked[1:])
+          f"({best.ttft_s:.2f} s to the first token, ~{best.tokens_per_s:.1f} tokens/s){note}"
+    others = [k for k in ranked if k is not best]
+    if others:
+        why += "; " + ", ".join(f"{k.plan.strategy} ~{k.total_s:.2f} s" for k in others)
     return best, why
 
 
