@@ -55,9 +55,19 @@ tenth of it (``split_lends``), so the workers hold a few layers; ``--threads N``
 sets llama.cpp's threads on every tower; ``--json FILE`` also writes the
 figures (``run`` returns them).
 
+``--strategy pipeline|experts|tensor`` plans the split with that strategy
+(split/plan.py STRATEGIES; llama.cpp's own side runs the same one). experts
+needs a mixture-of-experts model: without ``--model`` a Qwen3-MoE shape with
+8 experts and random weights is written on the spot (tests/tiny_models.py,
+~99 MiB, MOE_SHAPE) and both lenders lend MOE_LEND_MIB, which holds all but
+its experts on the coordinator. ``estimate_error`` is |estimated - measured| /
+measured of the split's tokens/s, the estimate being the one the client
+planned with for this request's shape (split/strategy.py).
+
 Last lines: ``raw_split_vs_single=`` and ``grid_vs_raw=`` (loopback), then
-``profile=<p> path=<path> towers=<n> split_vs_single=<split / single tokens/s>`` (medians of
-the per-pair ratios), and with --draft ``split_draft_vs_single=``. Goal: split_vs_single >= 0.8 on loopback.
+``profile=<p> path=<path> towers=<n> strategy=<s> split_vs_single=<split / single tokens/s>`` (medians of
+the per-pair ratios; with --draft ``split_draft_vs_single=`` before it), then ``estimate_error=``. Goal:
+split_vs_single >= 0.8 on loopback for pipeline; estimate_error <= 0.3.
 """
 
 import argparse
@@ -88,6 +98,10 @@ WORKER_SHARE = 0.115
 #: MiB the lenders lend of the bundled model (~316 MiB, ~348 with the plan's headroom), per tower count:
 #: (coordinator, each worker). No fewer towers hold it; with a draft (whose need counts too) twice that.
 BUNDLED_LENDS = {2: (200, 200), 3: (150, 120)}
+#: The MoE model --strategy experts writes when given none (tests/tiny_models.write_tiny), and what each lender
+#: lends then (MiB): below its need (~243 MiB) with headroom, above all but its 48 MiB of experts with headroom.
+MOE_SHAPE = {"arch": "qwen3moe", "layers": 8, "dim": 128, "ff": 512, "heads": 4, "experts": 8}
+MOE_LEND_MIB = 230
 
 
 def worker_names(towers):
@@ -125,17 +139,24 @@ def measure(grid, args, raw=None):
     grid.wait_for(lambda entries: len(entries) >= args.towers + 1, 120)
     grid.route(ALIAS, tower="single", timeout=120)
     grid.caps_full(grid.towers(), timeout=60)  # each tower reads the GGUF's metadata once
-    placement, entries = make_plan(grid, ALIAS)
+    placement, entries = make_plan(grid, ALIAS, strategy=args.strategy, shape=request_shape(args))
     if len(placement.parts) != args.towers:
         raise SystemExit(f"the client planned over {placement.towers}, not {args.towers} towers")
     with raw(placement) if raw else contextlib.nullcontext([]) as raw_sides:
         return _pairs(grid, args, placement, entries, raw_sides)
 
 
+def request_shape(args):
+    """(prompt tokens, max_tokens) of the bench's short requests, as the planner costs them (~4 bytes a token)."""
+    return len(sides.PROMPT) // 4, args.max_tokens
+
+
 def _pairs(grid, args, placement, entries, raw_sides):
     single = sides.single(grid)
     split = sides.grid_split(grid, placement, entries, speculative=args.draft)
     single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
+    # Planned again, with the link rates the coordinator measured while it loaded: the estimate to check.
+    estimated = make_plan(grid, ALIAS, strategy=args.strategy, shape=request_shape(args))[0]
     out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
     # With a draft the coordinator's llama-server speculates on every request: it has no per-request switch
     # (tools/server/server-schema.cpp leaves speculative.* out), so the split side is the drafted one.
@@ -159,8 +180,9 @@ def _pairs(grid, args, placement, entries, raw_sides):
     # What the client planned with (split/estimate.py), against what it got.
     rtts = [w.offer.rtt_s for w in placement.workers]
     out["coordinator_rtt_ms"] = statistics.mean(rtts) * 1000
-    if placement.estimate is not None:
-        out["estimate_tokens_per_s"] = placement.estimate.tokens_per_s
+    if estimated.estimate is not None and estimated.towers == placement.towers:
+        out["estimate_tokens_per_s"] = estimated.estimate.tokens_per_s
+        out["estimate_error"] = abs(estimated.estimate.tokens_per_s / out[f"{name}_tokens_per_s"] - 1)
     if sum(rtts) > 0:  # the seconds a token costs beyond one tower's, in round trips to each worker in turn
         extra = 1 / out[f"{name}_tokens_per_s"] - 1 / out["single_tokens_per_s"]
         out[f"{prefix}round_trips_per_token"] = extra / sum(rtts)
@@ -204,7 +226,7 @@ def loopback(args, tmp):
         raw = (lambda placement: raw_pair(model, placement, args.threads, tmp)) if args.raw else None
         figures = measure(grid, args, raw)
         before_reload(args, coord, workers)
-        load_again(grid)
+        load_again(grid, args.strategy)
         grid.close()
         return figures, coord.log()
     finally:
@@ -229,9 +251,9 @@ def before_reload(args, coord, workers):
     drop_split_runner(coord.proc.pid)
 
 
-def load_again(grid):
-    """One short request on a new plan (the coordinator's log has the load's figures)."""
-    placement, entries = make_plan(grid, ALIAS)
+def load_again(grid, strategy="pipeline"):
+    """One short request on a new plan of ``strategy`` (the coordinator's log has the load's figures)."""
+    placement, entries = make_plan(grid, ALIAS, strategy=strategy)
     timed(SplitStream(grid, payload(7, 8), placement, entries), 8)
 
 
@@ -245,18 +267,25 @@ def lab(args, tmp):
     try:
         done = made.run([sys.executable, "-m", "bench.split", "--measure", str(made.client_home),
                          str(made.client_rns), "--towers", str(args.towers), "--runs", str(args.runs),
-                         "--max-tokens", str(args.max_tokens), "--long-pairs", str(args.long_pairs)]
+                         "--max-tokens", str(args.max_tokens), "--long-pairs", str(args.long_pairs),
+                         "--strategy", args.strategy]
                         + (["--draft"] if args.draft else []), timeout=3000)
         if done.returncode != 0:
             raise SystemExit(f"the measuring client failed:\n{done.stderr[-3000:]}")
         before_reload(args, made.towers["coord"], [made.towers[n] for n in worker_names(args.towers)])
         again = made.run([sys.executable, "-m", "bench.split", "--measure", str(made.client_home),
-                          str(made.client_rns), "--reload"], timeout=1200)
+                          str(made.client_rns), "--reload", "--strategy", args.strategy], timeout=1200)
         if again.returncode != 0:
             raise SystemExit(f"the second load failed:\n{again.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1]), made.towers["coord"].log()
     finally:
         made.close()
+
+
+def moe_model(tmp):
+    """A Qwen3-MoE-shaped GGUF (MOE_SHAPE) with random weights and the bundled model's tokenizer, in ``tmp``."""
+    from tests.tiny_models import write_tiny
+    return str(write_tiny(Path(tmp) / "moe-qwen3.gguf", default_model_path(), **MOE_SHAPE))
 
 
 def draft_model(model, tmp, layers=0):
@@ -311,22 +340,28 @@ def load_figures(coord_log):
 
 
 def run(model=None, runs=5, max_tokens=96, threads=1, lends=None, root=None, profile="loopback",
-        path="dataplane", draft=False, raw=True, worker_holds=False, draft_layers=0, towers=2, long_pairs=2):
+        path="dataplane", draft=False, raw=True, worker_holds=False, draft_layers=0, towers=2, long_pairs=2,
+        strategy="pipeline"):
     """The comparison; returns its figures (measure's and load_figures' keys;
     the plan as text). ``lends``: (coordinator, each worker) MiB, one worker per
     tower beyond the first (default_lends when None); ``root``: the towers' folder
     (default a temporary one); ``raw``: llama.cpp alone, whole and split, as sides too (loopback only);
     ``worker_holds``: the workers get the GGUF before the second load;
     ``draft``: the coordinator holds a draft (draft_model, ``draft_layers`` blocks);
-    ``long_pairs``: pairs of ~1,000-token prompts (0: none)."""
+    ``long_pairs``: pairs of ~1,000-token prompts (0: none);
+    ``strategy``: the split's (experts without ``model``: moe_model's, each lender MOE_LEND_MIB)."""
+    if strategy == "experts" and not model:
+        lends = lends or (MOE_LEND_MIB,) * towers
     lends = tuple(lends or default_lends(draft, towers))
     if len(lends) != towers:
         raise ValueError(f"{towers} towers need {towers} lends, got {lends}")
     args = argparse.Namespace(model=str(model or default_model_path()), runs=runs, max_tokens=max_tokens,
                               threads=threads, lends=lends, profile=profile, path=path, draft=draft, raw=raw,
                               worker_holds=worker_holds, draft_layers=draft_layers, towers=towers,
-                              long_pairs=long_pairs)
+                              long_pairs=long_pairs, strategy=strategy)
     with contextlib.nullcontext(root) if root else tempfile.TemporaryDirectory(prefix="rngrid-bench-") as tmp:
+        if strategy == "experts" and not model:
+            args.model = moe_model(tmp)
         figures, coord_log = (loopback if profile == "loopback" else lab)(args, tmp)
     return {**figures, "plan": " | ".join(figures["plan"]), **load_figures(coord_log)}
 
@@ -337,7 +372,7 @@ def with_draft(args, lends, plain):
     TTFT over that of the ``plain`` run's (the draft reads every prompt too)."""
     drafted = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
                   path=args.path, draft=True, raw=False, draft_layers=args.draft_layers, towers=args.towers,
-                  long_pairs=args.long_pairs)
+                  long_pairs=args.long_pairs, strategy=args.strategy)
     out = {key: value for key, value in drafted.items() if "draft" in key}
     if "draft_added_ttft_1k_ms" in out and "added_ttft_1k_ms" in plain:
         out["draft_adds_ttft_1k_ms"] = out["draft_added_ttft_1k_ms"] - plain["added_ttft_1k_ms"]
@@ -352,10 +387,11 @@ def report(args, figures):
     for key in last[:2]:
         if key in figures:
             print(f"{key}={figures[key]:.3f}")
-    where = f"profile={args.profile} path={args.path} towers={args.towers}"
+    where = f"profile={args.profile} path={args.path} towers={args.towers} strategy={args.strategy}"
     if args.draft:
         print(f"{where} split_draft_vs_single={figures['split_draft_vs_single']:.3f}")
     print(f"{where} split_vs_single={figures['split_vs_single']:.3f}")
+    print(f"estimate_error={figures.get('estimate_error', float('nan')):.3f}")
 
 
 def main():
@@ -374,6 +410,7 @@ def main():
     parser.add_argument("--random-8b", type=int, default=0, metavar="LAYERS",
                         help="split a random Llama-3-8B-shaped model of LAYERS blocks (32: the whole 8B), written first")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads on every tower")
+    parser.add_argument("--strategy", default="pipeline", choices=("pipeline", "experts", "tensor"))
     parser.add_argument("--worker-holds", action="store_true", help="the workers get the GGUF before the second load")
     parser.add_argument("--json", default="", metavar="FILE", help="also write the figures here")
     parser.add_argument("--measure", nargs=2, metavar=("HOME", "RNS_CONFIG"), help=argparse.SUPPRESS)
@@ -382,7 +419,7 @@ def main():
     if args.measure:  # inside the lab's client namespace: measure and print the figures as JSON
         grid = Grid(home=args.measure[0], rns_config=args.measure[1])
         if args.reload:
-            load_again(grid)
+            load_again(grid, args.strategy)
         else:
             print(json.dumps(measure(grid, args)))
         return
@@ -391,7 +428,8 @@ def main():
             args.model = str(random_8b(args.random_8b, made))
         lends = split_lends(args.model, args.towers) if args.model else None
         figures = run(args.model or None, args.runs, args.max_tokens, args.threads, lends, profile=args.profile,
-                      path=args.path, worker_holds=args.worker_holds, towers=args.towers, long_pairs=args.long_pairs)
+                      path=args.path, worker_holds=args.worker_holds, towers=args.towers, long_pairs=args.long_pairs,
+                      strategy=args.strategy)
         if args.draft:
             figures.update(with_draft(args, lends, figures))
     report(args, figures)

@@ -86,12 +86,15 @@ def raw_split(model, placement, threads, root):
     from reticulum_grid.node.hardware import first_gpu_name
     from reticulum_grid.split.rpcworker import RpcWorker
     from reticulum_grid.split.supervisor import SplitModel
-    servers = [RpcWorker(Path(root) / f"raw-rpc{i}.log", threads=threads, private=False)
-               for i in range(len(placement.workers))]
+    gpu = first_gpu_name()
+    # A tensor split's coordinator without a GPU computes its share in an RPC server of its own (split/tensor.py).
+    count = len(placement.workers) + (placement.strategy == "tensor" and not gpu)
+    servers = [RpcWorker(Path(root) / f"raw-rpc{i}.log", threads=threads, private=False) for i in range(count)]
     model_run = None
     try:
         model_run = SplitModel("raw", model, 4096, [s.endpoint() for s in servers], [p.layers for p in placement.parts],
-                               Path(root) / "raw-split.log", threads=threads, gpu=first_gpu_name()).start(timeout=600)
+                               Path(root) / "raw-split.log", threads=threads, gpu=gpu,
+                               strategy=placement.strategy).start(timeout=600)
         yield _runner_side(model_run.generate)
     finally:
         if model_run is not None:

@@ -5,7 +5,7 @@ behind a transport node, a split client. ``ClientProcess`` drives it.
 The process (``python -m tests.client_process HOME HOST:PORT...``) reads one
 JSON request per line on stdin, ``{"payload": {...}, "wait_towers": N}`` (an ``ai/inference`` payload;
 it first waits up to 60 s until it has heard N towers, default 1), and writes JSON
-lines: ``{"plan": [tower, ...]}`` when the request is split, ``{"text": piece}``
+lines: ``{"plan": [tower, ...], "strategy": its strategy}`` when the request is split, ``{"text": piece}``
 per text piece, ``{"tool_call": {index, id, name, arguments}}`` per tool-call
 piece, then ``{"usage": {...}, "plan": ...}`` or ``{"error": {"code",
 "message"}}``, then ``{"done": true, "s": seconds since the request was read}``."""
@@ -88,7 +88,7 @@ def _serve(grid, request):
         stream = grid.execute("ai/inference", request["payload"])
         plan = getattr(stream, "plan", None)
         if plan is not None:
-            _say({"plan": plan.towers})
+            _say({"plan": plan.towers, "strategy": plan.strategy})
         for piece in stream:
             if isinstance(piece, Usage):
                 plan = getattr(stream, "plan", None)

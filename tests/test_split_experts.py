@@ -63,7 +63,7 @@ def rpc_server_pid(worker):
 
 def split(path, endpoints, counts, tmp_path, experts_on_workers, max_tokens):
     model = SplitModel("k", path, 512, endpoints, counts, tmp_path / "split.log", threads=1,
-                       experts=experts_on_workers).start(timeout=120)
+                       strategy="experts" if experts_on_workers else "pipeline").start(timeout=120)
     try:
         request = parse({"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "stream_id": 1})
         result = Generation()

@@ -1,7 +1,8 @@
 """Tiny GGUF models written on the spot with the gguf library (no hub): random
 f32 weights, the real tokenizer of the bundled model, so any runner loads them
 and their vocabulary matches SmolLM2's (a draft for speculative decoding, a
-mixture of experts for expert placement)."""
+mixture of experts for expert placement: llama's own, or the Qwen3-MoE and
+OLMoE architectures as llama.cpp's src/models/qwen3moe.cpp and olmoe.cpp read them)."""
 
 import shutil
 
@@ -9,13 +10,20 @@ import gguf
 import numpy as np
 
 
-def write_tiny(path, tokenizer_source, layers=2, dim=64, ff=128, heads=4, experts=0, seed=7):
-    """A llama-architecture GGUF with ``layers`` blocks of width ``dim``;
-    ``experts`` > 0 gives each layer that many experts (2 used) instead of one
-    feed-forward network."""
+#: Architectures with per-layer query and key norms (RMS over each head for Qwen3-MoE, over the whole width for OLMoE).
+QK_NORM = {"qwen3moe": "head", "olmoe": "width"}
+
+
+def write_tiny(path, tokenizer_source, layers=2, dim=64, ff=128, heads=4, experts=0, seed=7, arch="llama"):
+    """A GGUF of architecture ``arch`` ("llama", "qwen3moe" or "olmoe": the
+    last two need ``experts``) with ``layers`` blocks of width ``dim``;
+    ``experts`` > 0 gives each layer that many experts (2 used, each ``ff``
+    wide) instead of one feed-forward network. Beside llama (whose output is
+    the token embedding) the file has an output layer whose rows of the
+    control tokens are zero, so greedy text never ends early."""
     src = gguf.GGUFReader(tokenizer_source)
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(4096)
     w.add_embedding_length(dim)
@@ -27,6 +35,8 @@ def write_tiny(path, tokenizer_source, layers=2, dim=64, ff=128, heads=4, expert
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(2)
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(ff)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, field in src.fields.items():
@@ -41,10 +51,19 @@ def write_tiny(path, tokenizer_source, layers=2, dim=64, ff=128, heads=4, expert
 
     tensor("token_embd.weight", vocab, dim, scale=1.0)
     tensor("output_norm.weight", dim)
+    if arch != "llama":
+        output = (rng.standard_normal((vocab, dim)) * 0.2).astype(np.float32)
+        types = src.fields["tokenizer.ggml.token_type"].contents()
+        output[[i for i, t in enumerate(types) if t != 1]] = 0.0
+        w.add_tensor("output.weight", output)
     for i in range(layers):
         tensor(f"blk.{i}.attn_norm.weight", dim)
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             tensor(f"blk.{i}.{name}.weight", dim, dim)
+        if arch in QK_NORM:
+            width = dim // heads if QK_NORM[arch] == "head" else dim
+            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(width, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(width, dtype=np.float32))
         tensor(f"blk.{i}.ffn_norm.weight", dim)
         if experts:
             tensor(f"blk.{i}.ffn_gate_inp.weight", experts, dim)

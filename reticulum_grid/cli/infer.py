@@ -15,7 +15,7 @@ from reticulum_grid.cli.common import json_line, ProgressBar, client_options, er
 if TYPE_CHECKING:  # imported where used: a command that needs no grid never loads RNS
     from reticulum_grid.client import Grid, Text, ToolCallDelta, Usage
     from reticulum_grid.client.router import Choice
-    from reticulum_grid.split.plan import Estimate, Plan
+    from reticulum_grid.split.plan import Estimate, Part, Plan
 
 
 @main.command()
@@ -87,9 +87,11 @@ def _print_strangers(rows: list[dict[str, Any]]) -> None:
 @click.option("--busy-wait", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to keep waiting while every tower is busy: it asks again when a tower announces a "
                    "free slot or queue place or its retry hint has passed, and a last time at the end.")
-@click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never"]), default="auto",
-              show_default=True, help="Split the model over towers: when no one tower can hold it and the "
-              "estimate says it pays (auto), whenever towers are heard (always), or never.")
+@click.option("--split", "split_policy", type=click.Choice(["auto", "always", "never", "pipeline", "experts", "tensor"]),
+              default="auto", show_default=True, help="Split the model over towers: when no one tower can hold it "
+              "and the estimate says it pays (auto), whenever towers are heard (always), never, or always with one "
+              "strategy: layers in order (pipeline), an MoE model's experts on the workers (experts), or every "
+              "layer across the towers (tensor).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines: {\"text\": ...} per piece, then {\"usage\": ...}.")
 @click.argument("prompt")
 @click.pass_context
@@ -99,8 +101,11 @@ def infer(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
     """Run PROMPT on the grid and stream the answer (PROMPT "-" reads standard input)."""
     if prompt == "-":
         prompt = sys.stdin.read()
+    from reticulum_grid.split.plan import STRATEGIES
     payload = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-               "split_policy": split_policy}
+               "split_policy": "always" if split_policy in STRATEGIES else split_policy}
+    if split_policy in STRATEGIES:
+        payload["placement"] = split_policy
     if adapter:
         payload.update(adapter=adapter, adapter_scale=adapter_scale)
     if raw:
@@ -147,10 +152,17 @@ def _stream(stream: "Iterable[Text | ToolCallDelta | Usage]", as_json: bool) -> 
 @click.option("--simulate", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Plan the split on paper: offers and model from FILE (TOML, or JSON if it ends in .json; "
                    "see docs/split.md), no network.")
+@click.option("--split", "strategy", type=click.Choice(["auto", "pipeline", "experts", "tensor"]), default="auto",
+              show_default=True, help="The split's strategy, or the planner's pick (auto: each strategy's estimate "
+              "for a request of --prompt-tokens and --max-tokens, the fastest kept).")
+@click.option("--prompt-tokens", default=100, show_default=True, type=click.IntRange(1),
+              help="The request's prompt length the split is planned for.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, model: str | None,
-          adapter: str | None, simulate: str | None, as_json: bool) -> None:
+          adapter: str | None, simulate: str | None, strategy: str, prompt_tokens: int, max_tokens: int,
+          as_json: bool) -> None:
     """Show how the grid would rank the towers for MODEL, and why; or, with
     --simulate, the split plan and its estimate for the towers a file describes."""
     if simulate is not None:
@@ -177,7 +189,7 @@ def route(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
     if adapter and all(r["lacks_adapter"] for r in rows) and grid.local_blob(adapter) is None:
         err.print(f"no tower heard has adapter {adapter!r} and this client has none to send: "
                   "a request with it would fail", style="yellow")
-    placement = _split_plan(grid, model, ranked, adapter)
+    placement = _split_plan(grid, model, ranked, adapter, strategy, (prompt_tokens, max_tokens))
     single = _best_single(grid, model, ranked) if placement is not None else None
     if as_json:
         json_line(rows)
@@ -245,13 +257,15 @@ def _rpc_paths(grid: "Grid", placement: "Plan") -> dict[str, str]:
             for p in placement.workers}
 
 
-def _split_plan(grid: "Grid", model: str, ranked: "Sequence[Choice]", adapter: str | None) -> "Plan | None":
-    """The split plan a request would use when no single tower has room (else None)."""
+def _split_plan(grid: "Grid", model: str, ranked: "Sequence[Choice]", adapter: str | None, strategy: str,
+                shape: tuple[int, int]) -> "Plan | None":
+    """The split plan a request of ``shape`` (prompt tokens, max_tokens) would
+    use when no single tower has room or a ``strategy`` is named (else None)."""
     from reticulum_grid.client.split import make_plan, needs_split
-    if adapter or not needs_split(grid, model, ranked):
+    if adapter or not needs_split(grid, model, ranked, "auto" if strategy == "auto" else "always"):
         return None
     try:
-        return make_plan(grid, model)[0]
+        return make_plan(grid, model, strategy=strategy, shape=shape)[0]
     except WireError as e:
         err.print(f"no single tower has room for {model!r}, and no split fits either: {e.message}", style="yellow")
         return None
@@ -278,13 +292,23 @@ def _simulate(path: str, as_json: bool) -> None:
     out.print("  planner's estimate from the file's figures, not a measurement")
 
 
+def _holds(placement: "Plan", part: "Part") -> str:
+    """What ``part`` of ``placement`` holds, in words of its strategy."""
+    if placement.strategy == "tensor":
+        return f"{part.layers}/{placement.n_layers} of every layer"
+    if placement.strategy == "experts":
+        return "the rest, every layer" if part is placement.coordinator else \
+            next((r.split(": ", 1)[1] for r in placement.reasons if r.startswith(f"{part.offer.name}: experts")),
+                 "experts")
+    return f"layers {part.first}-{part.end - 1}" + ("" if part is not placement.coordinator else " + output")
+
+
 def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | None", title: str | None = None) -> None:
-    table = Table("tower", "role", "layers", "memory", "RPC", "RTT from coordinator",
-                  title=title or f"no single tower has room: split over {len(placement.parts)} towers")
+    table = Table("tower", "role", "holds", "memory", "RPC", "RTT from coordinator",
+                  title=title or f"split over {len(placement.parts)} towers ({placement.strategy})")
     for p in placement.parts:
         worker = p is not placement.coordinator
-        table.add_row(p.offer.name, "worker" if worker else "coordinator",
-                      f"{p.first}-{p.end - 1}" + ("" if worker else " + output"),
+        table.add_row(p.offer.name, "worker" if worker else "coordinator", _holds(placement, p),
                       f"~{p.mib} of {p.offer.lend_mib} MiB lent", rpc.get(p.offer.name, "-"),
                       f"{p.offer.rtt_s * 1000:.1f} ms" if worker else "-")
     out.print(table)
@@ -293,7 +317,7 @@ def _print_split(placement: "Plan", rpc: dict[str, str], single: "Estimate | Non
     if placement.estimate is not None:
         e = placement.estimate
         out.print(f"  estimate split: ~{e.tokens_per_s:.1f} tokens/s, +{e.added_ttft_s * 1000:.0f} ms to the first "
-                  "token (100-token prompt)")
+                  "token (over one tower's)")
         if placement.workers:
             out.print(f"  each worker's link carries ~{e.link_bytes_per_token / 1000:.1f} kB per token (both ways)")
     if single is not None:

@@ -381,8 +381,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         """The InferenceStream of an ai/inference ``payload`` (see execute)."""
         ask, started = Ask.of(payload), time.perf_counter()
         choices = self.rank(ask.model, adapter=ask.adapter, tower=tower)
-        split = None if tower or ask.adapter else splitroute.single_or_split(self, ask.model, choices,
-                                                                              payload.get("split_policy", "auto"))
+        split = None if tower or ask.adapter else splitroute.single_or_split(
+            self, ask.model, choices, payload.get("split_policy", "auto"), payload.get("placement", "auto"),
+            splitroute.strategies.shape_of(payload))
         if split is not None:
             return splitroute.SplitStream(self, payload, *split, progress=progress, started=started)
         return InferenceStream(self, payload, choices, progress=progress, started=started,

@@ -22,12 +22,13 @@ from typing import Any, cast
 from announce.caps import Caps
 from announce.table import TowerEntry
 from links.wire import LINK_LOST, Code, WireError
-from reticulum_grid.client import estimates, router
+from reticulum_grid.client import estimates, router, strategies
 from reticulum_grid.client.parts import GridParts
 from reticulum_grid.client.pieces import Text, ToolCallDelta, Usage
 from reticulum_grid.client.stream import InferenceStream, continued
-from reticulum_grid.split import estimate
-from reticulum_grid.split.plan import Offer, Plan, PlanError, plan
+from reticulum_grid.split import estimate, tensor
+from reticulum_grid.split.experts import plan_experts
+from reticulum_grid.split.plan import STRATEGIES, Offer, Plan, PlanError, plan
 from reticulum_grid.split.supervisor import named_worker
 from reticulum_grid.store import gguf_info
 from reticulum_grid.store.sync import Progress
@@ -54,6 +55,9 @@ FACTS_POLL_S = 0.5
 #: How a request may be split (its ``split_policy``; "auto": only when no one tower can hold
 #: it, and not when the estimate is below MIN_SPLIT_TOKENS_S or a tower holding it partly in RAM is faster).
 POLICIES = ("auto", "always", "never")
+#: How a split request may be placed (its ``placement``): a strategy by name (which splits it whatever
+#: the policy says), or "auto": the planner's choice.
+PLACEMENTS = ("auto",) + STRATEGIES
 #: Estimated tokens/s below which "auto" refuses a split (too_slow) rather than run it.
 MIN_SPLIT_TOKENS_S = 1.0
 #: What a request that found every fitting worker held by other plans suggests waiting (seconds;
@@ -142,12 +146,14 @@ def _local_facts(grid: GridParts, model: str) -> tuple[int, int] | None:
     return gguf_info.need_mib(path, 4096, path.stat().st_size), gguf_info.architecture(path)[1]
 
 
-def make_plan(grid: GridParts, model: str,
-              exclude: Collection[bytes] = ()) -> tuple[Plan, dict[bytes, TowerEntry]]:
-    """(Plan, {destination hash: table entry}) over the live towers lending
-    memory that answer now, skipping ``exclude`` and towers that failed lately
-    (backed off). Every tower that answers the discovery ping counts, not only
-    the first heard (grid.discover: until the table goes quiet). Raises WireError(no_tower)."""
+def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (), strategy: str = "pipeline",
+              shape: tuple[int, int] = strategies.DEFAULT_SHAPE) -> tuple[Plan, dict[bytes, TowerEntry]]:
+    """(Plan, {destination hash: table entry}) of ``strategy`` (plan.STRATEGIES,
+    or "auto": the fastest for a request of ``shape``, (prompt tokens,
+    max_tokens), client/strategies.py) over the live towers lending memory
+    that answer now, skipping ``exclude`` and towers that failed lately
+    (backed off). Every tower that answers the discovery ping counts, not
+    only the first heard (grid.discover: until the table goes quiet). Raises WireError(no_tower)."""
     grid.discover(lambda entries: False, PLAN_TIMEOUT_S)
     lenders = [e for e in grid.table.live() if e.caps.lend_mib and e.destination_hash not in exclude
                and not grid.health.get(e.destination_hash).backed_off()]
@@ -163,24 +169,44 @@ def make_plan(grid: GridParts, model: str,
     if fact is None:
         raise WireError(Code.NO_TOWER, f"no tower could say how many layers {model!r} has "
                                        f"within {FACTS_WAIT_S:.0f} s")
+    known = grid.model_facts.get(model, {})
     try:
-        first = plan(_offers(grid, live, model), *fact)
+        first = _place("pipeline" if strategy == "auto" else strategy, _offers(grid, live, model), fact, known)
         coordinator = next(e for e in live if e.destination_hash == first.coordinator.offer.key)
         rtts, rates = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
-        if rtts:  # the coordinator's own view: it pays these round trips on every token
-            reached = [e for e in live if e is coordinator or e.destination_hash in rtts]
-            placement = plan(_offers(grid, reached, model, rtts, coordinator), *fact)
-        else:
-            placement = first
+        # the coordinator's own view: it pays these round trips on every token
+        reached = [e for e in live if e is coordinator or e.destination_hash in rtts] if rtts else live
+        view = _offers(grid, reached, model, rtts, coordinator) if rtts else _offers(grid, live, model)
+        costs = strategies.costs(grid, live, model, fact, rtts or {
+            e.destination_hash: grid.health.get(e.destination_hash).rtt_s for e in live}, rates)
+        if strategy == "auto":
+            return strategies.auto(lambda name, offers: _place(name, offers, fact, known), view, costs,
+                                   shape), {e.destination_hash: e for e in live}
+        placement = _place(strategy, view, fact, known) if rtts else first
     except PlanError as e:
-        raise WireError(Code.NO_TOWER, f"{model!r} does not fit the grid: {e}") from None
-    known = grid.model_facts.get(model, {})
+        raise WireError(Code.NO_TOWER, f"{model!r} does not fit the grid{_as(strategy)}: {e}") from None
+    if strategy != "pipeline":
+        return strategies.estimated(placement, costs, shape)[0], {e.destination_hash: e for e in live}
     size = known.get("bytes") or fact[0] * MIB
     cost = estimate.split(placement, size, {e.destination_hash: estimates.bandwidth(grid, e, grid.served)
                                             for e in live}, rtts or {p.offer.key: p.offer.rtt_s
                                                                      for p in placement.parts},
                           known.get("embedding", 4096), rates)
     return dataclasses.replace(placement, estimate=cost), {e.destination_hash: e for e in live}
+
+
+def _place(strategy: str, offers: list[Offer], fact: tuple[int, int], known: dict[str, int]) -> Plan:
+    """The Plan of ``strategy`` for a model of ``fact`` (need MiB, layers) and
+    ``known`` facts (its expert tensors' bytes). Raises PlanError."""
+    if strategy == "experts":
+        return plan_experts(offers, *fact, -(-known.get("expert_bytes", 0) // MIB))
+    if strategy == "tensor":
+        return tensor.plan_tensor(offers, *fact)
+    return plan(offers, *fact)
+
+
+def _as(strategy: str) -> str:
+    return "" if strategy == "pipeline" else f" with {strategy} placement"
 
 
 def _offers(grid: GridParts, entries: Sequence[TowerEntry], model: str, rtts: dict[bytes, float] | None = None,
@@ -196,14 +222,21 @@ def _offers(grid: GridParts, entries: Sequence[TowerEntry], model: str, rtts: di
                   e.caps.model(model) is not None) for e in entries]
 
 
-def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice],
-                    policy: str) -> tuple[Plan, dict[bytes, TowerEntry]] | None:
+def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice], policy: str,
+                    strategy: str = "auto", shape: tuple[int, int] = strategies.DEFAULT_SHAPE,
+                    ) -> tuple[Plan, dict[bytes, TowerEntry]] | None:
     """None to run ``model`` whole on the ranked towers, else (Plan, entries) to
-    run it split (see POLICIES and choose). Raises WireError (too_slow,
-    no_tower, bad_request for an unknown policy)."""
+    run it split (see POLICIES, PLACEMENTS and choose); a ``strategy`` by name
+    splits it as "always" would, "auto" picks the fastest for a request of
+    ``shape`` (prompt tokens, max_tokens). Raises WireError (too_slow, no_tower,
+    bad_request for an unknown policy or strategy)."""
+    if strategy not in PLACEMENTS:
+        raise WireError(Code.BAD_REQUEST, f"placement must be one of {', '.join(PLACEMENTS)}")
+    if strategy != "auto" and policy != "never":
+        policy = "always"
     if not needs_split(grid, model, ranked, policy):
         return None
-    placement, entries = make_plan(grid, model)
+    placement, entries = make_plan(grid, model, strategy=strategy, shape=shape)
     if policy == "always":
         return placement, entries
     need = grid.needs.get(model, 0)
@@ -229,11 +262,11 @@ def choose(model: str, split_estimate: estimate.Estimate, single_estimate: estim
     return True
 
 
-def wire_plan(placement: Plan, experts: bool = False) -> dict[str, Any]:
-    """The ``split`` field of an ai/inference request for ``placement``;
-    ``experts``: MoE expert tensors on the workers, the rest on the coordinator."""
+def wire_plan(placement: Plan) -> dict[str, Any]:
+    """The ``split`` field of an ai/inference request for ``placement`` (its
+    strategy; ``experts`` too, as coordinators before strategies read it)."""
     return {"parts": [{"key": p.offer.key, "first": p.first, "end": p.end} for p in placement.parts],
-            "experts": experts}
+            "experts": placement.strategy == "experts", "strategy": placement.strategy}
 
 
 class _PlanStream(InferenceStream):
@@ -296,6 +329,9 @@ class SplitStream:
                 self.ids += stream.ids
                 self.generated += stream.generated
                 held = named_worker(e.message) if e.code == Code.BUSY else None
+                if self._refused_tensor(e):  # the planner's pick, for an architecture llama.cpp splits otherwise
+                    self.plan, self.entries = make_plan(self.grid, self.payload["model"], strategy="pipeline")
+                    continue
                 if e.code not in REPLAN_ON and held is None:
                     raise
                 if held is not None:  # its RPC server serves another coordinator's plan (split/lease.py)
@@ -313,12 +349,16 @@ class SplitStream:
         raise WireError(Code.UNREACHABLE, f"the split model failed {MAX_PLANS} times: {'; '.join(errors)}")
 
     def _start(self) -> _PlanStream:
-        # "placement": "experts" (a client-side option) puts MoE experts on the workers.
         payload = continued(self.payload, self.ids, self.generated)
-        payload["split"] = wire_plan(self.plan, experts=self.payload.get("placement") == "experts")
+        payload["split"] = wire_plan(self.plan)
         coordinator = self.entries[self.plan.coordinator.offer.key]
         return _PlanStream(self.grid, payload, [router.Choice(coordinator, ())], progress=self.progress,
                            started=self.started)
+
+    def _refused_tensor(self, error: WireError) -> bool:
+        """True when a tensor plan the planner picked (placement auto) was refused before any token."""
+        return error.code == Code.UNSUPPORTED and self.plan.strategy == "tensor" and not self.generated \
+            and self.payload.get("placement", "auto") == "auto"
 
     def _mark_claim(self, error: WireError) -> None:
         """The plan did not load for want of memory on the worker the
@@ -349,7 +389,8 @@ class SplitStream:
         log.info("split failed; planning again without %s", ", ".join(
             e.name for e in towers if e.destination_hash in gone | self.busy) or "nobody")
         try:
-            self.plan, self.entries = make_plan(self.grid, model, exclude=gone | self.busy)
+            self.plan, self.entries = make_plan(self.grid, model, exclude=gone | self.busy,
+                                                strategy=self.plan.strategy)
         except WireError as e:
             if e.code != Code.NO_TOWER or not self.busy:
                 raise

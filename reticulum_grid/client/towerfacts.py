@@ -97,4 +97,6 @@ class TowerFacts(_Parts):
             known["bytes"] = blob.size
             if blob.embedding is not None:
                 known["embedding"] = blob.embedding
+            if blob.expert_bytes:
+                known["expert_bytes"] = blob.expert_bytes
         return self.table.refresh_caps(key, full.caps) or entry

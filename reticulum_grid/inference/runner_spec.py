@@ -21,7 +21,9 @@ class RunnerSpec:
     defaults, common/common.h); ``embeddings``
     with ``pooling`` (for a model that names none, e.g. a chat model); ``rpc``:
     "127.0.0.1:port" RPC endpoints (split models); ``overrides``:
-    llama.cpp ``--override-tensor`` rules ("regex=buffer type")."""
+    llama.cpp ``--override-tensor`` rules ("regex=buffer type"); ``split_mode``:
+    llama.cpp's ("tensor"; "": its default, layers) over ``devices`` (names,
+    in order; (): llama.cpp's choice)."""
     path: str
     n_ctx: int = 4096
     parallel: int = 1
@@ -38,6 +40,8 @@ class RunnerSpec:
     rpc: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     fit: bool = False  # llama.cpp chooses how many layers fit on the GPUs (the rest stay in RAM)
+    split_mode: str = ""
+    devices: tuple[str, ...] = ()
 
     def argv(self, port: int) -> list[str]:
         argv = [engine.binary(engine.SERVER), "-m", self.path, "--host", "127.0.0.1", "--port", str(port),
@@ -72,6 +76,10 @@ class RunnerSpec:
                 argv += ["--pooling", self.pooling]
         if self.rpc:
             argv += ["--rpc", ",".join(self.rpc)]
+        if self.devices:  # after --rpc: llama.cpp names the RPC devices as it reads that flag
+            argv += ["-dev", ",".join(self.devices)]
+        if self.split_mode:
+            argv += ["-sm", self.split_mode]
         for rule in self.overrides:
             argv += ["-ot", rule]
         return argv

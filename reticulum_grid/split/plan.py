@@ -74,16 +74,24 @@ class Estimate:
                 "where": self.where, "link_bytes_per_token": self.link_bytes_per_token}
 
 
+#: How a plan spreads a model: layers in order, an MoE model's expert tensors on the workers
+#: (split/experts.py), or each layer's weights across every tower (split/tensor.py).
+STRATEGIES = ("pipeline", "experts", "tensor")
+
+
 @dataclass(frozen=True)
 class Plan:
     """``workers`` hold the first layers in order; ``coordinator`` the rest and
-    the output layer. ``reasons``: why, in words."""
+    the output layer. ``reasons``: why, in words. Under another ``strategy``
+    the parts' layer counts are each tower's share: of the expert tensors
+    (experts: workers only) or of every layer's weights (tensor)."""
     coordinator: Part
     workers: tuple[Part, ...] = ()
     need_mib: int = 0
     n_layers: int = 0
     reasons: tuple[str, ...] = field(default=(), compare=False)
     estimate: Estimate | None = field(default=None, compare=False)  # split/estimate.py's, once made
+    strategy: str = "pipeline"
 
     @property
     def parts(self) -> tuple[Part, ...]:
@@ -95,7 +103,8 @@ class Plan:
 
     def to_map(self) -> dict[str, Any]:
         """The plan as plain data (for --json and for the coordinator)."""
-        return {"need_mib": self.need_mib, "n_layers": self.n_layers, "reasons": list(self.reasons),
+        return {"strategy": self.strategy, "need_mib": self.need_mib, "n_layers": self.n_layers,
+                "reasons": list(self.reasons),
                 **({"estimate": self.estimate.to_map()} if self.estimate is not None else {}),
                 "parts": [{"tower": p.offer.name, "destination": p.offer.key.hex(), "first": p.first, "end": p.end,
                            "mib": p.mib, "role": "coordinator" if p is self.coordinator else "worker"}

@@ -32,7 +32,7 @@ from reticulum_grid.inference.placement import LoadError
 from reticulum_grid.inference.request import InferenceRequest
 from reticulum_grid.inference.runner import Runner, RunnerError
 from reticulum_grid.inference.runner_spec import RunnerSpec
-from reticulum_grid.split import experts, speculation
+from reticulum_grid.split import experts, speculation, tensor
 
 log = logging.getLogger("rngrid.split")
 
@@ -56,7 +56,7 @@ def layout(counts: Sequence[int], endpoints: Sequence[str], coordinator_gpu: boo
            path: object = None) -> tuple[int, tuple[float, ...], tuple[str, ...]]:
     """(n_gpu_layers, tensor_split, overrides) for a runner holding a model
     split as ``counts`` (layers per part: workers in order, the coordinator
-    last) over the RPC ``endpoints`` (one per worker)."""
+    last) over the RPC ``endpoints`` (one per worker), in layers or (``expert_mode``) experts."""
     workers, own = list(counts[:-1]), counts[-1]
     if expert_mode:
         bufts = [experts.rpc_buffer_type(e) for e in endpoints]
@@ -106,7 +106,10 @@ def worker_blocks(counts: Sequence[int], coordinator_gpu: bool) -> list[tuple[in
 
 class SplitModel:
     """A model split over RPC ``endpoints`` (``counts`` layers each, in order;
-    the rest on this tower). ``key`` identifies the plan it was built for;
+    the rest on this tower) by ``strategy`` (plan.STRATEGIES: "experts" puts
+    the workers' share of expert tensors on them; "tensor" splits every
+    layer by ``counts`` as shares over the endpoints and this tower's GPU,
+    a CPU tower's own share being its last endpoint). ``key`` identifies the plan it was built for;
     ``gpu``: this tower's own llama.cpp device ("CUDA0"; "" on a CPU tower);
     ``draft``: a small model's path for speculative decoding, run whole on
     this tower (each round trip to the workers then verifies several tokens),
@@ -114,12 +117,18 @@ class SplitModel:
     llama.cpp's default) and stopping at an unsure one (speculation.P_MIN)."""
 
     def __init__(self, key: object, path: str | os.PathLike[str], n_ctx: int, endpoints: Sequence[str],
-                 counts: Sequence[int], log_path: Path, threads: int = 0, experts: bool = False, gpu: str = "",
+                 counts: Sequence[int], log_path: Path, threads: int = 0, strategy: str = "pipeline", gpu: str = "",
                  draft: str = "", draft_max: int = 0, freeze_s: float = FREEZE_S) -> None:
-        ngl, split, overrides = layout(counts, endpoints, bool(gpu), experts, path)
+        devices: tuple[str, ...] = ()
+        overrides: tuple[str, ...] = ()
+        if strategy == "tensor":
+            ngl, split, devices = 999, tuple(float(c) for c in counts), tensor.devices(endpoints, gpu)
+        else:
+            ngl, split, overrides = layout(counts, endpoints, bool(gpu), strategy == "experts", path)
         self.key = key
         self.spec = RunnerSpec(str(path), n_ctx=n_ctx, parallel=1, n_gpu_layers=ngl, threads=threads,
                                tensor_split=split, rpc=tuple(endpoints), overrides=overrides, draft=draft,
+                               split_mode="tensor" if strategy == "tensor" else "", devices=devices,
                                draft_device=gpu or "none", draft_max=draft_max,
                                draft_p_min=speculation.P_MIN if draft else 0.0)
         self.runner = Runner(self.spec, log_path, name="split", restart=False, stream_timeout_s=freeze_s)
@@ -140,6 +149,10 @@ class SplitModel:
                                               f"(nothing for {quiet_s:.0f} s); the split model was stopped") from None
             if e.out_of_memory:
                 raise SplitOutOfMemory(self._endpoint_of(e.buffer), f"the split model did not load: {e}") from None
+            refused = tensor.refused_architecture(self.runner.log_text())
+            if refused is not None and self.spec.split_mode == "tensor":
+                raise WireError(Code.UNSUPPORTED, f"llama.cpp's tensor split mode does not support architecture "
+                                                  f"{refused!r}: ask for pipeline or experts placement") from None
             raise WireError(Code.UNREACHABLE, f"the split model did not load: {e}") from None
         log.info("split model up: %s", self.weights_mib)
         return self

@@ -54,6 +54,7 @@ class ModelFacts:
     parameters: int = 0  # weights, summed over the tensors
     quantization: str | None = None  # llama.cpp's file type ("Q4_1"); None when the file or gguf does not say
     name: str | None = None  # general.name, when the file carries a showable one
+    expert_bytes: int = 0  # bytes of the expert tensors (0 for a dense model)
 
 
 _facts: dict[tuple[str, int, int], ModelFacts] = {}
@@ -88,7 +89,8 @@ def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
     return ModelFacts(arch, blocks, heads, number("attention.head_count_kv", heads), number("embedding_length", 0),
                       number("context_length", 4096), number("pooling_type", 0), _vocabulary_id(reader),
                       frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors),
-                      int(sum(int(t.n_elements) for t in reader.tensors)), _quantization(reader), _name(reader))
+                      int(sum(int(t.n_elements) for t in reader.tensors)), _quantization(reader), _name(reader),
+                      int(sum(int(t.n_bytes) for t in reader.tensors if "_exps" in t.name)))
 
 
 def _quantization(reader: gguf.GGUFReader) -> str | None:

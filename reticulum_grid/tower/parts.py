@@ -1,4 +1,4 @@
-"""What a tower's capabilities (blobs, jobs, dp, inference, split, voice), its
+"""What a tower's capabilities (blobs, jobs, dp, inference, split, shard, voice), its
 Link sessions and the daemon's own command handlers use of the ``Tower``
 (tower/daemon.py), for the type checker; what one capability asks of another
 is a small protocol here, so no capability module imports another's.
@@ -16,6 +16,9 @@ from reticulum_grid.node.hardware import CachedProbe
 from reticulum_grid.store.blobstore import BlobStore
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from reticulum_grid.node.dataplane import Forwarder
     from reticulum_grid.inference.facts import ModelFactsReader
     from reticulum_grid.inference.generation import Generation
     from links.usage import StreamUsage
@@ -27,6 +30,12 @@ class SplitServing(Protocol):
     def inference(self, session: Any, request: dict[str, Any]) -> dict[str, Any]: ...  # session: a LinkSession
 
     def draft_for(self, slot: ModelSlot) -> str: ...
+
+
+class ShardLending(Protocol):
+    """What a part asks of the tower's worker end (tower/shard.py)."""
+
+    def lend_to_self(self, owners: "Callable[[], list[int]]") -> "tuple[Forwarder, Callable[[], None]]": ...
 
 
 class UsageOf(Protocol):
@@ -56,6 +65,9 @@ class TowerParts(Protocol):
 
     @property
     def split(self) -> SplitServing: ...
+
+    @property
+    def shard(self) -> ShardLending: ...
 
     @property
     def facts(self) -> "ModelFactsReader": ...

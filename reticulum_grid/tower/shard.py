@@ -17,6 +17,7 @@ coordinator asks again while "seeding" (tower/split.py SEED_WAIT_S at most), the
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from announce.caps import Hardware
@@ -24,6 +25,7 @@ from announce.caps import Hardware
 from links.commands import Command, bind
 from links.wire import Code, Field, WireError, max_len, validate
 from reticulum_grid.node import engine
+from reticulum_grid.node.dataplane import Forwarder
 from reticulum_grid.split import direct
 from reticulum_grid.split.lease import Holder, RpcLease
 from reticulum_grid.split.rpcworker import RpcUnavailable, RpcWorker
@@ -106,6 +108,33 @@ class TowerShard:
             session.fronts.append(front)
             session.on_close(front.close)
         return reply
+
+    def lend_to_self(self, owners: Callable[[], list[int]]) -> tuple[Forwarder, Callable[[], None]]:
+        """This tower's RPC server for its own tensor-parallel plan (a CPU
+        tower's share of llama.cpp's meta device, split/tensor.py), leased as
+        any coordinator leases it, reached through a loopback data-plane front
+        (direct.py) whose forwarder admits ``owners()``'s processes only.
+        Returns (the forwarder, a function that ends the loan). Raises
+        WireError (unsupported without an RPC server, busy while another plan holds it)."""
+        if not engine.available(engine.RPC_SERVER):
+            raise WireError(Code.UNSUPPORTED, f"this tower has no {engine.RPC_SERVER} for its share of a tensor split")
+        token = object()
+        front, reply = direct.offer("127.0.0.1", "127.0.0.1", self.worker.connect)
+        me = self.tower.identity.hash
+        self.lease.take(Holder(token, me, "this tower's own tensor split", end=front.close,
+                               last_active=lambda: front.moved.last_active))
+        forwarder = cast(Forwarder, direct.forwarder({"dataplane": reply}, owners))
+
+        def end() -> None:
+            forwarder.close()
+            front.close()
+            self.lease.release(token)
+        try:
+            self.worker.ready()
+        except RpcUnavailable as e:
+            end()
+            raise WireError(Code.BUSY, str(e), retry_after=10.0) from None
+        return forwarder, end
 
     def seed(self, session: "LinkSession", request: dict[str, Any]) -> dict[str, Any]:
         """shard/seed: start (or report) seeding the tensor cache with a model's blocks from this tower's store."""

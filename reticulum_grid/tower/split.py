@@ -19,7 +19,12 @@ tower's own), so the client believes that tower lends less (client/split.py).
 
     {"parts": [{"key": worker destination hash (16 bytes), "first": int, "end": int}, ...,
                {"key": this tower's destination hash, "first": int, "end": n_layers}],
-     "experts": bool}     # MoE: expert tensors on the workers, the rest here
+     "strategy": "pipeline" | "experts" | "tensor",   # split/plan.py STRATEGIES (default pipeline)
+     "experts": bool}     # the same as strategy "experts" (MoE: expert tensors on the workers, the rest here)
+
+Under "tensor" the parts' layer counts are each tower's share of every layer
+(split/tensor.py); a CPU coordinator lends its own RPC server to its share
+(tower/shard.py lend_to_self).
 """
 
 import logging
@@ -42,6 +47,7 @@ from reticulum_grid.node.connection import TowerConnection
 from reticulum_grid.node.dataplane import Forwarder
 from reticulum_grid.split import direct, estimate, experts, speculation
 from reticulum_grid.store import gguf_info
+from reticulum_grid.split.plan import STRATEGIES
 from reticulum_grid.split.probe import LinkProbe
 from reticulum_grid.split.rpcworker import hello
 from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker, worker_blocks
@@ -57,8 +63,8 @@ log = logging.getLogger("rngrid.tower.split")
 MAX_PARTS = 8
 #: One part of a split plan: (the tower's destination hash, its first layer, the layer after its last).
 Part = tuple[bytes, int, int]
-#: What a split model is built for: (the model's blob id, the plan's parts, expert placement).
-Want = tuple[bytes, tuple[Part, ...], bool]
+#: What a split model is built for: (the model's blob id, the plan's parts, its strategy).
+Want = tuple[bytes, tuple[Part, ...], str]
 #: Longest a coordinator waits for a worker to seed its tensor cache before loading anyway (seconds).
 SEED_WAIT_S = 300.0
 #: How often it asks (seconds).
@@ -79,6 +85,8 @@ class TowerSplit:
         self.model: SplitModel | None = None
         # (TowerConnection, TunnelListener or Forwarder) of the loaded split model
         self.links: list[tuple[TowerConnection, Forwarder | TunnelListener | None]] = []
+        # this tower's own RPC server for its share of a tensor split (a CPU tower), and what ends that loan
+        self.own_share: tuple[Forwarder, Callable[[], None]] | None = None
         self._lock = threading.Lock()
 
     def commands(self) -> list[Command]:
@@ -106,7 +114,10 @@ class TowerSplit:
             raise WireError(Code.UNSUPPORTED, "a split model runs without LoRA adapters")
         slot = self.tower.registry.find(parsed.model)
         parts = self._parse_parts(split, gguf_info.facts(slot.path).blocks)
-        want = (slot.blob_id, tuple(parts), bool(split.get("experts")))
+        strategy = split.get("strategy", "experts" if split.get("experts") is True else "pipeline")
+        if strategy not in STRATEGIES:
+            raise WireError(Code.BAD_REQUEST, f"split.strategy must be one of {', '.join(STRATEGIES)}")
+        want = (slot.blob_id, tuple(parts), strategy)
 
         def generate(model: SplitModel, result: Generation, cancel: threading.Event) -> Iterator[Piece]:
             yield from model.generate(parsed, cancel, result)
@@ -152,17 +163,17 @@ class TowerSplit:
                     c.link is not None and cast(ChannelRouter, c.router).link_usable() for c, _ in self.links):
                 return self.model
             self._drop_model()
-            _, parts, expert_mode = want
-            if expert_mode and not experts.has_experts(slot.path):
+            _, parts, strategy = want
+            if strategy == "experts" and not experts.has_experts(slot.path):
                 raise WireError(Code.BAD_REQUEST, "expert placement needs a model with expert tensors")
             try:
-                self.model = self._build(slot, want, parts, expert_mode)
+                self.model = self._build(slot, want, parts, strategy)
             except BaseException:
                 self._drop_model()  # the Links and tunnels made so far
                 raise
             return self.model
 
-    def _build(self, slot: ModelSlot, want: Want, parts: tuple[Part, ...], expert_mode: bool) -> SplitModel:
+    def _build(self, slot: ModelSlot, want: Want, parts: tuple[Part, ...], strategy: str) -> SplitModel:
         # The tunnel listeners accept the split model's own connections only (tunnel.py).
         building: dict[str, SplitModel] = {}
 
@@ -179,7 +190,7 @@ class TowerSplit:
             for attempt in range(1, LINK_TRIES + 1):
                 conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
                 self.links.append((conn, None))
-                if not expert_mode and attempt == 1:
+                if strategy == "pipeline" and attempt == 1:  # other strategies' shares are no whole blocks
                     _await_seed(conn, slot.blob_id, held)
                 listener = self._tunnel_to(key, conn, owners)
                 self.links[-1] = (conn, listener)
@@ -196,10 +207,13 @@ class TowerSplit:
             endpoints.append(listener.endpoint)
             log.info("split worker %s: RPC %s", key.hex()[:16],
                      "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel")
+        if strategy == "tensor" and not self._own_gpu():  # llama.cpp's meta device takes no CPU: lend this one's RPC
+            self.own_share = self.tower.shard.lend_to_self(owners)
+            endpoints.append(self.own_share[0].endpoint)
         draft = self.draft_for(slot)
         model = building["model"] = SplitModel(want, slot.path, self.tower.registry.n_ctx(slot), endpoints, counts,
                                                self.tower.config.directory / "split-model.log",
-                                               threads=slot.settings.threads, experts=expert_mode,
+                                               threads=slot.settings.threads, strategy=strategy,
                                                gpu=self._own_gpu(), draft=draft,
                                                draft_max=self._draft_max(draft, [key for key, _, _ in parts[:-1]]))
         started = time.perf_counter()
@@ -279,6 +293,9 @@ class TowerSplit:
                 listener.close()
             conn.close()
         self.links = []
+        if self.own_share is not None:
+            self.own_share[1]()
+            self.own_share = None
 
     def _stream_failed(self, error: WireError) -> None:
         log.info("split stream failed: %s", error)

@@ -1,0 +1,169 @@
+"""Which strategy a split request runs with (``--split auto``): each candidate
+plan's cost for this request, and the fastest. Pure functions.
+
+A request costs its time to first token (the prompt's prefill) plus
+``max_tokens`` over its decode rate. Per strategy (plan.STRATEGIES):
+
+- **pipeline**: decode as split/estimate.py (the stages in turn, round trips
+  per remote stage); prefill runs the stages in turn too, plus the prompt's
+  activations over each worker's link.
+- **experts**: the coordinator reads all but the experts each token, a worker
+  the active share (ACTIVE_EXPERTS) of the experts it holds; every layer whose
+  experts sit on a worker costs EXPERT_ROUND_TRIPS round trips to it and its
+  hidden state both ways. Prefill is the pipeline's, with those crossings per
+  layer.
+- **tensor**: the towers read their shares at once (the slowest sets the
+  pace) and every layer synchronises SYNCS_PER_LAYER times, each costing
+  TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS round trips to the farthest
+  worker and the hidden state of every token in flight over the slowest link; prefill computes on all
+  towers at once at TENSOR_EFFICIENCY of their summed rates.
+
+A tower prefills PREFILL_PER_DECODE[backend] times as many tokens a second as
+it decodes. The constants come from measurements (their comments say which);
+bench/split.py --strategy checks the estimates against what runs.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reticulum_grid.split import estimate
+from reticulum_grid.split.plan import Plan
+
+#: Prompt tokens a second per decoded token a second (prior per backend). CPU, measured: SmolLM2-135M with one
+#: thread prefilled a 1k-token prompt at 213 tokens/s and decoded at 67.4 (issue 32's loopback run).
+PREFILL_PER_DECODE = {"cpu": 3.2, "cuda": 60.0, "rocm": 50.0, "metal": 20.0, "vulkan": 30.0, "sycl": 30.0}
+#: Share of an MoE layer's experts a token runs (prior: top-2 of 8).
+ACTIVE_EXPERTS = 0.25
+#: Round trips to a worker per layer whose experts it holds. Measured (bench/split.py --strategy experts,
+#: loopback data plane, a Qwen3-MoE shape of 8 layers all on one worker): 6.4 of the coordinator's round trips
+#: a token, 0.8 a layer (the data plane's own round trip is shorter than the RNS one it measures).
+EXPERT_ROUND_TRIPS = 1.0
+#: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
+SYNCS_PER_LAYER = 2
+#: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
+#: device reads each device's partial result and writes the sum back, command by command) and the hidden state's
+#: bytes. The round trip is the coordinator's measured one less PROBE_OVERHEAD_S, what its RNS probe adds over a
+#: TCP round trip (0.33 ms on loopback, where TCP takes well under 0.05). Fitted to bench/split.py --strategy
+#: tensor with SmolLM2-135M (30 layers, 2 syncs each, one thread per device, data plane): loopback 65.9-72.7 ms
+#: a token against 6.0-6.6 in one process (~1.1 ms a sync at a 0.33 ms probe RTT); the lab's LAN (1.1 ms) 464 ms
+#: (7.7 ms a sync). (Two bare ggml-rpc-servers on another machine took 1.7 ms a sync on loopback.)
+TENSOR_SYNC_S = 0.9e-3
+TENSOR_SYNC_ROUND_TRIPS = 8.0
+PROBE_OVERHEAD_S = 0.3e-3
+#: What tensor-parallel prefill keeps of the towers' summed prefill rates (the bare RPC servers' run: a 1k-token prompt in
+#: 3.5 s against 4.7 s in one process, the synchronisations above taken out).
+TENSOR_EFFICIENCY = 0.75
+#: How much faster (total time) another strategy must be estimated than the pipeline to be picked: the
+#: pipeline alone lets workers seed their tensor caches from their own copies (tower/shard.py), it is
+#: llama.cpp's stable mode (tensor is EXPERIMENTAL, and its sums in another order can change a token where
+#: two are nearly tied), and estimates err by up to 30 %.
+AUTO_MARGIN = 1.2
+#: Tokens llama.cpp prefills in one batch (its default n_ubatch): each costs its own synchronisations.
+UBATCH = 512
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the towers of a request's candidate plans offer, by destination
+    hash: ``bandwidths`` (bytes/s of weights), ``rtts`` (s, coordinator to
+    worker), ``rates`` (bytes/s of each worker's link; estimate.PRIOR_LINK_RATE
+    where missing), ``backends`` ("cpu", "cuda", ...); the model's
+    ``model_bytes``, ``expert_bytes`` and ``embedding`` width."""
+    bandwidths: Mapping[bytes, float]
+    rtts: Mapping[bytes, float]
+    rates: Mapping[bytes, float]
+    backends: Mapping[bytes, str]
+    model_bytes: int
+    expert_bytes: int
+    embedding: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy's plan for a request: ``tokens_per_s`` decoding, ``ttft_s``
+    (the prompt's prefill and its crossings), ``total_s`` for the whole request."""
+    plan: Plan
+    tokens_per_s: float
+    ttft_s: float
+    total_s: float
+
+    def to_map(self) -> dict[str, object]:
+        return {"strategy": self.plan.strategy, "towers": self.plan.towers, "tokens_per_s": round(self.tokens_per_s, 2),
+                "ttft_s": round(self.ttft_s, 3), "total_s": round(self.total_s, 3)}
+
+
+def cost(placement: Plan, c: Costs, prompt_tokens: int, max_tokens: int) -> Candidate:
+    """The Candidate of ``placement`` for a request of ``prompt_tokens`` and ``max_tokens``."""
+    per_token, prefill = {"experts": _experts, "tensor": _tensor}.get(placement.strategy, _pipeline)(
+        placement, c, max(prompt_tokens, 1))
+    return Candidate(placement, 1.0 / per_token, prefill, prefill + max_tokens * per_token)
+
+
+def pick(candidates: list[Candidate]) -> tuple[Candidate, str]:
+    """The fastest candidate for its request (the pipeline unless another is
+    AUTO_MARGIN times faster) and why, in words. Raises IndexError on none."""
+    ranked = sorted(candidates, key=lambda k: k.total_s)
+    best, note = ranked[0], ""
+    pipeline = next((k for k in ranked if k.plan.strategy == "pipeline"), None)
+    if pipeline is not None and best is not pipeline and best.total_s * AUTO_MARGIN > pipeline.total_s:
+        note = f" ({best.plan.strategy} is estimated less than {AUTO_MARGIN - 1:.0%} faster)"
+        best = pipeline
+    why = f"{best.plan.strategy}: ~{best.total_s:.2f} s for the request " \
+          f"({best.ttft_s:.2f} s to the first token, ~{best.tokens_per_s:.1f} tokens/s){note}"
+    others = [k for k in ranked if k is not best]
+    if others:
+        why += "; " + ", ".join(f"{k.plan.strategy} ~{k.total_s:.2f} s" for k in others)
+    return best, why
+
+
+def _prefill_rate(c: Costs, key: bytes, share_bytes: float) -> float:
+    """Prompt tokens/s the tower ``key`` prefills a part of ``share_bytes`` at."""
+    decode = c.bandwidths[key] / max(share_bytes, 1.0)
+    return decode * PREFILL_PER_DECODE.get(c.backends.get(key, "cpu"), PREFILL_PER_DECODE["cpu"])
+
+
+def _rate(c: Costs, key: bytes) -> float:
+    return c.rates.get(key, estimate.PRIOR_LINK_RATE)
+
+
+def _pipeline(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
+    cost = estimate.split(placement, c.model_bytes, dict(c.bandwidths), dict(c.rtts), c.embedding, dict(c.rates),
+                          prompt)
+    n = max(placement.n_layers, 1)
+    prefill = sum(prompt / _prefill_rate(c, p.offer.key, c.model_bytes * p.layers / n) for p in placement.parts)
+    return 1.0 / cost.tokens_per_s, prefill + cost.added_ttft_s
+
+
+def _experts(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
+    n = max(placement.n_layers, 1)
+    rest = c.model_bytes - c.expert_bytes
+    coordinator = placement.coordinator.offer.key
+    per_token = rest / c.bandwidths[coordinator]
+    prefill = prompt / _prefill_rate(c, coordinator, rest)
+    total = sum(p.layers for p in placement.workers) or 1
+    for part in placement.workers:
+        key, layers = part.offer.key, n * part.layers / total  # its share of the expert layers
+        held = c.expert_bytes * layers / n
+        crossing = 2 * c.embedding * 4 / _rate(c, key)
+        per_token += held * ACTIVE_EXPERTS / c.bandwidths[key] + layers * (
+            EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + crossing)
+        prefill += prompt / _prefill_rate(c, key, held * ACTIVE_EXPERTS) + layers * (
+            EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + prompt * crossing)
+    return per_token, prefill
+
+
+def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
+    n = max(placement.n_layers, 1)
+    shares = {p.offer.key: c.model_bytes * p.layers / n for p in placement.parts}
+    workers = [p.offer.key for p in placement.workers]
+    rtt = TENSOR_SYNC_ROUND_TRIPS * max(0.0, max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
+                                        - PROBE_OVERHEAD_S)
+    slowest = min((_rate(c, k) for k in workers), default=float("inf"))
+    syncs = SYNCS_PER_LAYER * n if workers else 0
+    state = c.embedding * 4 * 2  # one token's hidden state, out and back
+    per_token = max(share / c.bandwidths[k] for k, share in shares.items()) + syncs * (
+        TENSOR_SYNC_S + rtt + state / slowest)
+    summed = sum(_prefill_rate(c, k, c.model_bytes) for k in shares) * TENSOR_EFFICIENCY
+    batches = -(-prompt // UBATCH)
+    prefill = prompt / summed + syncs * (batches * (TENSOR_SYNC_S + rtt) + prompt * state / slowest)
+    return per_token, prefill
