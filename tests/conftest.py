@@ -42,6 +42,7 @@ class Hub:
         self.grid = grid
         self.address = address
         self.root = root
+        self.pooled = []  # towers the whole session shares (pool_tower): no module's end stops them
         self.towers = []
 
     def start_tower(self, name, models=None, allow=None, roles=("infer",), connect=None, blobs=(), trusted=True,
@@ -134,7 +135,7 @@ def module_leaves_nothing_behind():
     started, held = (len(_hubs[0].towers), _held(_hubs[0])) if _hubs else (0, set())
     yield
     if _hubs:
-        _hubs[0].stop_towers(_hubs[0].towers[started:])
+        _hubs[0].stop_towers([t for t in _hubs[0].towers[started:] if t not in _hubs[0].pooled])
         for name in _held(_hubs[0]) - held:  # a new alias, or a new blob with all its aliases
             with contextlib.suppress(WireError):
                 _hubs[0].grid.store.remove(name)
@@ -166,6 +167,7 @@ def pool_tower(hub):
     whole state, which other modules' requests share. A module that does keeps a tower of its own."""
     from tests.gateway_support import POOL_MODEL, start_tower
     tower = start_tower(hub, "pool", POOL_MODEL, roles=("infer", "sync"), settings={"embeddings": True})
+    hub.pooled.append(tower)  # it outlives the module that asked for it first (module_leaves_nothing_behind)
     yield tower
     hub.stop_towers([tower])
 

@@ -106,12 +106,12 @@ def test_ffa_averages_b_times_a_exactly(freeze):
         products.append(_product(model))
         deltas.append(step.delta())
     step.step(sum(deltas) / 3)
-    gap = float((_product(model) - sum(products) / 3).abs().max())
-    print(f"freeze_a={freeze}: max |B.A of the average - average of B.A| = {gap:.3g}")
+    mismatch = float((_product(model) - sum(products) / 3).abs().max())
+    print(f"freeze_a={freeze}: max |B.A of the average - average of B.A| = {mismatch:.3g}")
     if freeze:
-        assert gap <= 1e-6
+        assert mismatch <= 1e-6
     else:
-        assert gap > 1e-4
+        assert mismatch > 1e-4
 
 
 # -- real ranks ------------------------------------------------------------------
