@@ -108,9 +108,11 @@ def test_expert_placement_through_towers_matches_one_process(strategy_grid, qwen
     assert len(remote) == 1 and list(remote.values())[0] == pytest.approx(EXPERT_MIB, abs=0.5), remote
 
 
-def test_expert_placement_fails_over_when_its_worker_is_killed(strategy_grid, qwen_reference):
+def killed_worker_fails_over(strategy_grid, qwen_reference, placement, wait_towers):
+    """A ``placement`` plan's first worker killed mid-stream: the stream goes on from a new plan
+    without it, coordinated by st-a, and the text is one process's."""
     towers, client = strategy_grid
-    client.send(max_tokens=160, wait_towers=4, model=QWEN, placement="experts")
+    client.send(max_tokens=160, wait_towers=wait_towers, model=QWEN, placement=placement)
     plan = client.next()["plan"]
     first = client.next()["text"]  # mid-stream
     towers[plan[0]].kill()
@@ -118,6 +120,10 @@ def test_expert_placement_fails_over_when_its_worker_is_killed(strategy_grid, qw
     assert error is None, error
     assert usage["failovers"] >= 1 and plan[0] not in new_plan and new_plan[-1] == "st-a", (plan, new_plan)
     assert first + text == qwen_reference(160)
+
+
+def test_expert_placement_fails_over_when_its_worker_is_killed(strategy_grid, qwen_reference):
+    killed_worker_fails_over(strategy_grid, qwen_reference, "experts", wait_towers=4)
 
 
 def test_tensor_plan_through_towers_matches_one_process(strategy_grid, qwen_reference):
@@ -141,15 +147,7 @@ def test_tensor_split_of_an_architecture_llama_cpp_refuses_names_it(strategy_gri
 
 
 def test_tensor_plan_fails_over_when_its_worker_is_killed(strategy_grid, qwen_reference):
-    towers, client = strategy_grid
-    client.send(max_tokens=160, wait_towers=3, model=QWEN, placement="tensor")
-    plan = client.next()["plan"]
-    first = client.next()["text"]  # mid-stream
-    towers[plan[0]].kill()
-    text, usage, error, new_plan = client.result()
-    assert error is None, error
-    assert usage["failovers"] >= 1 and plan[0] not in new_plan and new_plan[-1] == "st-a", (plan, new_plan)
-    assert first + text == qwen_reference(160)
+    killed_worker_fails_over(strategy_grid, qwen_reference, "tensor", wait_towers=3)
 
 
 def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_grid, qwen_reference, route_home):
