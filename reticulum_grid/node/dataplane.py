@@ -117,6 +117,20 @@ def _shut(*socks: socket.socket) -> None:
             pass
 
 
+def _serve(server: socket.socket, handle: Callable[[socket.socket], None], name: str) -> None:
+    """Accept connections on ``server`` on a thread named ``name`` until it is
+    closed, each handed to ``handle`` on a thread of its own."""
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, name=name, daemon=True).start()
+
+
 class ByteCount:
     """Bytes relayed (thread-safe), for load progress and figures;
     ``last_active``: the time.monotonic() of the last, None before any."""
@@ -163,15 +177,7 @@ class Front:
         self._closed = False
         self._sock = socket.create_server((check_bind_address(host), port), family=_family(host))
         self.port = self._sock.getsockname()[1]
-        threading.Thread(target=self._accept, name="rngrid-dataplane-front", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
+        _serve(self._sock, self._admit, "rngrid-dataplane-front")
 
     def _admit(self, conn: socket.socket) -> None:
         try:
@@ -218,15 +224,7 @@ class Forwarder:
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.endpoint = f"127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, name="rngrid-dataplane-forwarder", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._carry, args=(conn,), daemon=True).start()
+        _serve(self._sock, self._carry, "rngrid-dataplane-forwarder")
 
     def _carry(self, local: socket.socket) -> None:
         if not owned_by(local, self.owners()):
