@@ -17,6 +17,7 @@ from reticulum_grid.node.config import (
     TowerConfig,
     identity_hex,
     load_tower,
+    remove_entry,
     write_toml,
 )
 from reticulum_grid.node.live_toml import LiveToml
@@ -41,15 +42,7 @@ def allow(path: str | os.PathLike[str], identity_hash_hex: str, roles: Iterable[
 
 def revoke(path: str | os.PathLike[str], identity_hash_hex: str) -> bool:
     """Remove an identity from a tower's allow-list. Returns True if it was there."""
-    identity_hash_hex = identity_hex(identity_hash_hex)
-    path = Path(path)
-    doc = tomlkit.parse(path.read_text())
-    table = doc.get("allow", {})
-    if identity_hash_hex not in table:
-        return False
-    del table[identity_hash_hex]
-    write_toml(path, doc)
-    return True
+    return remove_entry(Path(path), "allow", identity_hex(identity_hash_hex))
 
 
 class LiveAllowList:

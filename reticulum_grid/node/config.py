@@ -268,6 +268,18 @@ def write_toml(path: Path, doc: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def remove_entry(path: Path, table: str, key: str) -> bool:
+    """Remove ``key`` from the ``[table]`` of the TOML file at ``path``, keeping
+    its comments. Returns True if it was there. Raises OSError (no such file)."""
+    doc = tomlkit.parse(path.read_text())
+    entries = doc.get(table, {})
+    if key not in entries:
+        return False
+    del entries[key]
+    write_toml(path, doc)
+    return True
+
+
 
 def _network(table: Mapping[str, Any]) -> NetworkConfig:
     if "bitrate" in table:

@@ -33,7 +33,7 @@ import tomlkit
 from announce.announcer import APP_NAME, TOWER_ASPECT
 from announce.caps import Caps
 from announce.unseen import name_problem
-from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, write_toml
+from reticulum_grid.node.config import NAME_MAX_BYTES, ConfigError, identity_hex, read_toml, remove_entry, write_toml
 from reticulum_grid.node.live_toml import LiveToml, Stamp
 
 log = logging.getLogger("rngrid.trust")
@@ -120,15 +120,7 @@ def untrust(path: str | os.PathLike[str], identity_hash: str) -> bool:
     """Stop trusting a tower. Returns True if it was trusted."""
     identity_hash = identity_hex(identity_hash)
     path = Path(path)
-    if not path.exists():
-        return False
-    doc = tomlkit.parse(path.read_text())
-    table = doc.get(TABLE, {})
-    if identity_hash not in table:
-        return False
-    del table[identity_hash]
-    write_toml(path, doc)
-    return True
+    return path.exists() and remove_entry(path, TABLE, identity_hash)
 
 
 class LiveTrust:
