@@ -25,7 +25,7 @@ bytes (16-bit mono PCM at ``sample_rate`` Hz, or an Ogg Opus file) as it is
 spoken, whose end usage is a SpeechEnd.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import msgpack
@@ -155,13 +155,40 @@ def _num(usage: dict[str, Any], key: str, kind: type[int] | type[float] = float)
     return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(0)
 
 
-def _text(usage: dict[str, Any], key: str, limit: int = 64) -> str:
+def _text(usage: dict[str, Any], key: str, limit: int) -> str:
     value = usage.get(key, "")
     return value[:limit] if isinstance(value, str) and value.isprintable() else ""
 
 
+#: Longest text a voice end figure keeps (characters), by field; any other: 32.
+_TEXT_MAX = {"language": 16, "format": 8}
+
+
 @dataclass
-class TranscriptEnd(EndUsage):
+class _VoiceEnd(EndUsage):
+    """What the voice end shapes share: the map is the tagged fields, and each
+    field reads back by its type (int, float or text)."""
+
+    def to_map(self) -> dict[str, Any]:
+        return {USAGE_KIND: self.KIND, **self.__dict__}
+
+    @classmethod
+    def from_map(cls, raw: object) -> Self:
+        """Read from a StreamEnd's usage map, trusting no field."""
+        usage = raw if isinstance(raw, dict) else {}
+        return cls(*(_read(usage, f.name, f.type) for f in fields(cls)))
+
+
+def _read(usage: dict[str, Any], key: str, kind: object) -> Any:
+    """``usage[key]`` as a ``kind`` (str, int or float): text cut to its
+    _TEXT_MAX, a value of another type read as "" or 0."""
+    if kind is str:
+        return _text(usage, key, _TEXT_MAX.get(key, 32))
+    return _num(usage, key, int if kind is int else float)
+
+
+@dataclass
+class TranscriptEnd(_VoiceEnd):
     """A transcript stream's end figures: ``language`` (ISO 639-1) and its
     probability, ``audio_s`` (seconds of audio), ``work_s`` (the tower's
     seconds of work), ``realtime`` (audio_s / work_s), ``queued_s``,
@@ -177,20 +204,9 @@ class TranscriptEnd(EndUsage):
     model: str
     tower: str
 
-    def to_map(self) -> dict[str, Any]:
-        return {USAGE_KIND: self.KIND, **self.__dict__}
-
-    @classmethod
-    def from_map(cls, raw: object) -> Self:
-        """Read from a StreamEnd's usage map, trusting no field."""
-        usage = raw if isinstance(raw, dict) else {}
-        return cls(_text(usage, "language", 16), _num(usage, "language_probability"), _num(usage, "audio_s"),
-                   _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
-                   _num(usage, "segments", int), _text(usage, "model", 32), _text(usage, "tower", 32))
-
 
 @dataclass
-class SpeechEnd(EndUsage):
+class SpeechEnd(_VoiceEnd):
     """A speech stream's end figures: ``format`` ("pcm" or "opus"),
     ``sample_rate`` (Hz of the PCM), ``audio_s`` (seconds spoken), ``work_s``,
     ``realtime`` (audio_s / work_s), ``queued_s``, ``voice``, ``model``, ``tower``. Tagged ``"speech"``."""
@@ -204,14 +220,3 @@ class SpeechEnd(EndUsage):
     voice: str
     model: str
     tower: str
-
-    def to_map(self) -> dict[str, Any]:
-        return {USAGE_KIND: self.KIND, **self.__dict__}
-
-    @classmethod
-    def from_map(cls, raw: object) -> Self:
-        """Read from a StreamEnd's usage map, trusting no field."""
-        usage = raw if isinstance(raw, dict) else {}
-        return cls(_text(usage, "format", 8), _num(usage, "sample_rate", int), _num(usage, "audio_s"),
-                   _num(usage, "work_s"), _num(usage, "realtime"), _num(usage, "queued_s"),
-                   _text(usage, "voice", 32), _text(usage, "model", 32), _text(usage, "tower", 32))
