@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
@@ -20,6 +20,7 @@ from reticulum_grid.client import Text
 log = logging.getLogger("rngrid.gateway")
 
 E = TypeVar("E")
+T = TypeVar("T")
 E_contra = TypeVar("E_contra", contravariant=True)
 
 
@@ -35,6 +36,20 @@ class Reporter(Protocol[E_contra]):
 
 #: ``work(call)``: a blocking grid call that reports its events (of type E) on ``call``.
 Work = Callable[[Reporter[E]], None]
+
+
+def relay(items: Iterator[T], call: Reporter[E], shape: Callable[[T], E]) -> None:
+    """Emit ``shape(item)`` for each of ``items`` until the call is stopped
+    (noticed at the next item); then close ``items`` if it is a generator, which
+    ends its stream or watch on the tower (a job itself keeps running)."""
+    try:
+        for item in items:
+            if call.stopped.is_set():
+                return
+            call.emit(shape(item))
+    finally:
+        if isinstance(items, Generator):
+            items.close()
 
 
 @dataclass

@@ -35,14 +35,14 @@ message, retry_after} ends the stream. Either way the codes are the Grid's.
 
 import hashlib
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from links import commands
 from links.wire import Code, WireError, json_safe
 from reticulum_grid.client import Grid
-from reticulum_grid.gateway.bridge import Reporter, Work
+from reticulum_grid.gateway.bridge import Reporter, Work, relay
 from reticulum_grid.gateway.errors import bad_request
 from reticulum_grid.gateway.inference import Event, embeddings_event, inference_events
 from reticulum_grid.gateway.views import Views
@@ -165,17 +165,10 @@ def _job(grid: Grid, command: str, job_id: str, tower: str | None, call: Reporte
 
 
 def _follow(events: Iterator[dict[str, Any]], call: Reporter[Event]) -> None:
-    """Emit a job's events until its end, or until the client leaves (noticed at
-    the next event: the job keeps running, only the watching stops)."""
-    try:
-        for event in events:
-            if call.stopped.is_set():
-                return
-            call.emit(json_safe(event))
-    finally:
-        # Grid.watch's hint says Iterator; it is a generator, whose close() ends the watch on the tower.
-        if isinstance(events, Generator):
-            events.close()
+    """Emit a job's events until its end, or until the client leaves (the job
+    keeps running, only the watching stops)."""
+    # Grid.watch's hint says Iterator; it is a generator, whose close() ends the watch on the tower.
+    relay(events, call, json_safe)
 
 
 def _train(grid: Grid, params: dict[str, Any], call: Reporter[Event]) -> None:

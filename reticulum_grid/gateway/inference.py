@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from reticulum_grid.client import Embeddings, Grid, Text, ToolCallDelta, Usage
 from reticulum_grid.client.busy import BusyWait
-from reticulum_grid.gateway.bridge import Reporter, Work
+from reticulum_grid.gateway.bridge import Reporter, Work, relay
 
 #: What an inference stream yields before its end: text pieces and tool-call pieces.
 Output = Text | ToolCallDelta
@@ -65,14 +65,7 @@ def _streamed(grid: Grid, payload: dict[str, Any], tower: str | None, busy_wait_
     def work(call: Reporter[E]) -> None:
         stream = grid.infer(payload, tower=tower, busy_wait=busy_wait_s)
         call.on_stop(stream.cancel)
-        pieces = iter(stream)
-        try:
-            for piece in pieces:
-                if call.stopped.is_set():
-                    return
-                call.emit(shape(piece))
-        finally:
-            pieces.close()  # leaving early cancels the stream on the tower
+        relay(iter(stream), call, shape)  # leaving early cancels the stream on the tower
 
     return work
 
