@@ -10,12 +10,13 @@ through it too (``VisibleFormatter``).
 """
 
 
+import contextlib
 import functools
 import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -107,6 +108,19 @@ def json_line(obj: object) -> None:
 def fail(message: str, code: int = 1) -> NoReturn:
     err.print(styled(("error:", "red"), " ", message))
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def reported_errors() -> Iterator[None]:
+    """A WireError inside ends the command with its code and message; Ctrl-C
+    with "cancelled" and exit status 130 (what a shell reports for SIGINT)."""
+    try:
+        yield
+    except WireError as e:
+        fail(f"{e.code}: {e.message}")
+    except KeyboardInterrupt:
+        err.print("\ncancelled")
+        sys.exit(130)
 
 
 def ifac_options(f: F) -> F:

@@ -10,7 +10,18 @@ from rich.table import Table
 
 from links.wire import WireError
 
-from reticulum_grid.cli.common import json_line, ProgressBar, client_options, err, fail, main, open_grid, out, visible
+from reticulum_grid.cli.common import (
+    ProgressBar,
+    client_options,
+    err,
+    fail,
+    json_line,
+    main,
+    open_grid,
+    out,
+    reported_errors,
+    visible,
+)
 
 if TYPE_CHECKING:  # imported where used: a command that needs no grid never loads RNS
     from reticulum_grid.client import Grid, Text, ToolCallDelta, Usage
@@ -118,16 +129,11 @@ def infer(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, 
     def on_busy(error: WireError, pause_s: float) -> None:  # busy comes before any output, so a retry repeats nothing
         err.print(f"{error.message}; trying again within {pause_s:.1f} s (sooner if a place frees)")
 
-    try:
+    with reported_errors():
         with ProgressBar(as_json, f"syncing {model}") as progress:
             stream = grid.execute("ai/inference", payload, tower=tower, progress=progress, busy_wait=busy_wait,
                                   on_busy=on_busy)
         _stream(stream, as_json)
-    except WireError as e:
-        fail(f"{e.code}: {e.message}")
-    except KeyboardInterrupt:
-        err.print("\ncancelled")
-        sys.exit(130)
 
 
 def _stream(stream: "Iterable[Text | ToolCallDelta | Usage]", as_json: bool) -> None:

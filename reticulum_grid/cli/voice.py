@@ -9,7 +9,7 @@ from typing import TypeVar
 import click
 
 from links.wire import Code, WireError
-from reticulum_grid.cli.common import client_options, err, fail, json_line, main, open_grid, out, visible
+from reticulum_grid.cli.common import client_options, err, json_line, main, open_grid, out, reported_errors, visible
 
 T = TypeVar("T")
 
@@ -71,13 +71,8 @@ def transcribe(ctx: click.Context, connect: tuple[str, ...], rns_config: str | N
                           f"{item.realtime:.1f}x real time; sent {stream.sent_bytes} bytes ({stream.sent_as})",
                           style="dim")
 
-    try:
+    with reported_errors():
         _retrying(run, busy_wait)
-    except WireError as e:
-        fail(f"{e.code}: {e.message}")
-    except KeyboardInterrupt:
-        err.print("\ncancelled")
-        sys.exit(130)
 
 
 @main.command()
@@ -101,14 +96,9 @@ def say(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, ou
     fmt = {"ogg": "opus", "opus": "opus", "flac": "flac", "pcm": "pcm", "raw": "pcm", "mp3": "mp3",
            "aac": "aac"}.get(suffix, "wav")
     grid = open_grid(ctx, connect, rns_config)
-    try:
+    with reported_errors():
         speech = _retrying(lambda: grid.speak(text, model=model, voice_name=voice, wpm=wpm, fmt=fmt, tower=tower),
                            busy_wait)
-    except WireError as e:
-        fail(f"{e.code}: {e.message}")
-    except KeyboardInterrupt:
-        err.print("\ncancelled")
-        sys.exit(130)
     speech.save(output)
     end = speech.end
     if as_json:
