@@ -21,7 +21,6 @@ Run: ``sudo .venv/bin/python bench/link_profiles.py [--paths lora-fast,tailnet] 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import tokens_per_s  # noqa: E402
+from bench.common import run_lab_client, tokens_per_s  # noqa: E402
 from tests.lab.profiles import PATHS, profile  # noqa: E402
 from tests.lab.topology import Lab  # noqa: E402
 from tests.requirements import bench_needs  # noqa: E402
@@ -50,19 +49,10 @@ def measure(path, root, max_tokens):
     try:
         lab.start_tower(roles=("infer", "sync"), blobs=[(blob, "bench-blob", "file")])
         time.sleep(STARTED_S)  # the client arrives after the tower's start announce has passed
-        stats = [arg for i in range(len(lab.relays)) for arg in ("--stats", str(lab.root / f"hop{i}.json"))]
-        proc = lab.popen_client([sys.executable, "-m", "tests.lab.client_run", "--home", str(lab.client_home),
-                                 "--rns-config", str(lab.client_rns), *stats, "--runs", str(1 + WARM_RUNS), "--max-tokens",
-                                 str(max_tokens), "--pull", "bench-blob"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        args = ["--runs", str(1 + WARM_RUNS), "--max-tokens", str(max_tokens), "--pull", "bench-blob"]
+        status, out, err = run_lab_client(lab, "tests.lab.client_run", args, 900)
         result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-        if proc.returncode != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
+        if status != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
             result["error"] = (err.strip().splitlines() or ["client failed"])[-1]
         return result
     finally:

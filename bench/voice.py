@@ -18,13 +18,11 @@ Run: ``python -m bench.voice [--pairs 3] [--threads 1] [--lab]``.
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import spread
+from bench.common import run_lab_client, spread
 from reticulum_grid.client import Grid
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
@@ -109,16 +107,7 @@ def lab():
         lab = Lab(Path(tmp), "lora-fast")
         try:
             lab.start_tower(models={}, roles=("voice",), voice=VOICE)
-            stats = [arg for i in range(len(lab.relays)) for arg in ("--stats", str(lab.root / f"hop{i}.json"))]
-            proc = lab.popen_client([sys.executable, "-m", "tests.lab.voice_run", "--home", str(lab.client_home),
-                                     "--rns-config", str(lab.client_rns), *stats], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-            try:
-                out, err = proc.communicate(timeout=600)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+            _, out, err = run_lab_client(lab, "tests.lab.voice_run", [], 600)
         finally:
             lab.close()
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()[-500:]}
