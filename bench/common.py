@@ -1,5 +1,6 @@
 """Pieces the benchmarks share: the one tokens/s formula, timing a token
-stream, printing paired figures and running a network lab's client.
+stream, printing paired figures, starting requests at once and running a
+network lab's client.
 
 Run benchmarks as modules from the repository root (``python -m bench.stream``).
 """
@@ -7,6 +8,7 @@ Run benchmarks as modules from the repository root (``python -m bench.stream``).
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -108,3 +110,13 @@ def run_lab_client(lab, module, args, timeout_s):
             proc.kill()
             proc.communicate()
     return proc.returncode, out, err
+
+
+def run_at_once(target, items, join_s=600):
+    """``target(item)`` for each of ``items``, each on a thread of its own, all
+    started before any is waited for; each wait lasts at most ``join_s`` seconds."""
+    threads = [threading.Thread(target=target, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)

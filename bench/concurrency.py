@@ -25,11 +25,10 @@ import argparse
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench.common import spread, tokens_per_s
+from bench.common import run_at_once, spread, tokens_per_s
 from reticulum_grid.client import Grid, Usage
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS, default_model_path
 from reticulum_grid.inference.runner import Runner
@@ -85,11 +84,7 @@ def together(run, n, round_, max_tokens):
             errors.append(e)
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    run_at_once(one, range(n))
     if errors or any(r is None for r in results):
         raise RuntimeError(f"{len(errors)} of {n} streams failed: {errors[:1]}")
     wall = max(times[-1] for times in results) - started
@@ -187,11 +182,7 @@ def determinism(args, tmp):
             batched[q] = run(prompts[q], args.max_tokens, cache=False)["tokens"]
 
         for group in (QUESTIONS[:4], QUESTIONS[4:8]):
-            threads = [threading.Thread(target=one, args=(q,)) for q in group]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(600)
+            run_at_once(one, group)
         print(f"batched_with_3_others_same={sum(batched[q] == alone[q] for q in batched)}/{len(batched)}")
         as_batch = replayed = tried = 0
         for q in QUESTIONS:

@@ -21,7 +21,6 @@ import os
 import re
 import statistics
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ import RNS
 
 from announce import caps as c
 from announce.table import TowerEntry
+from bench.common import run_at_once
 from reticulum_grid.client import Grid, router
 from reticulum_grid.client.grid import LIVE_MAX_AGE_S
 from reticulum_grid.inference.default_model import default_model_path
@@ -130,11 +130,7 @@ def throughput(grid, towers, clients=8, requests=3, tokens=64):
     for entry in towers:
         grid.health.succeeded(entry.destination_hash)
     started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    run_at_once(client, range(clients))
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
