@@ -8,7 +8,7 @@ and the rest with their types. Grid itself provides every member."""
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Protocol
 
 from announce.capsfull import CapsFull
 from announce.table import TowerEntry, TowerTable
@@ -66,13 +66,10 @@ class GridParts(Protocol):
 
     def local_blob(self, name: str) -> bytes | None: ...
 
-    @overload
-    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
-                  timed: Literal[False] = False) -> list[tuple[TowerEntry, CapsFull]]: ...
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0) -> list[tuple[TowerEntry, CapsFull]]: ...
 
-    @overload
-    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0, *,
-                  timed: Literal[True]) -> list[tuple[TowerEntry, CapsFull, float]]: ...
+    def caps_full_timed(self, entries: Sequence[TowerEntry],
+                        timeout: float = 10.0) -> list[tuple[TowerEntry, CapsFull, float]]: ...
 
     def ask_full(self, entry: TowerEntry, timeout: float = 30.0,
                  link_timeout: float = 15.0) -> tuple[TowerEntry, CapsFull]: ...

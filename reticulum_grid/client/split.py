@@ -109,7 +109,7 @@ def _ask(grid: GridParts, entries: Sequence[TowerEntry], model: str,
     answered: list[TowerEntry] = []
     facts: Facts = {}
     reading: list[TowerEntry] = []
-    for entry, full, rtt in grid.caps_full(entries, timeout=timeout, timed=True):
+    for entry, full, rtt in grid.caps_full_timed(entries, timeout=timeout):
         grid.health.succeeded(entry.destination_hash)
         grid.health.rtt(entry.destination_hash, rtt)
         answered.append(entry)

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING
 
 from announce.capsfull import CapsError, CapsFull
 from announce.table import TowerEntry
@@ -35,27 +35,23 @@ class TowerFacts(_Parts):
         return [TowerModel.of(entry.name, blob) for entry, full in self.caps_full(entries, timeout)
                 for blob in full.blobs if blob.kind in ("model", "adapter") and blob.alias]
 
-    @overload
-    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
-                  timed: Literal[False] = False) -> list[tuple[TowerEntry, CapsFull]]: ...
-
-    @overload
-    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0, *,
-                  timed: Literal[True]) -> list[tuple[TowerEntry, CapsFull, float]]: ...
-
-    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0,
-                  timed: bool = False) -> list[tuple[Any, ...]]:
+    def caps_full(self, entries: Sequence[TowerEntry], timeout: float = 10.0) -> list[tuple[TowerEntry, CapsFull]]:
         """[(entry, CapsFull)] of the towers that answer within ``timeout``
         seconds, asked all at once (each entry refreshed by its answer, see
-        ask_full); ``timed`` adds each round trip (seconds). A tower that
-        fails, or answers what does not decode, is left out (logged)."""
-        results: list[tuple[Any, ...]] = []
+        ask_full). A tower that fails, or answers what does not decode, is
+        left out (logged)."""
+        return [(entry, full) for entry, full, _ in self.caps_full_timed(entries, timeout)]
+
+    def caps_full_timed(self, entries: Sequence[TowerEntry],
+                        timeout: float = 10.0) -> list[tuple[TowerEntry, CapsFull, float]]:
+        """caps_full with each answer's round trip (seconds) third."""
+        results: list[tuple[TowerEntry, CapsFull, float]] = []
 
         def ask(entry: TowerEntry) -> None:
             try:
                 started = time.monotonic()
                 entry, full = self.ask_full(entry, timeout, link_timeout=self.liveness.attempt_timeout(entry))
-                results.append((entry, full, time.monotonic() - started) if timed else (entry, full))
+                results.append((entry, full, time.monotonic() - started))
             except WireError as e:
                 log.info("no caps/full from %s: %s", entry.name, e)
                 if e.code in LINK_LOST:
