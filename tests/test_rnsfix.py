@@ -9,19 +9,15 @@ envelope stays in the ring. Each test fails on unpatched 0.9.4:
 tests/test_rnsfix_unpatched.py runs them again with RNGRID_RNS_UNPATCHED naming the fix."""
 
 import logging
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import RNS
 
 from links import rnsfix
 from reticulum_grid.node.connection import open_link
-
-HERE = Path(__file__).parent
+from tests import echo_server
 
 
 def test_fix_is_version_guarded():
@@ -32,11 +28,9 @@ def test_fix_is_version_guarded():
 
 @pytest.fixture(scope="module")
 def echo_link(hub, tmp_path_factory):
-    proc = subprocess.Popen([sys.executable, str(HERE / "echo_server.py"),
-                             str(tmp_path_factory.mktemp("echo")), hub.address],
-                            stdout=subprocess.PIPE, text=True)
+    proc, destination = echo_server.spawn(tmp_path_factory.mktemp("echo"), hub.address)
     try:
-        link = open_link(bytes.fromhex(proc.stdout.readline().strip()), "rngridtest", "echo", timeout=30)
+        link = open_link(destination, "rngridtest", "echo", timeout=30)
         yield link
         link.teardown()
     finally:

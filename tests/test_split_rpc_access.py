@@ -32,10 +32,6 @@ pytestmark = needs("llama-rpc", "the RPC server is llama.cpp's ggml-rpc-server")
 HERE = Path(__file__).resolve().parent
 #: The issue's bound: a worker whose server a dead peer held is usable again within this (seconds).
 USABLE_AGAIN_S = 30.0
-#: Seconds a HELLO through a tunnel may wait for its reply. A reply the worker's Link saw acknowledged
-#: sometimes never reaches the coordinator's tunnel (the stall of split loads, still open): such a try is
-#: made again on a new Link, within the same deadline.
-HELLO_S = 10.0
 
 
 def private_network_or_skip():
@@ -193,14 +189,8 @@ def tunnel_hello(hub, entry):
     conn.request("shard/tunnel", {}, timeout=30)
     listener = TunnelListener(Tunnels(conn.router), lambda: [os.getpid()])
     host, port = listener.endpoint.split(":")
-    sock = socket.create_connection((host, int(port)), timeout=HELLO_S)
-    try:
-        return conn, listener, sock, hello(sock)
-    except TimeoutError:  # all of it closed: the next try starts on a new Link
-        sock.close()
-        listener.close()
-        conn.close()
-        raise
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    return conn, listener, sock, hello(sock)
 
 
 @pytest.mark.parametrize("via", ["tower", "transport"], ids=["its-own-interface", "through-a-transport-node"])
@@ -231,9 +221,9 @@ def test_a_dead_holder_frees_the_worker_and_busy_says_who_holds_it(lending, hub,
     finally:
         holder.kill()  # its tower dies with its Link up: nothing tells the worker
         holder.wait(10)
-    died = time.monotonic()
-    freed, answered, error = None, False, None
-    while not answered and time.monotonic() < (freed or died + USABLE_AGAIN_S) + (2 * HELLO_S if freed else 0):
+    deadline = time.monotonic() + USABLE_AGAIN_S
+    answered, error = False, None
+    while time.monotonic() < deadline and not answered:
         try:
             conn, listener, sock, answered = tunnel_hello(hub, entry)
             sock.close()
@@ -243,8 +233,5 @@ def test_a_dead_holder_frees_the_worker_and_busy_says_who_holds_it(lending, hub,
             error = e
             assert e.code == Code.BUSY, e  # the truth: still held until the keepalive finds the holder gone
             time.sleep(1.0)
-        except TimeoutError as e:  # shard/tunnel was granted: the server is free; its reply was lost
-            freed, error = freed or time.monotonic(), e
-    assert answered, f"the worker was still held {USABLE_AGAIN_S:.0f} s after its holder died, or its HELLO " \
-                     f"went unanswered: {error}"
+    assert answered, f"the worker was still held {USABLE_AGAIN_S:.0f} s after its holder died: {error}"
     assert "RPC server passes" not in tower.log()  # freed by the dead holder's Link closing, not taken from a live one

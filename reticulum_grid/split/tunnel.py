@@ -62,14 +62,16 @@ QUIET_LOG_S = 20.0
 class _Pipe:
     """One TCP socket joined to one tunnel id: a reader thread (socket to
     Channel) and a writer thread (Channel to socket, so RNS's thread never
-    blocks on a socket)."""
+    blocks on a socket), started by ``start()`` once ``Tunnels.pipes`` holds it."""
 
     def __init__(self, tunnels: "Tunnels", tunnel_id: int, sock: socket.socket) -> None:
         self.tunnels, self.tunnel_id, self.sock = tunnels, tunnel_id, sock
         self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.closed = threading.Event()
+
+    def start(self) -> None:
         for target in (self._read, self._write):
-            threading.Thread(target=target, name=f"rngrid-tunnel-{tunnel_id}", daemon=True).start()
+            threading.Thread(target=target, name=f"rngrid-tunnel-{self.tunnel_id}", daemon=True).start()
 
     def _read(self) -> None:
         limit = self.tunnels.router.payload_limit(DATA_OVERHEAD)
@@ -147,6 +149,8 @@ class Tunnels:
         self.pipes: dict[int, _Pipe] = {}
         self.sent_bytes = 0
         self.received_bytes = 0
+        #: bytes that came for a tunnel not open here (closed, or never opened): a stall's evidence
+        self.dropped_bytes = 0
         #: time.monotonic() of the last byte either way (None: none yet)
         self.last_active: float | None = None
         self._lock = threading.Lock()
@@ -178,13 +182,21 @@ class Tunnels:
         """Carry an accepted local socket over a new tunnel (coordinator end)."""
         with self._lock:
             tunnel_id, self._next_id = self._next_id, self._next_id + 1
+        pipe = self._add(tunnel_id, sock)
         self.router.send(TunnelOpen(tunnel_id))
-        self._add(tunnel_id, sock)
+        pipe.start()
 
-    def _add(self, tunnel_id: int, sock: socket.socket) -> None:
+    def _add(self, tunnel_id: int, sock: socket.socket) -> _Pipe:
+        """A pipe for ``tunnel_id``, known to ``_data`` and ``_close`` before its
+        threads start: its reader sends what the socket already holds at once
+        (llama.cpp's HELLO), and the peer's reply, handled on RNS's thread, was
+        dropped when it came before the thread that started the reader had
+        added the pipe (a split load then waited out its 60 s bound)."""
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # RPC is request/reply: no Nagle delay
+        pipe = _Pipe(self, tunnel_id, sock)
         with self._lock:
-            self.pipes[tunnel_id] = _Pipe(self, tunnel_id, sock)
+            self.pipes[tunnel_id] = pipe
+        return pipe
 
     def _open(self, message: TunnelOpen) -> None:
         if self.target is None or message.tunnel_id in self.pipes or len(self.pipes) >= MAX_TUNNELS:
@@ -196,7 +208,7 @@ class Tunnels:
             self.router.send(TunnelClose(message.tunnel_id, f"no RPC server: {e}"))
             return
         log.info("tunnel %d open to the RPC server", message.tunnel_id)
-        self._add(message.tunnel_id, sock)
+        self._add(message.tunnel_id, sock).start()
 
     def _data(self, message: TunnelData) -> None:
         pipe = self.pipes.get(message.tunnel_id)
@@ -204,6 +216,10 @@ class Tunnels:
             self.received_bytes += len(message.data)
             self.last_active = time.monotonic()
             pipe.outbox.put(message.data)
+        elif message.tunnel_id != 0:  # 0: the worker's keepalive
+            self.dropped_bytes += len(message.data)
+            log.info("tunnel %d: %d bytes dropped, no such tunnel open here (%d dropped on this link)",
+                     message.tunnel_id, len(message.data), self.dropped_bytes)
 
     def _close(self, message: TunnelClose) -> None:
         pipe = self.pipes.get(message.tunnel_id)
