@@ -1,4 +1,4 @@
-"""The grid on each kind of link, in the network lab (tests/lab/: every host
+"""The grid on each kind of link, in the network lab (testbed/lab/: every host
 in its own network namespace, links shaped by a relay; needs root).
 
 For each path (tailnet, lora-fast, lora-long, two-hop) it starts a tower and
@@ -21,7 +21,6 @@ Run: ``sudo .venv/bin/python bench/link_profiles.py [--paths lora-fast,tailnet] 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import tokens_per_s  # noqa: E402
-from tests.lab.profiles import PATHS, profile  # noqa: E402
-from tests.lab.topology import Lab  # noqa: E402
-from tests.requirements import bench_needs  # noqa: E402
+from testbed.lab.profiles import PATHS, profile  # noqa: E402
+from testbed.lab.topology import Lab  # noqa: E402
+from testbed.requirements import bench_needs  # noqa: E402
 
 #: Warm requests per path (the median is reported).
 WARM_RUNS = 3
@@ -50,19 +49,10 @@ def measure(path, root, max_tokens):
     try:
         lab.start_tower(roles=("infer", "sync"), blobs=[(blob, "bench-blob", "file")])
         time.sleep(STARTED_S)  # the client arrives after the tower's start announce has passed
-        stats = [arg for i in range(len(lab.relays)) for arg in ("--stats", str(lab.root / f"hop{i}.json"))]
-        proc = lab.popen_client([sys.executable, "-m", "tests.lab.client_run", "--home", str(lab.client_home),
-                                 "--rns-config", str(lab.client_rns), *stats, "--runs", str(1 + WARM_RUNS), "--max-tokens",
-                                 str(max_tokens), "--pull", "bench-blob"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        returncode, out, err = lab.run_client("testbed.lab.client_run", "--runs", str(1 + WARM_RUNS), "--max-tokens",
+                                              str(max_tokens), "--pull", "bench-blob", timeout=900)
         result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-        if proc.returncode != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
+        if returncode != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
             result["error"] = (err.strip().splitlines() or ["client failed"])[-1]
         return result
     finally:
