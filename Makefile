@@ -25,7 +25,7 @@ runtime: $(VENV)/.runtime
 # the network lab makes its hosts with iproute2's `ip netns`, towers speak
 # with espeak-ng (text to speech, and the voice tests' known sentence). Installed once,
 # only by root with apt-get; elsewhere a note names the command, and the tests
-# that need them skip with the reason (tests/requirements.py; under
+# that need them skip with the reason (testbed/requirements.py; under
 # RNGRID_REQUIRE_ALL=1, as .ci/run runs, they fail instead).
 SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver node:nodejs npm:npm ip:iproute2 ethtool:ethtool espeak-ng:espeak-ng
 system-packages:
@@ -133,7 +133,7 @@ bench: setup
 
 # Refresh the dashboard picture (docs/dashboard.png, shown by README.md and docs/http-api.md) from the browser test.
 screenshot: setup
-	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/test_gateway_clients.py -k dashboard -q
+	RNGRID_DOCS_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest tests/gateway/test_gateway_clients.py -k dashboard -q
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache $(NODE_TESTS)/node_modules

@@ -6,8 +6,6 @@ Run benchmarks as modules from the repository root (``python -m bench.stream``).
 """
 
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
@@ -92,24 +90,6 @@ def grid_run(grid, prompt, max_tokens, model, **route):
     pieces = grid.execute("ai/inference", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
                                            "temperature": 0.0}, **route)
     return time_stream(pieces, lambda p: not isinstance(p, Usage) and bool(p), max_tokens, "grid")[:2]
-
-
-def run_lab_client(lab, module, args, timeout_s):
-    """Run ``python -m module`` as ``lab``'s client (tests/lab/topology.py's Lab:
-    its home and RNS config, a ``--stats`` file per relay, then ``args``) and
-    return (exit status, stdout, stderr). Raises subprocess.TimeoutExpired,
-    the client killed, after ``timeout_s`` seconds."""
-    stats = [arg for i in range(len(lab.relays)) for arg in ("--stats", str(lab.root / f"hop{i}.json"))]
-    proc = lab.popen_client([sys.executable, "-m", module, "--home", str(lab.client_home), "--rns-config",
-                             str(lab.client_rns), *stats, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err
 
 
 def run_at_once(target, items, join_s=600):

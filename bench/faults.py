@@ -48,7 +48,7 @@ MAX_TOKENS = 120
 STREAM_LIMIT_S = 90.0
 JOB_LIMIT_S = 300.0
 PULL_LIMIT_S = 120.0
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "secret.jsonl"
+DATA = Path(__file__).resolve().parent.parent / "testbed" / "data" / "secret.jsonl"
 JOB = {"base": DEFAULT_ALIAS, "dataset": "", "rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"],
        "learning_rate": 1e-3, "max_steps": 12, "seq_len": 64, "batch_size": 2, "seed": 1, "checkpoint_every": 4}
 BLOB_MIB = 48

@@ -19,7 +19,7 @@ goes on after a failure, so the counts are totals.
 
 Prints one line per decoder (inputs, uncaught exceptions, hangs, the first
 failing input of each kind) and last ``fuzz_ok=<clean decoders>/<decoders>``.
-tests/test_fuzz.py runs the same targets with a few hundred inputs each.
+tests/wire/test_fuzz.py runs the same targets with a few hundred inputs each.
 """
 
 import argparse

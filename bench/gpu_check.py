@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data" / "secret.jsonl"
+DATA = ROOT / "testbed" / "data" / "secret.jsonl"
 VRAM_TOLERANCE = 0.05
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version,compute_cap",

@@ -16,7 +16,7 @@
 #       3. bench/gpu_check.py: caps, offload, one stream, 1/4/8 concurrent
 #          streams, a split over two towers through the RNS tunnel, LoRA
 #          steps on the GPU and the CPU, two data-parallel ranks;
-#       4. the tests marked gpu (tests/test_gpu_real.py), on the small model.
+#       4. the tests marked gpu (tests/project/test_gpu_real.py), on the small model.
 #     Every figure is one key=value line (all of them again at the end);
 #     OUT (default gpu-check-out/) gets gpu_check.json, build.log, pytest.log,
 #     logs.txt. WORK (default .gpu-work/, ignored by git) keeps the build,
@@ -110,7 +110,7 @@ EOF
   "$PYTHON" -m bench.gpu_check --dry-run --budget "$BUDGET" || rc=1
   if grep -q '"gpu: ' pyproject.toml; then
     say "# the tests marked gpu:"
-    "$PYTHON" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_gpu_real.py 2>/dev/null \
+    "$PYTHON" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/project/test_gpu_real.py 2>/dev/null \
         | grep '::' | sed 's/^/dry_gpu_test=/' || rc=1
   fi
   say "dry_run_ok=$([ $rc = 0 ] && echo yes || echo no)"
@@ -193,7 +193,7 @@ fi
 if grep -q '"gpu: ' pyproject.toml; then
   if [ "$(left)" -gt 40 ]; then
     RNGRID_DEFAULT_MODEL="$SMALL" timeout $(( $(left) - 5 )) "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
-        tests/test_gpu_real.py > "$OUTDIR/pytest.log" 2>&1
+        tests/project/test_gpu_real.py > "$OUTDIR/pytest.log" 2>&1
     tests_rc=$?
     say "gpu_tests=$(tail -n 3 "$OUTDIR/pytest.log" | grep -E 'passed|failed|skipped|error' | tail -n 1 | tr ' ' '_')"
     [ $tests_rc = 0 ] || { failures=$((failures + 1)); tail -n 40 "$OUTDIR/pytest.log"; }

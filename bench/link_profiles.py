@@ -1,4 +1,4 @@
-"""The grid on each kind of link, in the network lab (tests/lab/: every host
+"""The grid on each kind of link, in the network lab (testbed/lab/: every host
 in its own network namespace, links shaped by a relay; needs root).
 
 For each path (tailnet, lora-fast, lora-long, two-hop) it starts a tower and
@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import run_lab_client, tokens_per_s  # noqa: E402
-from tests.lab.profiles import PATHS, profile  # noqa: E402
-from tests.lab.topology import Lab  # noqa: E402
-from tests.requirements import bench_needs  # noqa: E402
+from bench.common import tokens_per_s  # noqa: E402
+from testbed.lab.profiles import PATHS, profile  # noqa: E402
+from testbed.lab.topology import Lab  # noqa: E402
+from testbed.requirements import bench_needs  # noqa: E402
 
 #: Warm requests per path (the median is reported).
 WARM_RUNS = 3
@@ -49,10 +49,10 @@ def measure(path, root, max_tokens):
     try:
         lab.start_tower(roles=("infer", "sync"), blobs=[(blob, "bench-blob", "file")])
         time.sleep(STARTED_S)  # the client arrives after the tower's start announce has passed
-        args = ["--runs", str(1 + WARM_RUNS), "--max-tokens", str(max_tokens), "--pull", "bench-blob"]
-        status, out, err = run_lab_client(lab, "tests.lab.client_run", args, 900)
+        returncode, out, err = lab.run_client("testbed.lab.client_run", "--runs", str(1 + WARM_RUNS), "--max-tokens",
+                                              str(max_tokens), "--pull", "bench-blob", timeout=900)
         result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-        if status != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
+        if returncode != 0 or len(result.get("runs", ())) < 1 + WARM_RUNS:
             result["error"] = (err.strip().splitlines() or ["client failed"])[-1]
         return result
     finally:

@@ -1,6 +1,6 @@
 """A LoRA adapter pulled over a LoRa-class link that drops out on the way.
 
-In the network lab (tests/lab/, needs root): a tower holding a ``--size``
+In the network lab (testbed/lab/, needs root): a tower holding a ``--size``
 byte adapter (default 1 MiB) behind one ``--path`` hop (default lora-fast:
 5.5 kbit/s, 250 ms, 1 % loss, 500-byte MTU, half duplex). The client pulls it
 with ``rngrid pull --force`` (the estimate is far above the default limit);
@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from tests.lab.profiles import profile
-from tests.lab.topology import Lab
-from tests.requirements import bench_needs
+from testbed.lab.profiles import profile
+from testbed.lab.topology import Lab
+from testbed.requirements import bench_needs
 
 
 def cut(lab, after_bytes, down_s, deadline_s):

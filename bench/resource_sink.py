@@ -4,24 +4,16 @@ Usage: python resource_sink.py CONFIGDIR CONNECT_HOSTPORT. Prints its
 destination hash, then announces every second until killed."""
 
 import sys
-import time
 
 import RNS
 
-from reticulum_grid.node import rnsnet
+from testbed import plain_destination
 
 
 def main():
-    configdir, connect = sys.argv[1], sys.argv[2]
-    rnsnet.write_config(configdir, connect=[connect])
-    rnsnet.start(configdir)
-    destination = RNS.Destination(RNS.Identity(), RNS.Destination.IN, RNS.Destination.SINGLE, "rngridbench", "sink")
+    destination = plain_destination.start(sys.argv[1], sys.argv[2], "rngridbench", "sink")
     destination.set_link_established_callback(lambda link: link.set_resource_strategy(RNS.Link.ACCEPT_ALL))
-    print(destination.hash.hex(), flush=True)
-    while True:
-        destination.announce()
-        time.sleep(1)
-
+    plain_destination.announce_forever(destination, every_s=1)
 
 if __name__ == "__main__":
     main()

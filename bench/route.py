@@ -35,7 +35,7 @@ from reticulum_grid.client.grid import LIVE_MAX_AGE_S
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, free_port, trust_local_towers
-from tests.arrivals import Arrivals
+from testbed.arrivals import Arrivals
 
 ANNOUNCED = re.compile(r"^(\S+ \S+) rngrid.announce INFO announced \((.*?)\)", re.M)
 #: Re-announces timed per discovery figure.

@@ -7,8 +7,8 @@ memory. They lend below the model's need so that the client plans a split over
 all of them (default_lends, split_lends); llama.cpp threads are 1 everywhere.
 ``--profile loopback`` runs them as processes on 127.0.0.1; ``lan`` and
 ``tailnet`` put the coordinator and each worker on network namespaces joined
-by tests/lab/bridge.py with that profile's rate, delay and loss (the client
-and "single" on the coordinator's host; tests/lab/splitlab.py).
+by testbed/lab/bridge.py with that profile's rate, delay and loss (the client
+and "single" on the coordinator's host; testbed/lab/splitlab.py).
 ``--path dataplane`` (default) gives the lenders a data-plane address, so
 RPC goes straight between them; ``--path rns`` leaves it to the RNS tunnel.
 
@@ -58,7 +58,7 @@ figures (``run`` returns them).
 ``--strategy pipeline|experts|tensor`` plans the split with that strategy
 (split/plan.py STRATEGIES; llama.cpp's own side runs the same one). experts
 needs a mixture-of-experts model: without ``--model`` a Qwen3-MoE shape with
-8 experts and random weights is written on the spot (tests/tiny_models.py,
+8 experts and random weights is written on the spot (testbed/tiny_models.py,
 ~99 MiB, MOE_SHAPE) and both lenders lend MOE_LEND_MIB, which holds all but
 its experts on the coordinator. ``estimate_error`` is |estimated - measured| /
 measured of the split's tokens/s, the estimate being the one the client
@@ -98,14 +98,14 @@ WORKER_SHARE = 0.115
 #: MiB the lenders lend of the bundled model (~316 MiB, ~348 with the plan's headroom), per tower count:
 #: (coordinator, each worker). No fewer towers hold it; with a draft (whose need counts too) twice that.
 BUNDLED_LENDS = {2: (200, 200), 3: (150, 120)}
-#: The MoE model --strategy experts writes when given none (tests/tiny_models.write_tiny), and what each lender
+#: The MoE model --strategy experts writes when given none (testbed/tiny_models.write_tiny), and what each lender
 #: lends then (MiB): below its need (~243 MiB) with headroom, above all but its 48 MiB of experts with headroom.
 MOE_SHAPE = {"arch": "qwen3moe", "layers": 8, "dim": 128, "ff": 512, "heads": 4, "experts": 8}
 MOE_LEND_MIB = 230
 
 
 def worker_names(towers):
-    """The workers' names, as tests/lab/splitlab.py names them: "worker", "worker2"."""
+    """The workers' names, as testbed/lab/splitlab.py names them: "worker", "worker2"."""
     return [f"worker{i + 1 if i else ''}" for i in range(towers - 1)]
 
 
@@ -258,8 +258,8 @@ def load_again(grid, strategy="pipeline"):
 
 
 def lab(args, tmp):
-    from tests.lab.splitlab import SplitLab
-    from tests.requirements import bench_needs
+    from testbed.lab.splitlab import SplitLab
+    from testbed.requirements import bench_needs
     bench_needs("netns", "the towers sit on hosts joined by shaped links")
     draft = draft_model(args.model, tmp, args.draft_layers) if args.draft else None
     made = SplitLab(Path(tmp) / "lab", args.profile, args.model, lends=args.lends, threads=args.threads,
@@ -284,14 +284,14 @@ def lab(args, tmp):
 
 def moe_model(tmp):
     """A Qwen3-MoE-shaped GGUF (MOE_SHAPE) with random weights and the bundled model's tokenizer, in ``tmp``."""
-    from tests.tiny_models import write_tiny
+    from testbed.tiny_models import write_tiny
     return str(write_tiny(Path(tmp) / "moe-qwen3.gguf", default_model_path(), **MOE_SHAPE))
 
 
 def draft_model(model, tmp, layers=0):
     """The coordinator's draft: ``model``'s weights under another name, or with
     ``layers`` its first that many blocks only (a smaller draft that agrees less)."""
-    from tests.tiny_models import renamed_copy, truncated_copy
+    from testbed.tiny_models import renamed_copy, truncated_copy
     out = Path(tmp) / "draft.gguf"
     return truncated_copy(model, out, layers) if layers else renamed_copy(model, out)
 

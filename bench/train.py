@@ -38,7 +38,7 @@ from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.training import trainer
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "secret.jsonl"
+DATA = Path(__file__).resolve().parent.parent / "testbed" / "data" / "secret.jsonl"
 #: Steps left out of the timing on both sides (allocator and cache warm-up).
 WARMUP = 3
 SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],

@@ -23,11 +23,11 @@ tokens per step) at an assumed sustained rate, stated in the output.
 
 Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>`` (median of the pairs).
 
-With ``--profile NAME`` (a link profile of the network lab, tests/lab/profiles.py;
+With ``--profile NAME`` (a link profile of the network lab, testbed/lab/profiles.py;
 needs root) it compares instead the job's two ways to sync on 2 ranks: DDP
 against local steps with H = 8 and H = 32 (training/outer.py), the same data,
 samples, seed and steps (``--steps``, default 32), each run once between two
-network namespaces joined by the lab's shaping bridge (tests/lab/bridge.py)
+network namespaces joined by the lab's shaping bridge (testbed/lab/bridge.py)
 with the profile's rate, delay, jitter and loss, and once on loopback (a
 mode's two runs back to back, their order alternating between modes). Bytes
 moved are the bridge's counters (every frame both ways, headers and the
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from reticulum_grid.inference.default_model import default_model_path  # noqa: E402
 from reticulum_grid.training import rendezvous  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "secret.jsonl"
+DATA = ROOT / "testbed" / "data" / "secret.jsonl"
 WARMUP = 2
 SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
         "learning_rate": 2e-4, "seq_len": 64, "batch_size": 8, "seed": 0, "checkpoint_every": 10_000,

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 from reticulum_grid.inference.default_model import default_model_path  # noqa: E402
 from reticulum_grid.training import rendezvous  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "secret.jsonl"
+DATA = ROOT / "testbed" / "data" / "secret.jsonl"
 #: (label, spec keys): the ways to sync compared, on the same job.
 MODES = (("ddp", {"sync": "ddp"}), ("local H=8", {"sync": "local", "local_steps": 8}),
          ("local H=32", {"sync": "local", "local_steps": 32}))
@@ -30,9 +30,9 @@ def shaped_link(root, name):
     """Two hosts (namespaces) joined by the lab's bridge shaped as profile ``name``:
     yields (argv prefix of host 0, of host 1, address of host 0, of host 1, read the
     bridge's counters: a function returning its bytes both ways)."""
-    from tests.lab.netns import Namespaces
-    from tests.lab.profiles import profile
-    from tests.lab.topology import NsProcess
+    from testbed.lab.netns import Namespaces
+    from testbed.lab.profiles import profile
+    from testbed.lab.topology import NsProcess
 
     shape = profile(name).shape
     ns = Namespaces()
@@ -43,7 +43,7 @@ def shaped_link(root, name):
         addr_a, addr_b, if_a, if_b = ns.bridged(a, b, link)
         stats = Path(root) / "link.json"
         bridge = NsProcess(lab, link, Path(root) / "bridge", "bridge", [
-            sys.executable, "-m", "tests.lab.bridge", "--a", if_a, "--b", if_b, "--rate", str(shape.rate_bps),
+            sys.executable, "-m", "testbed.lab.bridge", "--a", if_a, "--b", if_b, "--rate", str(shape.rate_bps),
             "--delay", str(shape.delay_s), "--jitter", str(shape.jitter_s), "--loss", str(shape.loss),
             "--stats", str(stats)], "ready").start()
 
@@ -103,7 +103,7 @@ def one(tmp, label, extra, steps, run, link=None):
 
 
 def compare(profile_name, steps, run, spec):
-    from tests.requirements import bench_needs
+    from testbed.requirements import bench_needs
 
     bench_needs("netns", "bench/train_dp.py --profile")
     results = {}

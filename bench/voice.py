@@ -9,7 +9,7 @@
    time's share of the grid's (what the ratio is on a machine nothing else loads: on shared
    cores the transcriptions' own times swing by 2x from run to run).
    Last line: ``voice_rtf_ratio=<grid / local>`` (the median of the per-pair ratios; goal >= 0.95).
-2. ``--lab``: a ~5 s voice note over ``lora-fast`` (tests/lab/: its own network namespaces;
+2. ``--lab``: a ~5 s voice note over ``lora-fast`` (testbed/lab/: its own network namespaces;
    needs root): time from the request to the transcript, Opus bytes sent, bytes on air both ways.
 
 Run: ``python -m bench.voice [--pairs 3] [--threads 1] [--lab]``.
@@ -22,20 +22,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import run_lab_client, spread
+from bench.common import spread
 from reticulum_grid.client import Grid
 from reticulum_grid.node import identity, rnsnet
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
 from reticulum_grid.voice import audio, models
 from reticulum_grid.voice.stt import SpeechToText, TranscriptInfo
-from tests.requirements import bench_needs
-from tests.voice_support import TOWERS, spoken, wait_voice
+from testbed.requirements import bench_needs
+from testbed.voice_support import TOWERS, spoken, wait_voice
 
 TEXT = " ".join(TOWERS[:6])  # ~30 s spoken
 
 
 class _Hub:
-    """What tests.voice_support.wait_voice needs of a test hub."""
+    """What testbed.voice_support.wait_voice needs of a test hub."""
 
     def __init__(self, grid):
         self.grid = grid
@@ -101,13 +101,13 @@ def rtf(args):
 
 def lab():
     bench_needs("netns", "bench.voice --lab")
-    from tests.lab.topology import Lab
-    from tests.voice_support import VOICE
+    from testbed.lab.topology import Lab
+    from testbed.voice_support import VOICE
     with tempfile.TemporaryDirectory(prefix="rngrid-bench-voice-lab-") as tmp:
         lab = Lab(Path(tmp), "lora-fast")
         try:
             lab.start_tower(models={}, roles=("voice",), voice=VOICE)
-            _, out, err = run_lab_client(lab, "tests.lab.voice_run", [], 600)
+            _, out, err = lab.run_client("testbed.lab.voice_run", timeout=600)
         finally:
             lab.close()
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()[-500:]}

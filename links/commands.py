@@ -5,7 +5,7 @@ their handlers to these entries (``Command.bind``; tower/daemon.py merges
 them and refuses a path twice, one outside this table, or one left without a
 handler); the client reads the wire properties (which commands it may send
 again, node/connection.py); the gateway's ``/v1/grid/execute``, ``rngrid
-execute`` and docs/protocol.md list the ``user`` ones (tests/test_commands.py
+execute`` and docs/protocol.md list the ``user`` ones (tests/wire/test_commands.py
 checks that they agree). Adding a command: an entry here, a handler in its
 capability's ``commands()``, then ``python scripts/docs_tables.py`` for the
 docs' table; the gateway and the CLI take a plain request/reply command as it is.

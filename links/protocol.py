@@ -10,7 +10,7 @@ lists the commands; announce/caps.py versions the caps on its own).
 
 Channel messages: ``MESSAGE_TYPES`` lists every message class of the grid;
 each family takes the numbers above its base in ``FAMILIES``
-(tests/test_protocol.py checks that no two share a MSGTYPE, that each sits in
+(tests/wire/test_protocol.py checks that no two share a MSGTYPE, that each sits in
 its family and that each survives a round trip).
 """
 

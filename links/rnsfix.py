@@ -50,7 +50,7 @@ envelopes; "deque mutated during iteration" then escapes from
 
 ``apply()`` is idempotent and patches nothing on any other RNS version.
 ``RNGRID_RNS_UNPATCHED`` in the environment leaves fixes out, to show that
-each one is needed (``tests/test_rnsfix_unpatched.py``): ``1`` or ``all``
+each one is needed (``tests/wire/test_rnsfix_unpatched.py``): ``1`` or ``all``
 leaves out every fix, a comma-separated list of names from ``FIXES`` only
 those.
 """

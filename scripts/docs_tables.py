@@ -8,10 +8,10 @@ and ``<!-- end generated: NAME -->``:
 - ``mypy`` (docs/development.md): the packages of pyproject.toml's ``[tool.mypy] files``
   and the modules its ``exclude`` leaves out;
 - ``layers`` (docs/architecture.md): what each part of reticulum_grid may import,
-  from tests/test_layers.py's ``ALLOWED`` (the rule itself; that test checks the code).
+  from tests/project/test_layers.py's ``ALLOWED`` (the rule itself; that test checks the code).
 
 ``python scripts/docs_tables.py`` rewrites them; ``--check`` writes nothing, lists the
-stale ones and exits 1 when there are any (tests/test_docs.py runs the same check).
+stale ones and exits 1 when there are any (tests/project/test_docs.py runs the same check).
 """
 
 import argparse
@@ -59,7 +59,7 @@ def mypy_list() -> str:
 
 def layers_table() -> str:
     """What each package (or top-level module) of reticulum_grid may import from it."""
-    from tests.test_layers import ALLOWED
+    from tests.project.test_layers import ALLOWED
     rows = ["| part of `reticulum_grid` | may import (besides itself, `announce` and `links`) |", "|---|---|"]
     for name, allowed in ALLOWED.items():
         shown = f"{name}/" if (ROOT / "reticulum_grid" / name).is_dir() else f"{name}.py"

@@ -19,7 +19,7 @@ import tomlkit
 # Nothing a test starts (towers, trainer workers) ever asks a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests import leftovers  # noqa: E402
+from testbed import leftovers  # noqa: E402
 
 from links.wire import WireError
 from reticulum_grid.node import rnsnet
@@ -32,7 +32,7 @@ from reticulum_grid.node.localgrid import TowerProcess, free_port, trust_local_t
 logging.basicConfig(level=logging.INFO)
 ROOT = Path(__file__).resolve().parent.parent
 #: What a test needs beyond the venv: need()/needs(), the skip summary, RNGRID_REQUIRE_ALL.
-pytest_plugins = ("tests.requirements",)
+pytest_plugins = ("testbed.requirements",)
 
 
 class Hub:
@@ -177,6 +177,16 @@ def pool_gateway(hub, pool_tower):
     """The gateway in this process in front of the pool tower (its URL), with a 30 s busy wait."""
     from tests.gateway_support import serve
     with serve(hub, busy_wait_s=30) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gateway(hub, tower, request):
+    """The gateway in this process in front of the module's own ``tower`` fixture (its URL);
+    it waits out a busy grid for the module's GATEWAY_BUSY_WAIT_S seconds (the gateway's
+    default unless set)."""
+    from tests.gateway_support import serve
+    with serve(hub, busy_wait_s=getattr(request.module, "GATEWAY_BUSY_WAIT_S", None)) as url:
         yield url
 
 

@@ -32,6 +32,13 @@ def start_tower(hub, name, alias, roles=("infer",), n_ctx=None, settings=None, *
     return tower
 
 
+#: The tool the gateway tests offer in OpenAI's chat shape, and a tool_choice that forces it.
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+
+
 #: The alias only conftest's ``pool_tower`` serves.
 POOL_MODEL = "pool-smol"
 

@@ -6,7 +6,7 @@ the same request twice may differ in the last bits, and at temperature 0 one
 flipped argmax changes the rest of the text (inference/generation.py). A
 reference must not depend on what ran before it: each one here is computed
 with ``cache_prompt`` off, in a runner started with a tower's settings
-(tests/test_reference.py checks that two runs in a row agree).
+(tests/inference/test_reference.py checks that two runs in a row agree).
 """
 
 import threading

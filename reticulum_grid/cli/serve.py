@@ -5,8 +5,8 @@ import click
 from reticulum_grid.cli.common import client_options, err, fail, main, open_grid
 from reticulum_grid.node import config as cfg
 
-#: intake.py's defaults, repeated here so `rngrid --help` works without the gateway's extra (tests/test_gateway_flood.py
-#: checks they agree).
+#: intake.py's defaults, repeated here so `rngrid --help` works without the gateway's extra
+#: (tests/gateway/test_gateway_flood.py checks they agree).
 MAX_REQUESTS, BODY_TIMEOUT_S = 256, 30.0
 
 

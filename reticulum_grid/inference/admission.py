@@ -13,7 +13,7 @@ rate, the prompt's time left out), so a hint is not longer than the time left
 on the stream it waits for (an early guess costs the client one more ask; a
 late one idles the slots, as a hint of 39 s did for streams that freed their
 places in 4). A client that asks again then is taken into the line before it runs
-dry, so the slots never idle while clients wait outside (tests/test_busy.py).
+dry, so the slots never idle while clients wait outside (tests/inference/test_busy.py).
 
 ``on_change()`` runs whenever the model goes from no free slot to some or
 back, or from no room (free slots plus free places in line) to some or back:

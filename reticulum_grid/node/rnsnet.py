@@ -40,7 +40,7 @@ def config_text(listen: str = "", connect: Iterable[str] = (), transport: bool =
     interface has. On rns 0.9.4 it sets the link MTU (500 bytes at or below
     62.5 kbit/s, no MTU discovery), paces announces a transport node forwards
     to 2 % of it and scales link timeouts; it does NOT limit the rate (a real
-    radio does; tests shape links with the network lab in tests/lab/)."""
+    radio does; tests shape links with the network lab in testbed/lab/)."""
     lines = [
         "[reticulum]",
         f"  enable_transport = {'Yes' if transport else 'No'}",

@@ -1,3 +1,1 @@
-"""The network lab: separate hosts (network namespaces) joined by shaped links
-(a user-space relay: rate, delay, jitter, loss, MTU), with named profiles
-(tailnet, lora-fast, lora-long, two-hop). Test tooling, not part of the product."""
+"""Tests of the network lab (testbed/lab/) and of the grid over its shaped links between namespaces."""

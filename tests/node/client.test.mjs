@@ -1,4 +1,4 @@
-// The JavaScript client (clients/ts) against a real gateway, run by tests/test_gateway_clients.py
+// The JavaScript client (clients/ts) against a real gateway, run by tests/gateway/test_gateway_clients.py
 // with RNGRID_URL, RNGRID_MODEL and RNGRID_TOWER set, in phases (RNGRID_PHASE): "inference";
 // "train" (starts a job, prints "JOB <id>" and leaves it running for the dashboard test);
 // "cancel" (cancels RNGRID_JOB). Plain `node --test`, no packages.

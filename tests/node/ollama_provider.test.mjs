@@ -1,5 +1,5 @@
 // The npm ollama-ai-provider-v2 with Vercel's `ai` against a real `rngrid serve`, run by
-// tests/test_gateway_ollama_clients.py with RNGRID_URL and RNGRID_MODEL set. The provider sends
+// tests/gateway/test_gateway_ollama_clients.py with RNGRID_URL and RNGRID_MODEL set. The provider sends
 // OpenAI's sampling fields (temperature, top_p, max_output_tokens) beside Ollama's and checks each
 // reply against its own schema (an embed reply must carry load_duration). Packages: package.json here.
 import assert from "node:assert/strict";

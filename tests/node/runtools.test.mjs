@@ -1,5 +1,5 @@
 // openai-node's own agent loop (chat.completions.runTools) against a real gateway, run by
-// tests/test_gateway_tool_answers.py with RNGRID_URL and RNGRID_MODEL set: with the bundled model,
+// tests/gateway/test_gateway_tool_answers.py with RNGRID_URL and RNGRID_MODEL set: with the bundled model,
 // each loop ends with a text answer, and at least 3 of 5 use the tool's result.
 import assert from "node:assert/strict";
 import { test } from "node:test";

@@ -1,5 +1,5 @@
 // The JavaScript client's GridSocket (clients/ts) against a real gateway with an API key, run by
-// tests/test_gateway_websocket.py with RNGRID_URL, RNGRID_API_KEY, RNGRID_MODEL and RNGRID_TOWER set.
+// tests/gateway/test_gateway_websocket.py with RNGRID_URL, RNGRID_API_KEY, RNGRID_MODEL and RNGRID_TOWER set.
 // Plain `node --test`, no packages (Node.js 20 needs --experimental-websocket).
 import assert from "node:assert/strict";
 import { test } from "node:test";

@@ -1,4 +1,4 @@
-// The JavaScript client's voice commands against a real gateway, run by tests/test_voice_gateway.py
+// The JavaScript client's voice commands against a real gateway, run by tests/voice/test_voice_gateway.py
 // with RNGRID_URL, RNGRID_AUDIO (a WAV file), RNGRID_EXPECT (the grid's own transcript of it)
 // and RNGRID_TOWER set. Plain `node --test`, no packages.
 import assert from "node:assert/strict";

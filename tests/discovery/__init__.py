@@ -1,0 +1,1 @@
+"""Tests of discovery and routing: announces, caps, the tower table, ranking, failover between towers."""

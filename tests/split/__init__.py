@@ -1,0 +1,1 @@
+"""Tests of one model over several towers: plans, strategies, RPC access, tunnels, tensor caches."""

@@ -1,0 +1,1 @@
+"""Tests of LoRA training: jobs, requests, data-parallel and local-step training, the data plane."""

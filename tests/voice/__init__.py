@@ -1,0 +1,1 @@
+"""Tests of voice: speech to text and text to speech through towers and the gateway."""
