@@ -37,7 +37,7 @@ ACTIVE_EXPERTS = 0.25
 #: Round trips to a worker per layer whose experts it holds. Measured (bench/split.py --strategy experts,
 #: loopback data plane, a Qwen3-MoE shape of 8 layers all on one worker): 6.4 of the coordinator's round trips
 #: a token, 0.8 a layer (the data plane's own round trip is shorter than the RNS one it measures).
-EXPERT_ROUND_TRIPS = 1.0
+EXPERT_ROUND_TRIPS = 1.2
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
 SYNCS_PER_LAYER = 2
 #: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
@@ -68,13 +68,16 @@ class Costs:
     hash: ``bandwidths`` (bytes/s of weights), ``rtts`` (s, coordinator to
     worker), ``rates`` (bytes/s of each worker's link; estimate.PRIOR_LINK_RATE
     where missing), ``backends`` ("cpu", "cuda", ...); the model's
-    ``model_bytes``, ``expert_bytes`` and ``embedding`` width."""
+    ``read_bytes`` (what one decoded token reads of its weights), ``expert_bytes``
+    (its expert tensors; 0 for a dense model), ``expert_read_bytes`` (what a token
+    reads of those) and ``embedding`` width."""
     bandwidths: Mapping[bytes, float]
     rtts: Mapping[bytes, float]
     rates: Mapping[bytes, float]
     backends: Mapping[bytes, str]
-    model_bytes: int
+    read_bytes: int
     expert_bytes: int
+    expert_read_bytes: int
     embedding: int
 
 
@@ -127,34 +130,34 @@ def _rate(c: Costs, key: bytes) -> float:
 
 
 def _pipeline(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
-    cost = estimate.split(placement, c.model_bytes, dict(c.bandwidths), dict(c.rtts), c.embedding, dict(c.rates),
+    cost = estimate.split(placement, c.read_bytes, dict(c.bandwidths), dict(c.rtts), c.embedding, dict(c.rates),
                           prompt)
     n = max(placement.n_layers, 1)
-    prefill = sum(prompt / _prefill_rate(c, p.offer.key, c.model_bytes * p.layers / n) for p in placement.parts)
+    prefill = sum(prompt / _prefill_rate(c, p.offer.key, c.read_bytes * p.layers / n) for p in placement.parts)
     return 1.0 / cost.tokens_per_s, prefill + cost.added_ttft_s
 
 
 def _experts(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
-    rest = c.model_bytes - c.expert_bytes
+    rest = c.read_bytes - c.expert_read_bytes
     coordinator = placement.coordinator.offer.key
     per_token = rest / c.bandwidths[coordinator]
     prefill = prompt / _prefill_rate(c, coordinator, rest)
     total = sum(p.layers for p in placement.workers) or 1
     for part in placement.workers:
         key, layers = part.offer.key, n * part.layers / total  # its share of the expert layers
-        held = c.expert_bytes * layers / n
+        read = c.expert_read_bytes * layers / n
         crossing = 2 * c.embedding * 4 / _rate(c, key)
-        per_token += held * ACTIVE_EXPERTS / c.bandwidths[key] + layers * (
+        per_token += read / c.bandwidths[key] + layers * (
             EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + crossing)
-        prefill += prompt / _prefill_rate(c, key, held * ACTIVE_EXPERTS) + layers * (
+        prefill += prompt / _prefill_rate(c, key, read) + layers * (
             EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + prompt * crossing)
     return per_token, prefill
 
 
 def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
-    shares = {p.offer.key: c.model_bytes * p.layers / n for p in placement.parts}
+    shares = {p.offer.key: c.read_bytes * p.layers / n for p in placement.parts}
     workers = [p.offer.key for p in placement.workers]
     rtt = TENSOR_SYNC_ROUND_TRIPS * max(0.0, max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
                                         - PROBE_OVERHEAD_S)
@@ -163,7 +166,7 @@ def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     state = c.embedding * 4 * 2  # one token's hidden state, out and back
     per_token = max(share / c.bandwidths[k] for k, share in shares.items()) + syncs * (
         TENSOR_SYNC_S + rtt + state / slowest)
-    summed = sum(_prefill_rate(c, k, c.model_bytes) for k in shares) * TENSOR_EFFICIENCY
+    summed = sum(_prefill_rate(c, k, c.read_bytes) for k in shares) * TENSOR_EFFICIENCY
     batches = -(-prompt // UBATCH)
     prefill = prompt / summed + syncs * (batches * (TENSOR_SYNC_S + rtt) + prompt * state / slowest)
     return per_token, prefill
