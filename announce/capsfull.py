@@ -19,7 +19,8 @@ Wire format (msgpack map; a row leaves out fields at their defaults)::
                 "vram_mib" (the load as the GPUs show it), "slots", "slots_free", "n_ctx",
                 # a model's GGUF facts, read in the background (inference/facts.py)
                 "need_mib", "n_layers", "embedding" (width), "expert_bytes" (an MoE model's expert
-                tensors, absent for a dense one), "reading": true while still to come,
+                tensors, absent for a dense one), "read_bytes" (weights one decoded token reads),
+                "expert_read_bytes" (of which experts'), "reading": true while still to come,
                 "draft_bytes",       # the draft model its split runs beside it (bytes; absent: none)
                 "gguf": {"architecture", "parameters", "quantization", "context_length",
                          "embedding_length", "block_count", "pooling", "name"}}, ...],
@@ -119,8 +120,10 @@ class BlobFacts:
     """One blob on a tower: sizes in bytes, memory in MiB. ``slots`` /
     ``slots_free``: streams the loaded model's runner serves at once and how
     many are free now; ``n_ctx``: tokens per slot. ``need_mib``,
-    ``n_layers``, ``embedding``, ``expert_bytes`` and ``gguf`` come once the tower read the
-    model's GGUF (``reading`` until then). ``draft_bytes``: the size of the
+    ``n_layers``, ``embedding``, ``expert_bytes``, ``read_bytes`` (what one
+    decoded token reads of its weights), ``expert_read_bytes`` (of which the
+    experts') and ``gguf`` come once the tower read the model's GGUF
+    (``reading`` until then). ``draft_bytes``: the size of the
     draft model this tower runs beside the model when it coordinates a split
     of it (speculative decoding, tower/split.py draft_for), None for none."""
     alias: str
@@ -141,6 +144,8 @@ class BlobFacts:
     n_layers: int | None = None
     embedding: int | None = None
     expert_bytes: int = 0
+    read_bytes: int | None = None
+    expert_read_bytes: int = 0
     reading: bool = False
     gguf: ModelSummary | None = None
     draft_bytes: int | None = None
@@ -183,7 +188,8 @@ _BLOB: dict[str, Check] = {
     "loaded": bool_field, "on_gpu": bool_field, "gpu_mib": _int(MAX_MIB), "host_mib": _int(MAX_MIB),
     "gpu_model_mib": _int(MAX_MIB), "host_model_mib": _int(MAX_MIB), "vram_mib": _int(MAX_MIB),
     "slots": _int(MAX_COUNT), "slots_free": _int(MAX_COUNT), "n_ctx": _int(MAX_TOKENS), "need_mib": _int(MAX_MIB),
-    "n_layers": _int(MAX_LAYERS), "embedding": _int(1 << 20), "expert_bytes": _int(MAX_BYTES), "reading": bool_field,
+    "n_layers": _int(MAX_LAYERS), "embedding": _int(1 << 20), "expert_bytes": _int(MAX_BYTES),
+    "read_bytes": _int(MAX_BYTES), "expert_read_bytes": _int(MAX_BYTES), "reading": bool_field,
     "gguf": lambda value, what: ModelSummary.from_map(value), "draft_bytes": _int(MAX_BYTES)}
 
 

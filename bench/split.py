@@ -155,14 +155,16 @@ def _pairs(grid, args, placement, entries, raw_sides):
     single = sides.single(grid)
     split = sides.grid_split(grid, placement, entries, speculative=args.draft)
     single(1, 8), split(2, 8)  # warm up; the first split run loads the split model
-    # Planned again, with the link rates the coordinator measured while it loaded: the estimate to check.
-    estimated = make_plan(grid, ALIAS, strategy=args.strategy, shape=request_shape(args))[0]
     out = {"plan": [f"{p.offer.name} layers {p.first}-{p.end - 1}" for p in placement.parts]}
     # With a draft the coordinator's llama-server speculates on every request: it has no per-request switch
     # (tools/server/server-schema.cpp leaves speculative.* out), so the split side is the drafted one.
     name = "draft" if args.draft else "split"
     pairing = [("single", single), (name, split), *raw_sides]
     pairs = sides.paired(pairing, args.runs, args.max_tokens)
+    # Planned again, as for the next request: with the link rates the coordinator measured while it loaded and
+    # the single tower's rate over the runs (the lenders serve no model: they read at their kind's measured
+    # pace, client/estimates.py): the estimate to check.
+    estimated = make_plan(grid, ALIAS, strategy=args.strategy, shape=request_shape(args))[0]
     for side, runs in pairs.items():
         out[f"{side}_tokens_per_s"] = statistics.median(r[1] for r in runs)
         out[f"{side}_ttft_ms"] = statistics.median(r[0] for r in runs) * 1000

@@ -3,8 +3,10 @@ need a client apart from the test process: several clients at once, a client
 behind a transport node, a split client. ``ClientProcess`` drives it.
 
 The process (``python -m tests.client_process HOME HOST:PORT...``) reads one
-JSON request per line on stdin, ``{"payload": {...}, "wait_towers": N}`` (an ``ai/inference`` payload;
-it first waits up to 60 s until it has heard N towers, default 1), and writes JSON
+JSON request per line on stdin, ``{"payload": {...}, "wait_towers": N, "wait_names": [name, ...]}`` (an
+``ai/inference`` payload; it first waits up to 60 s until it has heard N towers, default 1, those named among
+them: a tower that left stays in the table until its entry expires, so a count cannot tell one that joined),
+and writes JSON
 lines: ``{"plan": [tower, ...], "strategy": its strategy}`` when the request is split, ``{"text": piece}``
 per text piece, ``{"tool_call": {index, id, name, arguments}}`` per tool-call
 piece, then ``{"usage": {...}, "plan": ...}`` or ``{"error": {"code",
@@ -46,9 +48,10 @@ class ClientProcess:
             self.lines.put(json.loads(line))
         self.lines.put(None)
 
-    def ask(self, payload, wait_towers=1):
+    def ask(self, payload, wait_towers=1, wait_names=()):
         """Send one request; its lines come back through ``result``."""
-        self.proc.stdin.write(json.dumps({"payload": payload, "wait_towers": wait_towers}) + "\n")
+        self.proc.stdin.write(json.dumps({"payload": payload, "wait_towers": wait_towers,
+                                          "wait_names": list(wait_names)}) + "\n")
         self.proc.stdin.flush()
 
     def next(self, timeout=180):
@@ -83,7 +86,9 @@ def _serve(grid, request):
     from links.wire import WireError
     from reticulum_grid.client import ToolCallDelta, Usage
 
-    grid.wait_for(lambda entries: len(entries) >= request.get("wait_towers", 1), 60)
+    names = set(request.get("wait_names", ()))
+    grid.wait_for(lambda entries: len(entries) >= request.get("wait_towers", 1)
+                  and names <= {e.name for e in entries}, 60)
     try:
         stream = grid.execute("ai/inference", request["payload"])
         plan = getattr(stream, "plan", None)

@@ -228,8 +228,8 @@ def _rate(row: dict[str, Any]) -> str:
 def _best_single(grid: "Grid", model: str, ranked: "Sequence[Choice]") -> "Estimate | None":
     from reticulum_grid.client import estimates
     need = grid.needs.get(model, 0)
-    size = grid.model_facts.get(model, {}).get("bytes") or need << 20
-    return estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
+    return estimates.best_single(grid, [c.entry for c in ranked], estimates.read_bytes(grid, model, need), need,
+                                 grid.served)
 
 
 def _draft_gain(grid: "Grid", model: str, placement: "Plan") -> dict[str, Any] | None:

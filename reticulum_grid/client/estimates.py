@@ -1,9 +1,11 @@
 """The figures a client plans a split with: each tower's bandwidth, the coordinator's round
 trips to its workers, and estimates for a plan and for the best single tower (split/estimate.py).
 
-- Bandwidth: what this client measured of a tower's streams (or, clamped, what
-  it announces; HealthBook.believed_tokens_per_s) times the bytes of the largest
-  model it serves, else its backend's prior.
+- Bandwidth: the decode rate this client measured of a tower's streams (or,
+  clamped, what it announces; HealthBook.believed_decode_tokens_per_s) times the bytes a token reads
+  of the largest model it serves; for a tower that serves none (a lender:
+  its split streams say nothing of its own compute), the median of the towers
+  of its hardware kind (backend and device) that do; else its backend's prior.
 - Round trips: the would-be coordinator's own (``split/probe``: it pings the
   others over its Links), waited for up to PROBE_WAIT_S; a tower it cannot
   reach is left out of the plan.
@@ -12,6 +14,7 @@ trips to its workers, and estimates for a plan and for the best single tower (sp
   bandwidth), or, on a CPU tower, the memory it offers (what it lends).
 """
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 
@@ -19,6 +22,7 @@ from announce.table import TowerEntry
 
 from links.wire import WireError
 from reticulum_grid.client import router
+from reticulum_grid.client.measured import kind_of
 from reticulum_grid.client.parts import GridParts
 from reticulum_grid.split import estimate
 
@@ -31,8 +35,20 @@ MIB = 1 << 20
 
 def bandwidth(grid: GridParts, entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
     """Bytes/s ``entry``'s tower reads weights at (see the module doc)."""
-    tokens_per_s = grid.health.believed_tokens_per_s(entry.destination_hash, entry.caps)
-    return estimate.bandwidth(entry.caps.hardware.backend, tokens_per_s, served_bytes.get(entry.destination_hash, 0))
+    backend = entry.caps.hardware.backend
+    own = _measured(grid, entry, served_bytes)
+    if own:
+        return estimate.bandwidth(backend, own)
+    kind = kind_of(backend, entry.caps.hardware.device)
+    peers = [rate for e in grid.table.live() if kind_of(e.caps.hardware.backend, e.caps.hardware.device) == kind
+             if (rate := _measured(grid, e, served_bytes))]
+    return estimate.bandwidth(backend, statistics.median_low(peers) if peers else 0.0)
+
+
+def _measured(grid: GridParts, entry: TowerEntry, served_bytes: Mapping[bytes, int]) -> float:
+    """Bytes/s of weights ``entry``'s tower read serving a whole model (0.0: it serves none, or unmeasured)."""
+    return grid.health.believed_decode_tokens_per_s(entry.destination_hash, entry.caps) * served_bytes.get(
+        entry.destination_hash, 0)
 
 
 def coordinator_view(grid: GridParts, coordinator: TowerEntry,
@@ -68,10 +84,17 @@ def _floats(value: object) -> dict[bytes, float]:
     return out
 
 
-def best_single(grid: GridParts, entries: Sequence[TowerEntry], model_bytes: int, need_mib: int,
+def read_bytes(grid: GridParts, model: str, need_mib: int) -> int:
+    """Bytes a token of ``model`` reads, as its towers' caps/full say; its file's
+    size where they do not say (an older tower), else its need (``need_mib``)."""
+    known = grid.model_facts.get(model, {})
+    return known.get("read_bytes") or known.get("bytes") or need_mib * MIB
+
+
+def best_single(grid: GridParts, entries: Sequence[TowerEntry], model_read_bytes: int, need_mib: int,
                 served_bytes: Mapping[bytes, int]) -> estimate.Estimate | None:
     """The Estimate of the fastest tower of ``entries`` that could hold the
-    model whole (see the module doc), or None."""
+    model (of which a token reads ``model_read_bytes``) whole (see the module doc), or None."""
     best = None
     for entry in entries:
         hw = entry.caps.hardware
@@ -83,7 +106,7 @@ def best_single(grid: GridParts, entries: Sequence[TowerEntry], model_bytes: int
         if hw.vram_total_mib and need_mib > hw.memory_free_mib:  # the rest is read from RAM at the CPU's pace
             in_vram = hw.memory_free_mib / need_mib
             bw = 1.0 / (in_vram / bw + (1 - in_vram) / estimate.PRIOR_BANDWIDTH["cpu"])
-        found = estimate.whole(model_bytes, bw, entry.name)
+        found = estimate.whole(model_read_bytes, bw, entry.name)
         if best is None or found.tokens_per_s > best.tokens_per_s:
             best = found
     return best

@@ -125,9 +125,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self.connections: dict[bytes, TowerConnection] = {}
         self.health = router.HealthBook(MeasuredRates(self.home / measured.FILE))
         self.needs: dict[str, int] = {}
-        # model -> {"bytes", "embedding"} as towers' caps/full say (client/split.py)
+        # model -> {"bytes", "read_bytes", "embedding", ...} as towers' caps/full say (client/split.py)
         self.model_facts: dict[str, dict[str, int]] = {}
-        # destination hash -> bytes of the largest model the tower serves (its bandwidth)
+        # destination hash -> bytes a token reads of the largest model the tower serves (its bandwidth)
         self.served: dict[bytes, int] = {}
         self.dataplanes: dict[bytes, bool] = {}  # destination hash -> the tower offers a data-plane address
         # destination hash -> {model alias: bytes of the draft its split of that model runs with}

@@ -82,9 +82,13 @@ class Health:
     ``state``: "" (not asked yet), "ok" (answered), "silent" (no answer within
     its bound: frozen, gone, or its path is lost), "failed" (refused or broke
     a request); ``error`` says why; ``lost`` counts silences in a row;
-    ``tokens_per_s``: the rate its streams reached here (0: never measured)."""
+    ``tokens_per_s``: the rate its streams reached here, from the request's
+    send (0: never measured); ``decode_tokens_per_s``: from their first token
+    on (a decode rate, what split estimates read a tower's bandwidth from: a
+    rate that counts the prompt's time says little of reading weights)."""
     rtt_s: float = 0.0
     tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
     failures: int = 0
     backoff_until: float = 0.0
     pending: int = 0
@@ -149,13 +153,25 @@ class HealthBook:
         h = self._health.setdefault(destination_hash, Health())
         h.pending = max(0, h.pending - 1)
 
-    def measured(self, destination_hash: bytes, tokens_per_s: float, hardware: Hardware) -> None:
+    def measured(self, destination_hash: bytes, tokens_per_s: float, hardware: Hardware,
+                 decode_tokens_per_s: float | None = None) -> None:
         """A stream from the tower reached ``tokens_per_s`` on this client's
-        clock; ``hardware``: what the tower announced (its kind)."""
+        clock (``decode_tokens_per_s`` from its first token on, None when too
+        few came after it); ``hardware``: what the tower announced (its kind)."""
         h = self._health.setdefault(destination_hash, Health())
-        h.tokens_per_s = tokens_per_s if not h.tokens_per_s else (
-            (1 - MEASURED_WEIGHT) * h.tokens_per_s + MEASURED_WEIGHT * tokens_per_s)
+        h.tokens_per_s = _averaged(h.tokens_per_s, tokens_per_s)
+        if decode_tokens_per_s:
+            h.decode_tokens_per_s = _averaged(h.decode_tokens_per_s, decode_tokens_per_s)
         self.rates.record(destination_hash, kind_of(hardware.backend, hardware.device), h.tokens_per_s)
+
+    def believed_decode_tokens_per_s(self, destination_hash: bytes, caps: Caps) -> float:
+        """The decode rate a tower's bandwidth is estimated from: measured here
+        (bounded by claim_bound: a tower that held its tokens back and sent them
+        at once would look boundless), else believed_tokens_per_s."""
+        measured = self.get(destination_hash).decode_tokens_per_s
+        if measured > 0:
+            return min(measured, self.claim_bound(caps.hardware))
+        return self.believed_tokens_per_s(destination_hash, caps)
 
     def believed_tokens_per_s(self, destination_hash: bytes, caps: Caps) -> float:
         """The tokens/s a tower is ranked by: measured here, else its announce
@@ -176,6 +192,11 @@ class HealthBook:
         best = self.rates.best_of_kind(kind_of(hardware.backend, hardware.device))
         return KIND_MARGIN * best if best else PRIOR_MAX_TOKENS_PER_S.get(hardware.backend,
                                                                           PRIOR_MAX_GPU_TOKENS_PER_S)
+
+
+def _averaged(old: float, new: float) -> float:
+    """The exponential average of measured rates (MEASURED_WEIGHT), ``old`` 0: none yet."""
+    return new if not old else (1 - MEASURED_WEIGHT) * old + MEASURED_WEIGHT * new
 
 
 @dataclass(frozen=True)

@@ -187,10 +187,9 @@ def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (), stra
         raise WireError(Code.NO_TOWER, f"{model!r} does not fit the grid{_as(strategy)}: {e}") from None
     if strategy != "pipeline":
         return strategies.estimated(placement, costs, shape)[0], {e.destination_hash: e for e in live}
-    size = known.get("bytes") or fact[0] * MIB
-    cost = estimate.split(placement, size, {e.destination_hash: estimates.bandwidth(grid, e, grid.served)
-                                            for e in live}, rtts or {p.offer.key: p.offer.rtt_s
-                                                                     for p in placement.parts},
+    bandwidths = {e.destination_hash: estimates.bandwidth(grid, e, grid.served) for e in live}
+    cost = estimate.split(placement, estimates.read_bytes(grid, model, fact[0]), bandwidths,
+                          rtts or {p.offer.key: p.offer.rtt_s for p in placement.parts},
                           known.get("embedding", 4096), rates)
     return dataclasses.replace(placement, estimate=cost), {e.destination_hash: e for e in live}
 
@@ -240,8 +239,8 @@ def single_or_split(grid: GridParts, model: str, ranked: Sequence[router.Choice]
     if policy == "always":
         return placement, entries
     need = grid.needs.get(model, 0)
-    size = grid.model_facts.get(model, {}).get("bytes") or need * MIB
-    single = estimates.best_single(grid, [c.entry for c in ranked], size, need, grid.served)
+    single = estimates.best_single(grid, [c.entry for c in ranked], estimates.read_bytes(grid, model, need), need,
+                                   grid.served)
     # make_plan's Plan carries its estimate.
     return (placement, entries) if choose(model, cast(estimate.Estimate, placement.estimate), single) else None
 

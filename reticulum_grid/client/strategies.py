@@ -24,7 +24,6 @@ PROMPT_BYTES_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 256
 #: A request's (prompt tokens, max_tokens) when none is known (route without a prompt).
 DEFAULT_SHAPE = (100, DEFAULT_MAX_TOKENS)
-MIB = 1 << 20
 
 #: Place(strategy, offers) -> Plan; raises PlanError.
 Place = Callable[[str, list[Offer]], Plan]
@@ -46,9 +45,12 @@ def costs(grid: GridParts, live: Sequence[TowerEntry], model: str, fact: tuple[i
           rtts: dict[bytes, float], rates: dict[bytes, float]) -> strategy.Costs:
     """The Costs of ``live`` towers for ``model`` (need MiB, layers ``fact``) as this client knows them."""
     known = grid.model_facts.get(model, {})
+    experts = known.get("expert_bytes", 0)
+    # A tower that does not say what a token reads of the experts: the prior share of them.
+    expert_read = known.get("expert_read_bytes") or int(experts * strategy.ACTIVE_EXPERTS)
     return strategy.Costs({e.destination_hash: estimates.bandwidth(grid, e, grid.served) for e in live}, rtts, rates,
                           {e.destination_hash: e.caps.hardware.backend for e in live},
-                          known.get("bytes") or fact[0] * MIB, known.get("expert_bytes", 0),
+                          estimates.read_bytes(grid, model, fact[0]), experts, expert_read,
                           known.get("embedding", 4096))
 
 

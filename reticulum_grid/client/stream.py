@@ -110,10 +110,21 @@ class _Meter:
         self.sent_at = sent_at
         self.last_at: float | None = None
         self.count = 0
+        self.first: tuple[float, int] | None = None  # (perf_counter, tokens) of the first arrival
 
     def tokens(self, count: int) -> None:
         self.count += count
         self.last_at = time.perf_counter()
+        if self.first is None:
+            self.first = (self.last_at, self.count)
+
+    def decode_rate(self) -> float | None:
+        """Tokens/s from the first arrival to the last (the prompt's time left
+        out), or None when too few tokens came after it to tell."""
+        if self.first is None or self.last_at is None or self.count - self.first[1] < MEASURE_MIN_TOKENS \
+                or self.last_at <= self.first[0]:
+            return None
+        return (self.count - self.first[1]) / (self.last_at - self.first[0])
 
     def rate(self) -> float | None:
         """Tokens/s, or None when too few tokens came to tell."""
@@ -204,7 +215,7 @@ class InferenceStream:
                 self.grid.health.succeeded(entry.destination_hash)
                 rate = meter.rate()
                 if rate is not None:
-                    self.grid.health.measured(entry.destination_hash, rate, entry.caps.hardware)
+                    self.grid.health.measured(entry.destination_hash, rate, entry.caps.hardware, meter.decode_rate())
                 self.usage = self._usage(entry, event, before)
                 yield self.usage
                 return True

@@ -76,15 +76,16 @@ class TowerFacts(_Parts):
 
     def learn(self, entry: TowerEntry, full: CapsFull) -> TowerEntry:
         """Keep what tower ``entry``'s caps/full says: its caps (in the table),
-        each model's memory need (routing) and bytes and embedding width
-        (split estimates), the largest model it serves (its bandwidth,
-        client/estimates.py), whether it offers a data plane and the size of
+        each model's memory need (routing), bytes, bytes a token reads and
+        embedding width (split estimates), what a token reads of the largest
+        model it serves (its bandwidth, client/estimates.py), whether it offers a data plane and the size of
         the draft its split of each model runs with. Returns the
         refreshed entry (``entry`` when the table no longer has it)."""
         key = entry.destination_hash
         self.dataplanes[key] = full.dataplane
         models = [b for b in full.blobs if b.kind == "model" and b.alias]
-        self.served[key] = max((b.size for b in models if b.loaded), default=0)
+        largest = max((b for b in models if b.loaded), key=lambda b: b.size, default=None)
+        self.served[key] = 0 if largest is None else largest.read_bytes or largest.size
         self.drafts[key] = {b.alias: b.draft_bytes for b in models if b.draft_bytes}
         for blob in models:
             if blob.need_mib is not None:
@@ -93,6 +94,9 @@ class TowerFacts(_Parts):
             known["bytes"] = blob.size
             if blob.embedding is not None:
                 known["embedding"] = blob.embedding
+            if blob.read_bytes:
+                known["read_bytes"] = blob.read_bytes
             if blob.expert_bytes:
                 known["expert_bytes"] = blob.expert_bytes
+                known["expert_read_bytes"] = blob.expert_read_bytes
         return self.table.refresh_caps(key, full.caps) or entry

@@ -43,13 +43,16 @@ class ModelFactsReader:
     def known(self, slot: ModelSlot) -> dict[str, object]:
         """caps/full's facts of ``slot``'s model, each only when known without
         reading its file: ``need_mib`` (MiB), ``n_layers``, ``embedding``
-        (width), ``expert_bytes`` (an MoE model's expert tensors) and ``gguf`` (a ModelSummary); ``reading: True`` while a read
+        (width), ``expert_bytes`` (an MoE model's expert tensors), ``read_bytes`` and ``expert_read_bytes``
+        (what a decoded token reads of them) and ``gguf`` (a ModelSummary); ``reading: True`` while a read
         is still to come (absent once it failed). Never blocks on the file."""
         facts: dict[str, object] = {} if slot.need_mib is None else {"need_mib": slot.need_mib}
         if slot.path in self._read:
             read = gguf_info.facts(slot.path)  # kept by gguf_info: no second read
             return {**facts, "n_layers": read.blocks, "embedding": read.embedding, "gguf": gguf_info.summary(slot.path),
-                    **({"expert_bytes": read.expert_bytes} if read.expert_bytes else {})}
+                    "read_bytes": read.read_bytes,
+                    **({"expert_bytes": read.expert_bytes, "expert_read_bytes": read.expert_read_bytes}
+                       if read.expert_bytes else {})}
         with self._lock:
             start = slot.path not in self._reading
             self._reading.add(slot.path)

@@ -1,10 +1,12 @@
 """What running a model costs before it runs: tokens/s and the time added to the first token,
 split over towers (a Plan) or whole on one tower. Pure functions.
 
-A decode step reads every weight once, so a stage's time per token is its
-share of the model's bytes over the memory bandwidth of the tower that holds
-it; a tower's bandwidth is its measured tokens/s times the bytes of the model
-it serves (caps), else a prior for its backend (PRIOR_BANDWIDTH). llama.cpp's
+A decode step reads its weights once (one row of a token embedding that has
+an output layer beside it, the experts a token runs: store/gguf_info.py
+read_per_token), so a stage's time per token is its share of those bytes over
+the memory bandwidth of the tower that holds it; a tower's bandwidth is its
+measured tokens/s times the bytes a token reads of the model it serves
+(client/estimates.py), else a prior for its backend (PRIOR_BANDWIDTH). llama.cpp's
 RPC client waits for each reply, so every remote stage adds about
 ROUND_TRIPS_PER_STAGE round trips between the coordinator and that worker
 per token (measured: 117.7 ms a token against 23.4 alone at 40 ms RTT with
@@ -47,17 +49,17 @@ MASK_BYTES_PER_CELL = 2
 KV_CELL_PAD = 256
 
 
-def bandwidth(backend: str, tokens_per_s: float = 0.0, model_bytes: int = 0) -> float:
-    """Bytes/s a tower reads weights at: its tokens/s on a model of
-    ``model_bytes``, else its backend's prior; clamped to what machines do."""
-    measured = tokens_per_s * model_bytes if tokens_per_s > 0 and model_bytes > 0 else 0.0
-    value = measured or PRIOR_BANDWIDTH.get(backend, PRIOR_BANDWIDTH["cpu"])
+def bandwidth(backend: str, measured: float = 0.0) -> float:
+    """Bytes/s a tower reads weights at: ``measured`` (its tokens/s times the
+    bytes a token reads of the model it ran), else its backend's prior;
+    clamped to what machines do."""
+    value = measured if measured > 0 else PRIOR_BANDWIDTH.get(backend, PRIOR_BANDWIDTH["cpu"])
     return min(max(value, MIN_BANDWIDTH), MAX_BANDWIDTH)
 
 
-def whole(model_bytes: int, tower_bandwidth: float, name: str) -> Estimate:
-    """The Estimate for the model on one tower."""
-    return Estimate(tower_bandwidth / max(model_bytes, 1), 0.0, name)
+def whole(read_bytes: int, tower_bandwidth: float, name: str) -> Estimate:
+    """The Estimate for the model (of which a token reads ``read_bytes``) on one tower."""
+    return Estimate(tower_bandwidth / max(read_bytes, 1), 0.0, name)
 
 
 def link_bytes_per_token(embedding: int, context_tokens: int) -> int:
@@ -70,15 +72,16 @@ def link_bytes_per_token(embedding: int, context_tokens: int) -> int:
     return HIDDEN_STATES_PER_TOKEN * embedding * 4 + cells * MASK_BYTES_PER_CELL + RPC_FIXED_BYTES_PER_TOKEN
 
 
-def split(placement: "Plan", model_bytes: int, bandwidths: dict[bytes, float], rtts: dict[bytes, float],
+def split(placement: "Plan", read_bytes: int, bandwidths: dict[bytes, float], rtts: dict[bytes, float],
           embedding: int, rates: dict[bytes, float] | None = None, prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
-    """The Estimate for ``placement`` (a plan.Plan). ``bandwidths``: {tower key:
+    """The Estimate for ``placement`` (a plan.Plan) of a model of which a
+    token reads ``read_bytes``. ``bandwidths``: {tower key:
     bytes/s}; ``rtts``: {worker key: seconds between the coordinator and it};
     ``embedding``: the model's width; ``rates``: {worker key: bytes/s of its
     link} (PRIOR_LINK_RATE where missing)."""
     rates = rates or {}
     n_layers = max(placement.n_layers, 1)
-    per_token = sum(model_bytes * p.layers / n_layers / bandwidths[p.offer.key] for p in placement.parts)
+    per_token = sum(read_bytes * p.layers / n_layers / bandwidths[p.offer.key] for p in placement.parts)
     workers = [p.offer.key for p in placement.workers]
     crossing = link_bytes_per_token(embedding, prompt_tokens) if workers else 0
     per_token += sum(ROUND_TRIPS_PER_STAGE * rtts.get(k, 0.0) + crossing / rates.get(k, PRIOR_LINK_RATE)

@@ -114,7 +114,7 @@ def _offer(row: object, model_bytes: int) -> tuple[Offer, float, float | None]:
         raise SimulationError(f"{where}: backend must be one of {', '.join(estimate.PRIOR_BANDWIDTH)}")
     given = _get(row, "bandwidth_gb_s", float, None, _positive, where)
     # The estimator's own clamps apply to a stated bandwidth as to a measured one.
-    bandwidth = (estimate.bandwidth(backend, given * 1e9 / model_bytes, model_bytes) if given is not None
+    bandwidth = (estimate.bandwidth(backend, given * 1e9) if given is not None
                  else estimate.bandwidth(backend))
     rate = _get(row, "rate_mbit_s", float, None, _positive, where)
     offer = Offer(name, name.encode("utf-8"), _get(row, "lend_mib", int, None, _not_negative, where, required=True),

@@ -7,8 +7,9 @@ A request costs its time to first token (the prompt's prefill) plus
 - **pipeline**: decode as split/estimate.py (the stages in turn, round trips
   per remote stage); prefill runs the stages in turn too, plus the prompt's
   activations over each worker's link.
-- **experts**: the coordinator reads all but the experts each token, a worker
-  the active share (ACTIVE_EXPERTS) of the experts it holds; every layer whose
+- **experts**: the coordinator reads what a token reads of all but the
+  experts, a worker what it reads of the experts it holds (the share a token
+  runs: Costs.expert_read_bytes); every layer whose
   experts sit on a worker costs EXPERT_ROUND_TRIPS round trips to it and its
   hidden state both ways. Prefill is the pipeline's, with those crossings per
   layer.
@@ -18,8 +19,9 @@ A request costs its time to first token (the prompt's prefill) plus
   worker and the hidden state of every token in flight over the slowest link; prefill computes on all
   towers at once at TENSOR_EFFICIENCY of their summed rates.
 
-A tower prefills PREFILL_PER_DECODE[backend] times as many tokens a second as
-it decodes. The constants come from measurements (their comments say which);
+Bytes read are a token's (store/gguf_info.read_per_token), the bandwidths
+measured decode rates times those (client/estimates.py). A tower prefills
+PREFILL_PER_DECODE[backend] times as many tokens a second as it decodes. The constants come from measurements (their comments say which);
 bench/split.py --strategy checks the estimates against what runs.
 """
 
@@ -32,12 +34,14 @@ from reticulum_grid.split.plan import Plan
 #: Prompt tokens a second per decoded token a second (prior per backend). CPU, measured: SmolLM2-135M with one
 #: thread prefilled a 1k-token prompt at 213 tokens/s and decoded at 67.4 (issue 32's loopback run).
 PREFILL_PER_DECODE = {"cpu": 3.2, "cuda": 60.0, "rocm": 50.0, "metal": 20.0, "vulkan": 30.0, "sycl": 30.0}
-#: Share of an MoE layer's experts a token runs (prior: top-2 of 8).
+#: Share of an MoE layer's experts a token runs where a tower does not say (caps/full expert_read_bytes; top-2 of 8).
 ACTIVE_EXPERTS = 0.25
-#: Round trips to a worker per layer whose experts it holds. Measured (bench/split.py --strategy experts,
-#: loopback data plane, a Qwen3-MoE shape of 8 layers all on one worker): 6.4 of the coordinator's round trips
-#: a token, 0.8 a layer (the data plane's own round trip is shorter than the RNS one it measures).
-EXPERT_ROUND_TRIPS = 1.0
+#: The coordinator's round trips a layer whose experts a worker holds costs beyond the compute: a token crosses
+#: once each way (ggml-rpc queues its set_tensor and graph messages and waits on one get_tensor), through both
+#: data-plane relays. Measured (bench/split.py --strategy experts, a Qwen3-MoE shape of 8 layers all on one
+#: worker, the compute taken as the single tower's decode time): 0.7 to 2.3 round trips a layer over eight runs on
+#: loopback and the lab's LAN at load averages of 1 to 9 (a busy machine wakes each relay late), median 1.3.
+EXPERT_ROUND_TRIPS = 1.3
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
 SYNCS_PER_LAYER = 2
 #: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
@@ -68,13 +72,16 @@ class Costs:
     hash: ``bandwidths`` (bytes/s of weights), ``rtts`` (s, coordinator to
     worker), ``rates`` (bytes/s of each worker's link; estimate.PRIOR_LINK_RATE
     where missing), ``backends`` ("cpu", "cuda", ...); the model's
-    ``model_bytes``, ``expert_bytes`` and ``embedding`` width."""
+    ``read_bytes`` (what one decoded token reads of its weights), ``expert_bytes``
+    (its expert tensors; 0 for a dense model), ``expert_read_bytes`` (what a token
+    reads of those) and ``embedding`` width."""
     bandwidths: Mapping[bytes, float]
     rtts: Mapping[bytes, float]
     rates: Mapping[bytes, float]
     backends: Mapping[bytes, str]
-    model_bytes: int
+    read_bytes: int
     expert_bytes: int
+    expert_read_bytes: int
     embedding: int
 
 
@@ -127,34 +134,34 @@ def _rate(c: Costs, key: bytes) -> float:
 
 
 def _pipeline(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
-    cost = estimate.split(placement, c.model_bytes, dict(c.bandwidths), dict(c.rtts), c.embedding, dict(c.rates),
+    cost = estimate.split(placement, c.read_bytes, dict(c.bandwidths), dict(c.rtts), c.embedding, dict(c.rates),
                           prompt)
     n = max(placement.n_layers, 1)
-    prefill = sum(prompt / _prefill_rate(c, p.offer.key, c.model_bytes * p.layers / n) for p in placement.parts)
+    prefill = sum(prompt / _prefill_rate(c, p.offer.key, c.read_bytes * p.layers / n) for p in placement.parts)
     return 1.0 / cost.tokens_per_s, prefill + cost.added_ttft_s
 
 
 def _experts(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
-    rest = c.model_bytes - c.expert_bytes
+    rest = c.read_bytes - c.expert_read_bytes
     coordinator = placement.coordinator.offer.key
     per_token = rest / c.bandwidths[coordinator]
     prefill = prompt / _prefill_rate(c, coordinator, rest)
     total = sum(p.layers for p in placement.workers) or 1
     for part in placement.workers:
         key, layers = part.offer.key, n * part.layers / total  # its share of the expert layers
-        held = c.expert_bytes * layers / n
+        read = c.expert_read_bytes * layers / n
         crossing = 2 * c.embedding * 4 / _rate(c, key)
-        per_token += held * ACTIVE_EXPERTS / c.bandwidths[key] + layers * (
+        per_token += read / c.bandwidths[key] + layers * (
             EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + crossing)
-        prefill += prompt / _prefill_rate(c, key, held * ACTIVE_EXPERTS) + layers * (
+        prefill += prompt / _prefill_rate(c, key, read) + layers * (
             EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + prompt * crossing)
     return per_token, prefill
 
 
 def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
-    shares = {p.offer.key: c.model_bytes * p.layers / n for p in placement.parts}
+    shares = {p.offer.key: c.read_bytes * p.layers / n for p in placement.parts}
     workers = [p.offer.key for p in placement.workers]
     rtt = TENSOR_SYNC_ROUND_TRIPS * max(0.0, max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
                                         - PROBE_OVERHEAD_S)
@@ -163,7 +170,7 @@ def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     state = c.embedding * 4 * 2  # one token's hidden state, out and back
     per_token = max(share / c.bandwidths[k] for k, share in shares.items()) + syncs * (
         TENSOR_SYNC_S + rtt + state / slowest)
-    summed = sum(_prefill_rate(c, k, c.model_bytes) for k in shares) * TENSOR_EFFICIENCY
+    summed = sum(_prefill_rate(c, k, c.read_bytes) for k in shares) * TENSOR_EFFICIENCY
     batches = -(-prompt // UBATCH)
     prefill = prompt / summed + syncs * (batches * (TENSOR_SYNC_S + rtt) + prompt * state / slowest)
     return per_token, prefill

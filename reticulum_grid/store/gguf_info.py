@@ -8,7 +8,9 @@ The KV-cache size follows llama.cpp's default (f16 K and V for every layer):
 import hashlib
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import gguf
 
@@ -55,6 +57,8 @@ class ModelFacts:
     quantization: str | None = None  # llama.cpp's file type ("Q4_1"); None when the file or gguf does not say
     name: str | None = None  # general.name, when the file carries a showable one
     expert_bytes: int = 0  # bytes of the expert tensors (0 for a dense model)
+    read_bytes: int = 0  # bytes of weights one decoded token reads (see read_per_token)
+    expert_read_bytes: int = 0  # of which expert tensors' (0 for a dense model)
 
 
 _facts: dict[tuple[str, int, int], ModelFacts] = {}
@@ -86,11 +90,34 @@ def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
 
     blocks = number("block_count", 0)
     heads = number("attention.head_count", 1)
+    used, count = number("expert_used_count", 0), number("expert_count", 0)
+    read, expert_read = read_per_token(reader.tensors, used / count if used and count else 1.0)
     return ModelFacts(arch, blocks, heads, number("attention.head_count_kv", heads), number("embedding_length", 0),
                       number("context_length", 4096), number("pooling_type", 0), _vocabulary_id(reader),
                       frozenset(_modules(reader, arch, blocks)), any("_exps" in t.name for t in reader.tensors),
                       int(sum(int(t.n_elements) for t in reader.tensors)), _quantization(reader), _name(reader),
-                      int(sum(int(t.n_bytes) for t in reader.tensors if "_exps" in t.name)))
+                      int(sum(int(t.n_bytes) for t in reader.tensors if "_exps" in t.name)), read, expert_read)
+
+
+def read_per_token(tensors: Iterable[Any], active: float) -> tuple[int, int]:
+    """(bytes of weights one decoded token reads, of which expert tensors')
+    of a GGUF's ``tensors`` (gguf ReaderTensors: name, shape in ggml order,
+    n_elements, n_bytes): every tensor once, but of a token embedding beside
+    an output layer of its own one row (a lookup; without one, the embedding
+    is also the output layer and read whole), and of expert tensors
+    (``*_exps``) the ``active`` share (expert_used_count / expert_count)."""
+    tensors = list(tensors)
+    untied = any(t.name == "output.weight" for t in tensors)
+    read = experts = 0
+    for t in tensors:
+        size = int(t.n_bytes)
+        if t.name == "token_embd.weight" and untied:
+            size = size * int(t.shape[0]) // max(int(t.n_elements), 1)
+        elif "_exps" in t.name:
+            size = int(size * active)
+            experts += size
+        read += size
+    return read, experts
 
 
 def _quantization(reader: gguf.GGUFReader) -> str | None:

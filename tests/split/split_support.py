@@ -17,9 +17,9 @@ class Client(ClientProcess):
     """A split client in its own process (tests/client_process.py), asking for PROMPT
     of ALIAS unless ``model`` or ``messages`` say otherwise."""
 
-    def send(self, max_tokens, wait_towers=3, **extra):
+    def send(self, max_tokens, wait_towers=3, wait_names=(), **extra):
         self.ask({"model": ALIAS, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, **extra},
-                 wait_towers)
+                 wait_towers, wait_names)
 
     def result(self, timeout=180):
         """(text, usage or None, error or None, plan) of the request in flight."""

@@ -5,10 +5,10 @@ best_single): pure functions on plans and caps, no network."""
 import pytest
 
 from announce.caps import Caps, Hardware
-from announce.table import TowerEntry
+from announce.table import TowerEntry, TowerTable
 from links.wire import Code, WireError
 from reticulum_grid.client import router
-from reticulum_grid.client.estimates import best_single
+from reticulum_grid.client.estimates import bandwidth, best_single
 from reticulum_grid.client.split import MIN_SPLIT_TOKENS_S, choose
 from reticulum_grid.split import estimate
 from reticulum_grid.split.plan import Offer, plan
@@ -62,9 +62,9 @@ def test_a_slower_worker_slows_only_its_share():
 
 
 def test_bandwidth_comes_from_the_measured_rate_and_is_bounded():
-    assert estimate.bandwidth("cuda", 50.0, 4 * GB) == 50.0 * 4 * GB
+    assert estimate.bandwidth("cuda", 50.0 * 4 * GB) == 50.0 * 4 * GB
     assert estimate.bandwidth("cuda") == estimate.PRIOR_BANDWIDTH["cuda"]
-    assert estimate.bandwidth("cpu", 1e9, 100 * GB) == estimate.MAX_BANDWIDTH  # a boast is clamped
+    assert estimate.bandwidth("cpu", 1e9 * 100 * GB) == estimate.MAX_BANDWIDTH  # a boast is clamped
     assert estimate.bandwidth("unheard-of") == estimate.PRIOR_BANDWIDTH["cpu"]
 
 
@@ -84,10 +84,13 @@ def test_auto_refuses_a_split_slower_than_the_floor_with_the_way_out():
 
 
 class HealthOnly:
-    """Test double of a Grid: best_single reads only its health book."""
+    """Test double of a Grid: the estimates read only its health book and its table."""
 
-    def __init__(self):
+    def __init__(self, *entries):
         self.health = router.HealthBook()
+        self.table = TowerTable()
+        for e in entries:
+            self.table.update(e.destination_hash, e.caps, 1)
 
 
 def entry(name, **hardware):
@@ -106,3 +109,18 @@ def test_best_single_counts_a_gpu_towers_ram_and_reads_the_rest_at_cpu_pace():
     assert found.tokens_per_s == pytest.approx(pace / model)
     # Beyond VRAM and RAM together nothing holds it whole.
     assert best_single(HealthOnly(), [gpu, cpu], 100 * GB, 100 * 1024, {}) is None
+
+
+def test_a_lender_serving_no_model_reads_at_the_pace_measured_of_its_kind():
+    """A split's lenders serve no model whole, so nothing measured them: a tower of the same backend and
+    device that serves one lends them its measured bandwidth (tokens/s x bytes a token reads), not the prior."""
+    single = entry("single", backend="cpu", device="EPYC")
+    lender, other = entry("lender", backend="cpu", device="EPYC"), entry("laptop", backend="cpu", device="M2")
+    grid = HealthOnly(single, lender, other)
+    grid.health.measured(single.destination_hash, 400.0, single.caps.hardware)  # too short for a decode rate
+    served = {single.destination_hash: 40_000_000}
+    assert bandwidth(grid, single, served) == bandwidth(grid, lender, served) == 400.0 * 40_000_000
+    assert bandwidth(grid, other, served) == estimate.PRIOR_BANDWIDTH["cpu"]
+    # Its decode rate, once measured (the stream's rate counts the prompt's time too), is what counts.
+    grid.health.measured(single.destination_hash, 400.0, single.caps.hardware, 500.0)
+    assert bandwidth(grid, lender, served) == 500.0 * 40_000_000

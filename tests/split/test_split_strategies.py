@@ -10,7 +10,8 @@ RNS tunnel's own path is tests/split/test_split.py's); the
 Qwen3-MoE model needs ~243 MiB (~264 with the plan's headroom), so no tower
 runs it alone, and all but its 48 MiB of experts (~215 MiB with headroom) fit
 the coordinator: each plan takes st-a and one worker, and each killed worker
-leaves another for the failover.
+leaves another for the failover. st-e and st-f join later, each when the
+workers before it have left (resharding for every kind).
 """
 
 import json
@@ -35,6 +36,7 @@ SHAPE = {"layers": 8, "dim": 128, "ff": 512, "heads": 4, "experts": 8}
 EXPERT_MIB = 48  # 8 layers x 3 tensors x 8 experts x 512 x 128 x 4 bytes
 LEND = {"lend_mib": 230, "threads": 1, "yield_idle_s": 2}
 NAMES = ("st-a", "st-b", "st-c", "st-d")
+JOINERS = ("st-e", "st-f")  # made with the others, started by the resharding test
 LONG = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 90 + "Go on:"}]  # ~1k tokens
 
 
@@ -56,12 +58,13 @@ def strategy_grid(hub, moe_models, tmp_path_factory, route_home):
     home, client_id = identity_home(tmp_path_factory, "strategy-client")
     route_id = load_or_create(route_home / "identity").hash.hex()
     towers = {}
-    for i, name in enumerate(NAMES):
-        made = lender(hub, name, NAMES, {client_id: ["infer"], route_id: ["infer"]},
+    for i, name in enumerate(NAMES + JOINERS):
+        made = lender(hub, name, NAMES + JOINERS, {client_id: ["infer"], route_id: ["infer"]},
                       [t.address for t in towers.values()], shard=LEND, dataplane="127.0.0.1",
                       holds=[(path, alias) for alias, path in moe_models.items()] if i == 0 else ())
-        towers[name] = made.start()
-    with client_of(hub, home, towers) as client:
+        towers[name] = made.start() if name in NAMES else made
+    # The client dials the joiners from the start; they answer once a test starts them.
+    with client_of(hub, home, towers, heard=NAMES) as client:
         yield towers, client
 
 
@@ -79,6 +82,10 @@ def _model_buffers(tower):
     text = (tower.dir / "split-model.log").read_text(errors="replace")
     last = text[text.rindex("load_model: loading model"):]
     return {b: mib for (b, kind), mib in parse_placement(last).buffers.items() if kind == "model"}
+
+
+def _running(tower):
+    return tower.proc is not None and tower.proc.poll() is None
 
 
 def test_expert_placement_through_towers_matches_one_process(strategy_grid, qwen_reference):
@@ -139,7 +146,7 @@ def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_gr
     so all three) and keeps the cheapest; a request of that shape runs that strategy, with the same text."""
     towers, client = strategy_grid
     prompt_tokens, _ = shape_of({"messages": LONG})
-    connect = [a for t in towers.values() if t.proc.poll() is None for a in ("--connect", t.address)]
+    connect = [a for t in towers.values() if _running(t) for a in ("--connect", t.address)]
     done = rngrid("route", "-m", QWEN, "--split", "auto", "--prompt-tokens", str(prompt_tokens), "--max-tokens", "8",
                   "--json", *connect, home=route_home, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -154,4 +161,25 @@ def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_gr
     text, usage, error, _ = client.result()
     assert error is None, error
     assert first["strategy"] == plan["strategy"], (first, plan["reasons"])
-    assert text == qwen_reference(8, LONG)
+    assert text == qwen_reference(8, LONG), plan["reasons"]
+
+
+@pytest.mark.parametrize("placement, joiner", [("experts", "st-e"), ("tensor", "st-f")])
+def test_the_next_request_is_planned_over_a_tower_that_joined(strategy_grid, qwen_reference, hub, placement, joiner):
+    """Resharding for every kind: a request runs a ``placement`` plan; then every worker leaves (stopped,
+    as an owner takes a tower down) and ``joiner`` starts; the next request of that kind is planned over
+    st-a and the joiner, and its text is still one process's."""
+    towers, client = strategy_grid
+    client.send(max_tokens=16, wait_towers=2, model=QWEN, placement=placement)
+    text, _, error, plan = client.result()
+    assert error is None and text == qwen_reference(16), error
+    for name, made in towers.items():
+        if name != "st-a" and _running(made):
+            made.stop()
+    towers[joiner].start()
+    hub.wait_tower(joiner)
+    client.send(max_tokens=16, wait_towers=2, wait_names=[joiner], model=QWEN, placement=placement)
+    text, usage, error, plan = client.result()
+    assert error is None, error
+    assert plan == [joiner, "st-a"] and usage["failovers"] == 0, (plan, usage)
+    assert text == qwen_reference(16)

@@ -78,12 +78,13 @@ def test_llama_cpps_refusal_is_read_back_with_the_architecture():
 SMOL_BYTES, SMOL_LAYERS, SMOL_WIDTH = 105_000_000, 30, 576
 
 
-def loopback_costs(rate=2e9, rtt=0.0, backend="cpu", expert_bytes=0, model_bytes=SMOL_BYTES):
-    """Two CPU towers that each decode SmolLM2-135M alone at 67.4 tokens/s (issue 32's run), joined by a link."""
+def loopback_costs(rate=2e9, rtt=0.0, backend="cpu", expert_bytes=0, read_bytes=SMOL_BYTES):
+    """Two CPU towers that each decode SmolLM2-135M alone at 67.4 tokens/s (issue 32's run), joined by a
+    link; with ``expert_bytes``, a token reads a quarter of them."""
     from reticulum_grid.split import strategy
     keys = [offer(n, 1).key for n in ("coord", "worker")]
-    return strategy.Costs({k: 67.4 * model_bytes for k in keys}, {keys[1]: rtt}, {keys[1]: rate},
-                          {k: backend for k in keys}, model_bytes, expert_bytes, SMOL_WIDTH)
+    return strategy.Costs({k: 67.4 * read_bytes for k in keys}, {keys[1]: rtt}, {keys[1]: rate},
+                          {k: backend for k in keys}, read_bytes, expert_bytes, expert_bytes // 4, SMOL_WIDTH)
 
 
 def two_plans(strategies=("pipeline", "tensor"), expert_mib=0):
@@ -144,3 +145,26 @@ def test_a_requests_shape_comes_from_its_text():
     from reticulum_grid.client import strategies
     assert strategies.shape_of({"prompt": "x" * 400, "max_tokens": 8}) == (100, 8)
     assert strategies.shape_of({"messages": [{"role": "user", "content": "y" * 40}, "junk"]}) == (10, 256)
+
+
+def test_a_token_reads_one_row_of_an_untied_embedding_and_the_experts_it_runs():
+    """store/gguf_info.read_per_token: the bytes the estimates divide by a tower's bandwidth."""
+    from types import SimpleNamespace
+
+    from reticulum_grid.store.gguf_info import read_per_token
+
+    def t(name, *shape):  # f32, ggml's order: the row first
+        n = 1
+        for d in shape:
+            n *= d
+        return SimpleNamespace(name=name, shape=list(shape), n_elements=n, n_bytes=4 * n)
+
+    layer = [t("blk.0.attn_q.weight", 128, 128), t("blk.0.ffn_gate_inp.weight", 128, 8),
+             t("blk.0.ffn_up_exps.weight", 128, 512, 8)]
+    embedding, output = t("token_embd.weight", 128, 1000), t("output.weight", 128, 1000)
+    experts = 4 * 128 * 512 * 8
+    read, expert_read = read_per_token([embedding, output, *layer], 2 / 8)
+    assert expert_read == experts // 4
+    assert read == 4 * 128 + output.n_bytes + 4 * 128 * 128 + 4 * 128 * 8 + experts // 4
+    # Tied (no output layer): the embedding is the output layer too, read whole; a dense model reads everything.
+    assert read_per_token([embedding, layer[0]], 1.0) == (embedding.n_bytes + layer[0].n_bytes, 0)
