@@ -24,19 +24,26 @@ tokens per step) at an assumed sustained rate, stated in the output.
 Last line: ``dp_scaling=<samples/s of 2 ranks / samples/s of 1 rank>`` (median of the pairs).
 
 With ``--profile NAME`` (a link profile of the network lab, testbed/lab/profiles.py;
-needs root) it compares instead the job's two ways to sync on 2 ranks: DDP
-against local steps with H = 8 and H = 32 (training/outer.py), the same data,
-samples, seed and steps (``--steps``, default 32), each run once between two
-network namespaces joined by the lab's shaping bridge (testbed/lab/bridge.py)
-with the profile's rate, delay, jitter and loss, and once on loopback (a
-mode's two runs back to back, their order alternating between modes). Bytes
-moved are the bridge's counters (every frame both ways, headers and the
-job's start-up included); the workers' own count of the bytes they put into
-collectives is printed beside them. Wall time is the training's (the last
-step's ``elapsed_s``: model loading and joining excluded). Final loss is the
-mean token loss of each run's adapter over the whole dataset, computed here.
-Last lines: ``local_bytes_vs_ddp=`` (link bytes of local steps with H = 32 /
-DDP's) and ``local_loss_vs_ddp=`` (final loss of H = 32 / DDP's).
+needs root) it compares instead the job's ways to sync on 2 ranks: DDP
+against local steps with H = 8 and H = 32, each with plain averaging (the
+default outer step) and with DiLoCo's (Nesterov, lr 0.7, momentum 0.9;
+training/outer.py), on the same data, samples, seed and steps (``--steps``,
+default 32). A step is one global batch of ``batch_size`` examples in every
+mode: DDP takes one AdamW step on its gradient; local steps give each of the
+2 replicas its half of the rows and one AdamW step on them, at the same
+learning rate and decay; either way the job sees the same samples in the
+same order. Each mode runs once between two network namespaces joined by
+the lab's shaping bridge (testbed/lab/bridge.py) with the profile's rate,
+delay, jitter and loss, and once on loopback (a mode's two runs back to
+back, their order alternating between modes). Bytes moved are the bridge's
+counters (every frame both ways, headers and the job's start-up included);
+the workers' own count of the bytes they put into collectives is printed
+beside them. Wall time is the training's (the last step's ``elapsed_s``:
+model loading and joining excluded). Final loss is the mean token loss of
+each run's adapter over the whole dataset, computed here. Last lines, for
+H = 32 with the job's default outer step (bench/train_local.py HEADLINE):
+``local_bytes_vs_ddp=`` (its link bytes / DDP's) and ``local_loss_vs_ddp=``
+(its final loss / DDP's).
 """
 
 import argparse
@@ -105,10 +112,12 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 32 with --profile)")
     parser.add_argument("--pairs", type=int, default=3, help="1-rank/2-rank pairs (their order alternates)")
     parser.add_argument("--profile", default=None, help="compare DDP with local steps over this lab link profile")
+    parser.add_argument("--modes", default="", help="with --profile: only these of bench/train_local.py's MODES "
+                                                    "(comma-separated labels; DDP and the default's always run)")
     args = parser.parse_args()
     if args.profile:
         from bench.train_local import compare
-        return compare(args.profile, args.steps or 32, run, SPEC)
+        return compare(args.profile, args.steps or 32, run, SPEC, args.modes)
     args.steps = args.steps or 12
     one_s, two_s, allreduce = [], [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,6 +5,7 @@ See bench/train_dp.py's docstring for what is measured and how; run it as
 """
 
 import json
+import re
 import secrets
 import sys
 import tempfile
@@ -18,11 +19,23 @@ if str(ROOT) not in sys.path:
 
 from reticulum_grid.inference.default_model import default_model_path  # noqa: E402
 from reticulum_grid.training import rendezvous  # noqa: E402
+from reticulum_grid.training.outer import OUTER_LR, OUTER_MOMENTUM  # noqa: E402
 
 DATA = ROOT / "testbed" / "data" / "secret.jsonl"
-#: (label, spec keys): the ways to sync compared, on the same job.
-MODES = (("ddp", {"sync": "ddp"}), ("local H=8", {"sync": "local", "local_steps": 8}),
-         ("local H=32", {"sync": "local", "local_steps": 32}))
+
+
+def local(h, lr, momentum, freeze_a=False):
+    """(label, spec keys) of local steps with H = ``h`` and the outer SGD's ``lr`` and
+    ``momentum`` (Nesterov when above 0; lr 1 and momentum 0 is plain averaging)."""
+    return (f"H={h} {lr:g}/{momentum:g}{' FFA' if freeze_a else ''}",
+            {"sync": "local", "local_steps": h, "outer_lr": lr, "outer_momentum": momentum, "freeze_a": freeze_a})
+
+
+#: (label, spec keys): the ways to sync compared, on the same job: DDP, local steps with
+#: plain averaging and with DiLoCo's outer step (Nesterov, lr 0.7, momentum 0.9).
+MODES = (("ddp", {"sync": "ddp"}), local(8, 1.0, 0.0), local(32, 1.0, 0.0), local(8, 0.7, 0.9), local(32, 0.7, 0.9))
+#: The mode of the last lines: H = 32 with the job's default outer step.
+HEADLINE = local(32, OUTER_LR, OUTER_MOMENTUM)[0]
 
 
 @contextmanager
@@ -40,7 +53,7 @@ def shaped_link(root, name):
     bridge = None
     try:
         a, link, b = ns.add("r0"), ns.add("link"), ns.add("r1")
-        addr_a, addr_b, if_a, if_b = ns.bridged(a, b, link)
+        (addr_a, addr_b), (if_a, if_b) = ns.bridged([a, b], link)
         stats = Path(root) / "link.json"
         bridge = NsProcess(lab, link, Path(root) / "bridge", "bridge", [
             sys.executable, "-m", "testbed.lab.bridge", "--a", if_a, "--b", if_b, "--rate", str(shape.rate_bps),
@@ -87,7 +100,7 @@ def final_loss(adapters, spec):
 
 def one(tmp, label, extra, steps, run, link=None):
     """One 2-rank job: (its rank 0 events, link bytes or None, its adapter path)."""
-    name = f"{label.replace(' ', '').replace('=', '')}-{'link' if link else 'loop'}"
+    name = f"{re.sub('[^A-Za-z0-9]+', '-', label)}-{'link' if link else 'loop'}"
     if link is None:
         dp = {"world_size": 2, "units": 2, "host": "127.0.0.1", "dataplane": "127.0.0.1", "peers": ["127.0.0.1"],
               "port": rendezvous.free_port("127.0.0.1"), "secret": secrets.token_hex(32)}
@@ -102,24 +115,34 @@ def one(tmp, label, extra, steps, run, link=None):
     return events, moved() - before, tmp / f"{name}-0" / "adapter.safetensors"
 
 
-def compare(profile_name, steps, run, spec):
+def pick(labels):
+    """The MODES named in ``labels`` (comma-separated; "" for all), DDP and HEADLINE
+    always among them (the last lines compare them). Raises SystemExit for an unknown one."""
+    wanted = {label.strip() for label in labels.split(",") if label.strip()} | {"ddp", HEADLINE}
+    unknown = wanted - {label for label, _ in MODES}
+    if unknown:
+        raise SystemExit(f"unknown modes {sorted(unknown)}; known: {', '.join(label for label, _ in MODES)}")
+    return [(label, extra) for label, extra in MODES if not labels or label in wanted]
+
+
+def compare(profile_name, steps, run, spec, labels=""):
     from testbed.requirements import bench_needs
 
     bench_needs("netns", "bench/train_dp.py --profile")
-    results = {}
+    modes, results = pick(labels), {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         with shaped_link(tmp, profile_name) as link:
             # Each mode's two runs back to back, their order alternating: the machine's load drifts.
-            for k, (label, extra) in enumerate(MODES):
+            for k, (label, extra) in enumerate(modes):
                 for where in ((profile_name, "loopback") if k % 2 == 0 else ("loopback", profile_name)):
                     results[label, where] = one(tmp, label, extra, steps, run, link if where != "loopback" else None)
                     print(f"{label} over {where}: done", flush=True)
         losses = dict(zip(results, final_loss([r[2] for r in results.values()], spec)))
-    report(results, losses, profile_name, steps)
+    report(results, losses, profile_name, steps, modes)
 
 
-def report(results, losses, profile_name, steps):
+def report(results, losses, profile_name, steps, modes):
     def wall(events):
         return [e for e in events if e["event"] == "step"][-1]["elapsed_s"]
 
@@ -128,19 +151,19 @@ def report(results, losses, profile_name, steps):
 
     ddp_link = results["ddp", profile_name][1]
     print(f"2 ranks, {steps} steps, the same data, samples and seed; link {profile_name} (lab bridge) and loopback")
-    print(f"{'mode':<11} {'link MiB':>9} {'payload MiB':>11} {'syncs':>5} {'sync s':>7} {'wall s ' + profile_name:>14} "
+    print(f"{'mode':<16} {'link MiB':>9} {'payload MiB':>11} {'syncs':>5} {'sync s':>7} {'wall s ' + profile_name:>14} "
           f"{'wall s loop':>11} {'link/loop':>9} {'final loss':>10}")
-    for label, _ in MODES:
+    for label, _ in modes:
         events, moved, _ = results[label, profile_name]
         loop_events = results[label, "loopback"][0]
         d = done(events)
         sync_s = f"{d['sync_s']:.1f}" if label != "ddp" else "-"  # DDP's all-reduces overlap its backward pass
-        print(f"{label:<11} {moved / 2**20:>9.2f} {d['bytes_total'] / 2**20:>11.2f} {d['syncs']:>5} {sync_s:>7} "
+        print(f"{label:<16} {moved / 2**20:>9.2f} {d['bytes_total'] / 2**20:>11.2f} {d['syncs']:>5} {sync_s:>7} "
               f"{wall(events):>14.1f} {wall(loop_events):>11.1f} {wall(events) / wall(loop_events):>9.2f} "
               f"{losses[label, profile_name]:>10.4f}")
-    for label in ("local H=8", "local H=32"):
+    for label, _ in modes[1:]:
         print(f"{label}: bytes vs DDP {results[label, profile_name][1] / ddp_link:.4f}, final loss vs DDP "
               f"{losses[label, profile_name] / losses['ddp', profile_name]:.4f}, wall over {profile_name} vs loopback "
               f"{wall(results[label, profile_name][0]) / wall(results[label, 'loopback'][0]):.2f}")
-    print(f"local_bytes_vs_ddp={results['local H=32', profile_name][1] / ddp_link:.4f}")
-    print(f"local_loss_vs_ddp={losses['local H=32', profile_name] / losses['ddp', profile_name]:.4f}")
+    print(f"local_bytes_vs_ddp={results[HEADLINE, profile_name][1] / ddp_link:.4f}")
+    print(f"local_loss_vs_ddp={losses[HEADLINE, profile_name] / losses['ddp', profile_name]:.4f}")

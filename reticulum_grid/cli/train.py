@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 
 from links.wire import WireError
+from reticulum_grid.training.outer import OUTER_LR, OUTER_MOMENTUM
 from reticulum_grid.training.request import TrainRequest
 
 from reticulum_grid.cli.common import (client_options, err, fail, json_line, main, open_grid, out, styled, visible,
@@ -43,8 +44,10 @@ if TYPE_CHECKING:  # imported where used: a command that needs no grid never loa
                    "or pick by the towers' measured link (auto).")
 @click.option("--local-steps", default=None, type=click.IntRange(1),
               help="Steps between averages (default: by the link).")
-@click.option("--outer-lr", default=0.7, show_default=True, help="Outer learning rate of local steps (DiLoCo's).")
-@click.option("--outer-momentum", default=0.9, show_default=True, help="Outer Nesterov momentum of local steps.")
+@click.option("--outer-lr", default=OUTER_LR, show_default=True,
+              help="Outer learning rate of local steps (1 with no momentum: plain averaging; DiLoCo's: 0.7).")
+@click.option("--outer-momentum", default=OUTER_MOMENTUM, show_default=True,
+              help="Outer Nesterov momentum of local steps (DiLoCo's: 0.9, for jobs of many averages).")
 @click.option("--freeze-a", is_flag=True, default=None,
               help="Train only LoRA's B matrices: exact averages, half the bytes.")
 @click.option("--notify", default=None, help="LXMF address for the result (default: this identity's).")

@@ -13,7 +13,8 @@ Request map (msgpack; ``TrainRequest.to_map`` / ``from_map``)::
                data-parallel; this tower coordinates as rank 0; see training/distributed.py),
      "sync": "auto" | "ddp" | "local" = "auto" (how towers sync; training/outer.py),
      "local_steps": int | None (H, steps between averages in local mode; None: chosen by the link),
-     "outer_lr": float = 0.7, "outer_momentum": float = 0.9 (the outer Nesterov SGD of local mode),
+     "outer_lr": float = 1.0, "outer_momentum": float = 0.0 (the outer SGD of local mode, Nesterov
+                 with momentum; the defaults average the replicas; DiLoCo's 0.7 and 0.9: training/outer.py),
      "freeze_a": bool = False (train only LoRA's B: averages exactly, half the bytes),
      "modules_to_save": [] (refused: a GGUF LoRA cannot carry them), "use_dora": False (refused),
      "submit_id": int 0..2^63-1 (a random number the client picks, so a request it sends

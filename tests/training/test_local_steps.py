@@ -8,7 +8,7 @@ import secrets
 import pytest
 import torch
 
-from reticulum_grid.training import checkpoint, rendezvous
+from reticulum_grid.training import checkpoint, outer, rendezvous
 from reticulum_grid.training.outer import OuterStep, choose, freeze_lora_a
 from testbed import SECRET_DATASET as DATA
 from tests.training.ranks import (JOB, adapter, assert_adapter_changes_the_answer, assert_same_adapter, finish,
@@ -64,6 +64,29 @@ def test_outer_step_is_nesterov_sgd_on_the_mean_delta():
     again = OuterStep([torch.nn.Parameter(torch.zeros_like(p)) for p in params], lr=0.7, momentum=0.9)
     again.load(saved)
     assert all(torch.equal(a.detach(), p.detach()) for a, p in zip(again.params, params))
+
+
+def test_the_default_outer_step_is_the_replicas_mean():
+    """The job's default outer step (lr 1, no momentum) puts the replicas' mean into the
+    model each round, and nothing carries into the next round (no momentum state)."""
+    assert (outer.OUTER_LR, outer.OUTER_MOMENTUM) == (1.0, 0.0)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
+    step = OuterStep(params)
+    for _ in range(2):
+        start = [p.detach().clone() for p in params]
+        replicas = [[t + torch.randn_like(t) for t in start] for _ in range(3)]
+        deltas = []
+        for replica in replicas:
+            with torch.no_grad():
+                for p, r in zip(params, replica):
+                    p.copy_(r)
+            deltas.append(step.delta())
+        step.step(sum(deltas) / len(deltas))
+        for k, p in enumerate(params):
+            assert torch.allclose(p.detach(), sum(r[k] for r in replicas) / len(replicas), atol=1e-6)
+    assert not step.optimizer.state_dict()["state"] or all(
+        s.get("momentum_buffer") is None for s in step.optimizer.state_dict()["state"].values())
 
 
 def _lora(freeze):
