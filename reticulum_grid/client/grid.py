@@ -135,9 +135,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self.liveness = Liveness(self)
         self._pinger = Pinger(self.identity)
         self._last_ping = float("-inf")
+        self._ping_sent_at = time.monotonic()  # when the latest ping left (after its interfaces came online)
         self._on_radio = rnsnet.on_radio()
         self._told_offline = False
-        self._started = time.monotonic()
         self._lock = threading.Lock()
         self.ping()
         for destination_hash in remembered_towers():
@@ -169,6 +169,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
                 log.warning("cannot reach %s yet (is a tower or transport node listening there?); "
                             "RNS keeps retrying every few seconds", ", ".join(rnsnet.offline_peers()) or "a peer")
             self._pinger.ping()
+            self._ping_sent_at = time.monotonic()
 
     def wait_for(self, predicate: Callable[[list[TowerEntry]], T], timeout: float) -> T:
         """Wait (bounded) until ``predicate(live_entries)`` holds, pinging towers
@@ -243,7 +244,9 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         else:
             entries, found = self._discover_for(model, timeout, settle_s, local)
             if complete:
-                self.wait_for(_Quiet(QUIET_S, ANSWER_S - (time.monotonic() - self._started)), ANSWER_S + QUIET_S)
+                # Towers answer within ANSWER_S of the ping reaching them, not of this client's start: on a
+                # busy machine the interfaces can take seconds to come online before the ping leaves.
+                self.wait_for(_Quiet(QUIET_S, ANSWER_S - (time.monotonic() - self._ping_sent_at)), ANSWER_S + QUIET_S)
                 entries = self.table.live()
                 found = router.candidates(entries, model)
         syncable = bool(tower) or local

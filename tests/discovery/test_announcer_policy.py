@@ -72,8 +72,10 @@ def test_radio_budget_caps_announces_per_window():
         for _ in range(8):
             a.request("discovery ping")
             time.sleep(0.03)
-        assert wait_count(dest, 4) == 4  # the window moved on
-        # However late this thread ran, no four announces ever fell within one window.
-        assert dest.times[3] - dest.times[0] >= 0.6 - 0.001, dest.times
+        assert wait_count(dest, 4) >= 4  # the window moved on
+        # However late this thread ran (a slow loop lets later windows announce too), no
+        # four announces ever fell within one window.
+        times = list(dest.times)
+        assert all(b - a_ >= 0.6 - 0.001 for a_, b in zip(times, times[3:])), times
     finally:
         a.stop()
