@@ -38,6 +38,17 @@ def test_choose(requested, h, allreduce_s, step_s, world, mode, expect_h):
 # -- the outer step on a toy (a test double for the model: two tensors) --------
 
 
+def _outer_round(step, params, replicas):
+    """One round of ``step``: each replica's values in ``params`` in turn, their deltas' mean stepped."""
+    deltas = []
+    for replica in replicas:
+        with torch.no_grad():
+            for p, r in zip(params, replica):
+                p.copy_(r)
+        deltas.append(step.delta())
+    step.step(sum(deltas) / len(deltas))
+
+
 def test_outer_step_is_nesterov_sgd_on_the_mean_delta():
     """Two rounds of DiLoCo's outer step against its formula: v = mu v + D; theta -= lr (D + mu v)."""
     torch.manual_seed(0)
@@ -47,13 +58,7 @@ def test_outer_step_is_nesterov_sgd_on_the_mean_delta():
     v = [torch.zeros_like(t) for t in theta]
     for _ in range(2):
         replicas = [[t + torch.randn_like(t) * 0.1 for t in theta] for _ in range(3)]
-        deltas = []
-        for replica in replicas:
-            with torch.no_grad():
-                for p, r in zip(params, replica):
-                    p.copy_(r)
-            deltas.append(step.delta())
-        step.step(sum(deltas) / len(deltas))
+        _outer_round(step, params, replicas)
         for k in range(len(theta)):
             d = theta[k] - sum(r[k] for r in replicas) / len(replicas)
             v[k] = 0.9 * v[k] + d
@@ -76,13 +81,7 @@ def test_the_default_outer_step_is_the_replicas_mean():
     for _ in range(2):
         start = [p.detach().clone() for p in params]
         replicas = [[t + torch.randn_like(t) for t in start] for _ in range(3)]
-        deltas = []
-        for replica in replicas:
-            with torch.no_grad():
-                for p, r in zip(params, replica):
-                    p.copy_(r)
-            deltas.append(step.delta())
-        step.step(sum(deltas) / len(deltas))
+        _outer_round(step, params, replicas)
         for k, p in enumerate(params):
             assert torch.allclose(p.detach(), sum(r[k] for r in replicas) / len(replicas), atol=1e-6)
     assert not step.optimizer.state_dict()["state"] or all(
