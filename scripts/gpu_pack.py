@@ -9,12 +9,11 @@ gets travels with the checkout, 64 MiB in all. ``make gpu-pack`` writes
 - ``llama.cpp.tar.gz``: the llama.cpp tree that the pinned llama-cpp-python
   sdist vendors (``[tool.rngrid.llama]``), trimmed to what CMake needs to
   build ``llama-server`` and ``ggml-rpc-server`` with the CPU, CUDA and RPC
-  backends: no web UI sources, tests, docs, vocabularies, models or other
-  backends (``keep_llama``);
+  backends (scripts/llama_trim.py);
 - ``wheels/``: a wheel of every runtime dependency of this project missing
-  from that image, and of their dependencies in turn (``needed``), for
-  CPython 3.12 manylinux x86-64, at the versions installed here; and a wheel
-  of the project itself;
+  from that image, and of their dependencies in turn, for CPython 3.12
+  manylinux x86-64, at the versions installed here; and a wheel of the
+  project itself (scripts/gpu_wheels.py);
 - ``tokenizer.gguf``: the bundled model's tokenizer alone (no weights), so
   that models written there with the gguf library speak its vocabulary;
 - ``manifest.json``: every file with its SHA-256 and why it is there.
@@ -31,251 +30,32 @@ Run with the project's venv Python (it reads the installed versions).
 
 import argparse
 import datetime
-import email.parser
 import hashlib
-import importlib.util
-import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
-import tomllib
 import zipfile
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.tags import compatible_tags, cpython_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a file by make: scripts/ is importable from the checkout
+
+from scripts.gpu_wheels import (IMAGE_PACKAGES, PYTHON, fetch_wheel, image_packages,  # noqa: E402
+                                installed_requires, installed_version, needed, project_wheel,
+                                runtime_requirements, wheel_cache, wheel_fits, wheel_metadata)
+from scripts.llama_build import pinned_source  # noqa: E402
+from scripts.llama_trim import check_trimmed, llama_tree, trim_llama  # noqa: E402
+
 #: Largest pack (bytes): the checkout and the pack travel together within 64 MiB.
 PACK_LIMIT_BYTES = 60 << 20
-IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"
 MANIFEST = "manifest.json"
 LLAMA_TAR = "llama.cpp.tar.gz"
 WHEELS = "wheels"
 TOKENIZER = "tokenizer.gguf"
-#: The GPU machine's interpreter and platform.
-PYTHON = (3, 12)
-#: glibc 2.17 to 2.39, the oldest first: pip prefers the platforms named first, and a wheel
-#: for an older glibc runs on more machines.
-GLIBC_MINORS = range(17, 40)
-PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
-    f"manylinux_2_{n}_x86_64" for n in GLIBC_MINORS]
-#: Marker values of that interpreter (requirements are evaluated for it, not for this one).
-MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
-           "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
-           "platform_machine": "x86_64", "os_name": "posix", "extra": ""}
 
-# -- what the llama.cpp build needs --------------------------------------------
-
-#: Top-level parts of the llama.cpp tree the CMake build of llama-server and
-#: ggml-rpc-server reads (the rest: docs, models, tests, examples, gguf-py, ...).
-LLAMA_KEEP = ("CMakeLists.txt", "LICENSE", "licenses/", "cmake/", "include/", "src/", "common/", "vendor/",
-              "ggml/CMakeLists.txt", "ggml/cmake/", "ggml/include/", "ggml/src/", "tools/",
-              "scripts/ui-assets.cmake")
-#: ggml backends built: the CPU (always), CUDA and RPC. Every other ggml/src/ggml-*/ folder goes.
-LLAMA_BACKENDS = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
-#: Of the web UI only what CMake reads with the UI off (an empty asset table).
-LLAMA_UI_KEEP = ("tools/ui/CMakeLists.txt", "tools/ui/ui.cpp.in", "tools/ui/ui.h.in")
-#: Paths never needed inside kept folders: tests, benchmarks, sample media, docs.
-LLAMA_DROP = re.compile(r"(^|/)(tests?|bench|legacy-models)/|(^|/)test-[^/]*\.(jpe?g|png|mp3|mp4|wav)$|"
-                        r"\.(md|py|sh|ps1|bat|txt)$")
-#: Files the build cannot do without; a pack missing one is refused.
-LLAMA_REQUIRED = ("CMakeLists.txt", "ggml/CMakeLists.txt", "ggml/src/ggml-cuda/CMakeLists.txt",
-                  "ggml/src/ggml-cuda/ggml-cuda.cu", "ggml/src/ggml-rpc/ggml-rpc.cpp", "tools/server/server.cpp",
-                  "tools/rpc/rpc-server.cpp", "tools/ui/CMakeLists.txt", "scripts/ui-assets.cmake")
-#: Paths a trimmed tree must not hold (the test checks the trim left them out).
-LLAMA_ABSENT = ("tools/ui/src/", "docs/", "models/", "tests/", "examples/", "ggml/src/ggml-vulkan/",
-                "ggml/src/ggml-metal/", "gguf-py/")
-
-
-def keep_llama(rel):
-    """True when the llama.cpp file at ``rel`` (a posix path inside the tree) goes into the pack."""
-    if not any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in LLAMA_KEEP):
-        return False
-    if rel.startswith("ggml/src/ggml-"):
-        folder = rel.split("/")[2]
-        if "/" in rel[len("ggml/src/"):] and folder not in LLAMA_BACKENDS:
-            return False
-    if rel.startswith("tools/ui/"):
-        return rel in LLAMA_UI_KEEP
-    if rel in LLAMA_KEEP or rel.startswith(("licenses/", "cmake/")) or rel.endswith(("CMakeLists.txt", ".cmake")):
-        return True
-    return not LLAMA_DROP.search(rel)
-
-
-def llama_tree(source=None):
-    """The llama.cpp tree to trim: ``source``, else the pinned sdist's (fetched once by llama_build)."""
-    if source:
-        return Path(source)
-    build = _llama_build()
-    pin, sha = build.pinned_source()
-    cache = Path(os.environ.get("RNGRID_LLAMA_CACHE") or Path.home() / ".cache" / "rngrid" / "llama")
-    pip = str(Path(sys.executable).parent / "pip")
-    return build.fetch_source(pip, pin, sha, cache)
-
-
-def _llama_build():
-    spec = importlib.util.spec_from_file_location("llama_build", ROOT / "scripts" / "llama_build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def trim_llama(tree, out):
-    """Write the kept files of ``tree`` to the tar.gz ``out`` (sorted, fixed
-    times and owners). Returns (files, bytes before compression)."""
-    tree = Path(tree)
-    files = sorted(p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()
-                   and keep_llama(p.relative_to(tree).as_posix()))
-    total = 0
-    with tarfile.open(out, "w:gz", compresslevel=6) as tar:
-        for path in files:
-            info = tar.gettarinfo(str(path), arcname="llama.cpp/" + path.relative_to(tree).as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
-            total += info.size
-    return len(files), total
-
-
-# -- which wheels ----------------------------------------------------------------
-
-def image_packages(path=IMAGE_PACKAGES):
-    """The canonical names of the Python packages the GPU machine's image holds."""
-    names = set()
-    for line in Path(path).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.add(canonicalize_name(line))
-    return names
-
-
-def runtime_requirements(pyproject=ROOT / "pyproject.toml"):
-    """[Requirement] of the project's runtime dependencies (pyproject's ``dependencies``)."""
-    return [Requirement(r) for r in tomllib.loads(Path(pyproject).read_text())["project"]["dependencies"]]
-
-
-def applies(requirement):
-    """True when ``requirement`` holds on the GPU machine's interpreter (no extras)."""
-    return requirement.marker is None or requirement.marker.evaluate(MARKERS)
-
-
-def needed(requirements, image, requires_of):
-    """[(name, requirement, needed_by)] that the GPU machine lacks: ``requirements``
-    whose names are not in ``image``, then (``requires_of(name)`` -> [Requirement])
-    theirs, depth first, each name once. ``needed_by`` is "project" or the
-    dependent's name."""
-    out, seen = [], set()
-    stack = [(r, "project") for r in reversed(requirements)]
-    while stack:
-        requirement, parent = stack.pop()
-        name = canonicalize_name(requirement.name)
-        if not applies(requirement) or name in image or name in seen:
-            continue
-        seen.add(name)
-        out.append((name, requirement, parent))
-        stack.extend((r, name) for r in reversed(requires_of(name)))
-    return out
-
-
-def installed_requires(name):
-    """The requirements of the distribution ``name`` installed here."""
-    import importlib.metadata as md
-    return [Requirement(r) for r in md.distribution(name).requires or ()]
-
-
-def installed_version(name):
-    import importlib.metadata as md
-    try:
-        return md.distribution(name).version
-    except md.PackageNotFoundError:
-        raise SystemExit(f"{name} is not installed in {sys.prefix}: run make setup, then make gpu-pack") from None
-
-
-def target_tags():
-    """The wheel tags the GPU machine's pip accepts."""
-    tags = list(cpython_tags(PYTHON, abis=[f"cp{PYTHON[0]}{PYTHON[1]}", "abi3", "none"], platforms=PLATFORMS))
-    tags += list(compatible_tags(PYTHON, f"cp{PYTHON[0]}{PYTHON[1]}", PLATFORMS))
-    return set(tags)
-
-
-def wheel_fits(filename, tags=None):
-    """True when the wheel ``filename`` installs on the GPU machine."""
-    try:
-        _, _, _, wheel_tags = parse_wheel_filename(filename)
-    except ValueError:
-        return False
-    return bool(set(wheel_tags) & (tags or target_tags()))
-
-
-def wheel_metadata(path):
-    """(canonical name, version, [Requirement]) from a wheel's METADATA."""
-    with zipfile.ZipFile(path) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-        msg = email.parser.Parser().parsestr(z.read(meta).decode("utf-8"))
-    return canonicalize_name(msg["Name"]), msg["Version"], [Requirement(r) for r in msg.get_all("Requires-Dist") or ()]
-
-
-def wheel_cache():
-    return Path(os.environ.get("RNGRID_WHEEL_CACHE") or Path.home() / ".cache" / "rngrid" / "gpu-wheels")
-
-
-def cached_wheel(cache, name, version):
-    """A wheel of ``name`` ``version`` in ``cache`` that fits the GPU machine, or None."""
-    tags = target_tags()
-    for path in sorted(Path(cache).glob("*.whl")) if Path(cache).is_dir() else ():
-        try:
-            wname, wversion, _, _ = parse_wheel_filename(path.name)
-        except ValueError:
-            continue
-        if wname == name and str(wversion) == version and wheel_fits(path.name, tags):
-            return path
-    return None
-
-
-def fetch_wheel(cache, name, version, offline):
-    """The wheel of ``name`` ``version`` for the GPU machine: from ``cache``, or
-    downloaded into it by pip (never with ``offline``)."""
-    found = cached_wheel(cache, name, version)
-    if found or offline:
-        if not found:
-            raise SystemExit(f"no wheel of {name}=={version} for CPython 3.12 manylinux x86-64 in {cache}: "
-                             "run make gpu-pack once with a network")
-        return found
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                    "--python-version", f"{PYTHON[0]}.{PYTHON[1]}", "--implementation", "cp", *platforms,
-                    "-d", str(cache), f"{name}=={version}"], check=True)
-    found = cached_wheel(cache, name, version)
-    if not found:
-        raise SystemExit(f"pip downloaded no wheel of {name}=={version} that fits CPython 3.12 manylinux x86-64")
-    return found
-
-
-def project_wheel(out_dir):
-    """A wheel of this project, built from the files git tracks (as they are in the checkout)."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    with tempfile.TemporaryDirectory(prefix="rngrid-pack-") as tmp:
-        copy = Path(tmp) / "src"
-        for rel in filter(None, tracked.decode().split("\0")):
-            if (ROOT / rel).is_file():
-                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / rel, copy / rel)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--no-index", "-w", str(Path(tmp) / "dist"), str(copy)], check=True,
-                       stdout=subprocess.DEVNULL)
-        (wheel,) = (Path(tmp) / "dist").glob("*.whl")
-        return Path(shutil.copy2(wheel, Path(out_dir) / wheel.name))
-
-
-# -- the tokenizer ---------------------------------------------------------------
 
 def tokenizer_gguf(source, out):
     """Write ``source``'s tokenizer (its ``tokenizer.*`` fields, chat template
@@ -294,8 +74,6 @@ def tokenizer_gguf(source, out):
     writer.close()
     return len(reader.fields["tokenizer.ggml.tokens"].data)
 
-
-# -- making and checking a pack ----------------------------------------------------
 
 def sha256(path):
     digest = hashlib.sha256()
@@ -327,7 +105,7 @@ def make_pack(out, offline=False, source=None, tokenizer_source=None, cache=None
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / WHEELS).mkdir(parents=True)
     files, unpacked = trim_llama(llama_tree(source), tmp / LLAMA_TAR)
-    pin, sdist_sha = _llama_build().pinned_source()
+    pin, sdist_sha = pinned_source()
     wheels = []
     for name, requirement, parent in needed(runtime_requirements(), image_packages(), installed_requires):
         version = installed_version(name)
@@ -405,19 +183,7 @@ def check_pack(pack, pyproject=ROOT / "pyproject.toml", image_list=IMAGE_PACKAGE
             problems.append(f"the wheel of {name} is {wheels[name][0]}, {requirement} is needed ({who})")
     if not any(n.startswith("reticulum_grid-") for n in on_disk):
         problems.append("no wheel of the project itself")
-    problems += _check_llama(pack / manifest["llama"]["file"])
-    return problems
-
-
-def _check_llama(tar_path):
-    try:
-        with tarfile.open(tar_path) as tar:
-            names = {n.removeprefix("llama.cpp/") for n in tar.getnames()}
-    except (OSError, tarfile.TarError) as e:
-        return [f"{tar_path.name} is not a readable tar.gz: {e}"]
-    problems = [f"{tar_path.name} lacks {rel}" for rel in LLAMA_REQUIRED if rel not in names]
-    problems += [f"{tar_path.name} holds {prefix} (trimmed trees leave it out)" for prefix in LLAMA_ABSENT
-                 if any(n.startswith(prefix) for n in names)]
+    problems += check_trimmed(pack / manifest["llama"]["file"])
     return problems
 
 

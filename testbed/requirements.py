@@ -94,16 +94,13 @@ def _module(name, extra):
 
 
 def _gpu_wheels():
-    """None when the wheel cache holds every wheel the GPU pack needs (scripts/gpu_pack.py)."""
-    spec = importlib.util.spec_from_file_location(
-        "gpu_pack", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "gpu_pack.py"))
-    pack = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pack)
-    cache = pack.wheel_cache()
+    """None when the wheel cache holds every wheel the GPU pack needs (scripts/gpu_wheels.py)."""
+    from scripts import gpu_wheels as wheels
+    cache = wheels.wheel_cache()
     lacking = []
-    for name, _, _ in pack.needed(pack.runtime_requirements(), pack.image_packages(), pack.installed_requires):
-        version = pack.installed_version(name)
-        if pack.cached_wheel(cache, name, version) is None:
+    for name, _, _ in wheels.needed(wheels.runtime_requirements(), wheels.image_packages(), wheels.installed_requires):
+        version = wheels.installed_version(name)
+        if wheels.cached_wheel(cache, name, version) is None:
             lacking.append(f"{name}=={version}")
     return f"{cache} lacks the wheels {', '.join(lacking)}" if lacking else None
 

@@ -1,5 +1,5 @@
 """The GPU check without a GPU: bench/gpu_check.sh --dry-run, the pack it
-carries (scripts/gpu_pack.py) and the models it writes (bench/gpu_models.py).
+carries (scripts/gpu_pack.py, gpu_wheels.py, llama_trim.py) and the models it writes (bench/gpu_models.py).
 
 The dry run runs every step of the check that needs no GPU: it makes the pack
 from the wheel cache (never the network) and checks it, installs its wheels
@@ -10,7 +10,6 @@ on broken copies of that pack: each must be refused with its reason.
 """
 
 import dataclasses
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,6 +24,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from bench import gpu_models
+from scripts import gpu_pack as gp
+from scripts import gpu_wheels, llama_trim
 from testbed.requirements import need
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +33,6 @@ SCRIPT = ROOT / "bench" / "gpu_check.sh"
 #: The dry run takes about a minute and a half on 2 idle cores (more when they are busy); the
 #: first test to use it waits for it.
 pytestmark = pytest.mark.timeout(900)
-_spec = importlib.util.spec_from_file_location("gpu_pack", ROOT / "scripts" / "gpu_pack.py")
-gp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gp)
 
 
 def run_script(*args, timeout=60, cwd=ROOT):
@@ -94,7 +92,7 @@ def test_the_pack_carries_every_runtime_dependency_the_image_lacks(dry_run):
     _, pack = dry_run
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     image = {canonicalize_name(line.split("#")[0].strip())
-             for line in gp.IMAGE_PACKAGES.read_text().splitlines() if line.split("#")[0].strip()}
+             for line in gpu_wheels.IMAGE_PACKAGES.read_text().splitlines() if line.split("#")[0].strip()}
     lacking = {canonicalize_name(Requirement(d).name) for d in deps} - image
     assert {"rns", "lxmf", "blake3", "tomlkit", "gguf"} <= lacking and "msgpack" not in lacking
     carried = {canonicalize_name(p.name.split("-")[0]) for p in (pack / gp.WHEELS).glob("*.whl")}
@@ -150,7 +148,8 @@ def test_a_dependency_the_image_has_needs_no_wheel():
     """needed(): markers for CPython 3.12 on Linux, extras left out, the image's packages skipped."""
     reqs = {"a": [Requirement("b>=1"), Requirement("c; python_version < '3.12'"), Requirement("d; extra == 'x'")],
             "b": [Requirement("numpy>=1"), Requirement("e; platform_system == 'Linux'")]}
-    got = gp.needed([Requirement("a==1"), Requirement("msgpack>=1")], {"numpy", "msgpack"}, lambda n: reqs.get(n, []))
+    got = gpu_wheels.needed([Requirement("a==1"), Requirement("msgpack>=1")], {"numpy", "msgpack"},
+                            lambda n: reqs.get(n, []))
     assert [(name, parent) for name, _, parent in got] == [("a", "project"), ("b", "a"), ("e", "b")]
 
 
@@ -167,7 +166,7 @@ def test_a_dependency_the_image_has_needs_no_wheel():
     ("gguf-py/gguf/gguf.py", False), ("convert_hf_to_gguf.py", False), ("cmake/build-info.cmake", True),
 ])
 def test_the_trim_keeps_what_the_build_reads(rel, kept):
-    assert gp.keep_llama(rel) is kept
+    assert llama_trim.keep_llama(rel) is kept
 
 
 def test_the_big_model_has_llama3_8b_dimensions():
