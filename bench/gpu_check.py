@@ -32,14 +32,15 @@ and says so; a failed check or part is listed, and the exit status is 1.
 logs.txt (the ends of the logs of failed parts). ``--dry-run`` prints the
 plan and runs nothing; ``--rehearse`` runs every part on a machine without
 a GPU (the GPU checks then fail, as they must) to try the script cheaply.
+
+The parts are bench/gpu_check_inference.py's (1-4) and
+bench/gpu_check_training.py's (5-6); this module runs them within the deadline.
 """
 
 import argparse
 import dataclasses
 import json
 import os
-import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,21 +49,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "testbed" / "data" / "secret.jsonl"
-VRAM_TOLERANCE = 0.05
-NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
-SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version,compute_cap",
-             "--format=csv,noheader,nounits"]
-BIG_ALIAS = "bench-8b"
-PROMPT = "{k}. Count from {k} to 5000, separated by commas: {k},"
-#: llama.cpp CPU threads of each tower (the GPU does the arithmetic; sampling and the rest stay here).
-THREADS = 4
-STREAM_TOKENS, STREAM_RUNS = 128, 3
-STEPS, WARMUP_STEPS = 20, 3
-TRAIN_SPEC = {"rank": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-              "learning_rate": 2e-4, "seq_len": 96, "batch_size": 4, "seed": 3, "checkpoint_every": 10_000,
-              "precision": "bf16", "output_alias": "gpu-check"}
+from bench.gpu_check_inference import (BIG_ALIAS, SMI_QUERY, STREAM_RUNS, STREAM_TOKENS, THREADS, part_caps,
+                                       part_concurrency, part_machine, part_split)
+from bench.gpu_check_training import STEPS, part_dp, part_train
 
 
 class Check:
@@ -124,271 +113,6 @@ class Check:
                 f.write(f"===== {part}: {log.relative_to(folder)} (last {min(len(text), limit)} of {len(text)} "
                         f"characters)\n{text[-limit:]}\n")
 
-
-def nvidia_smi():
-    """[{name, total_mib, free_mib, driver, compute_cap}] per GPU."""
-    out = subprocess.run(SMI_QUERY, capture_output=True, text=True, check=True, timeout=30).stdout
-    gpus = []
-    for line in out.splitlines():
-        if line.strip():
-            name, total, free, driver, cap = [x.strip() for x in line.split(",")]
-            gpus.append({"name": name, "total_mib": int(total), "free_mib": int(free), "driver": driver,
-                         "compute_cap": cap})
-    return gpus
-
-
-def part_machine(check, opts, tmp):
-    from reticulum_grid.node.hardware import cpu_name
-    check.put("cpu", f"{cpu_name()} x{os.cpu_count()}", "machine")
-    if opts.rehearse:
-        check.detail("machine", gpus=[])
-        return
-    gpus = nvidia_smi()
-    check.detail("machine", gpus=gpus)
-    check.put("gpu_name", gpus[0]["name"], "machine")
-    check.put("gpu_count", len(gpus), "machine")
-    check.put("gpu_vram_mib", sum(g["total_mib"] for g in gpus), "machine")
-    check.put("gpu_driver", gpus[0]["driver"], "machine")
-    check.put("gpu_compute_cap", gpus[0]["compute_cap"], "machine")
-
-
-def _client(tmp):
-    """(client home, its identity hash) trusting every tower this process starts."""
-    from reticulum_grid.node import identity
-    from reticulum_grid.node.localgrid import trust_local_towers
-    home = Path(tmp) / "client"
-    client_id = identity.load_or_create(home / "identity").hash.hex()
-    trust_local_towers(home)
-    return home, client_id
-
-
-def _embedding_mib(path):
-    import gguf
-    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
-    return int(tensor.n_bytes) / 2**20
-
-
-def part_caps(check, opts, tmp):
-    """caps, offload and one stream of the 8B model on one tower."""
-    from bench.common import time_stream
-    from reticulum_grid.client import Grid, Usage
-    from reticulum_grid.node import rnsnet
-    from reticulum_grid.node.localgrid import TowerProcess
-
-    home, client_id = _client(tmp)
-    tower = TowerProcess(tmp, "gpu-tower", {BIG_ALIAS: {"path": opts.big, "n_ctx": 4096, "parallel": 1}},
-                         allow={client_id: ["infer"]}, threads=THREADS).start(timeout=120)
-    try:
-        grid = Grid(home=home, connect=[tower.address])
-        entry = grid.find_tower("gpu-tower", timeout=120)
-        started, model = time.monotonic(), {}
-        while time.monotonic() - started < 240:  # the model loads in the background
-            reply = grid.caps_full([entry], timeout=30)[0][1]
-            model = next((b for b in reply.blobs if b.alias == BIG_ALIAS and b.loaded), None)
-            if model:
-                break
-            time.sleep(1)
-        hw = reply.caps.hardware
-        check.put("caps_backend", hw.backend, "caps")
-        check.put("caps_device", hw.device, "caps")
-        check.put("caps_gpus", hw.gpus, "caps")
-        check.put("caps_vram_total_mib", hw.vram_total_mib, "caps")
-        check.detail("caps", caps_full_gpus=[dataclasses.asdict(g) for g in reply.gpus],
-                     blob=model and {k: v for k, v in model.to_map().items() if k != "blob_id"})
-        if hw.backend != "cuda":
-            check.fail("caps", f"the caps say backend {hw.backend}, not cuda")
-        smi = check.parts.get("machine", {}).get("gpus") or []
-        if smi:
-            total = sum(g["total_mib"] for g in smi)
-            off = abs(hw.vram_total_mib - total) / max(total, 1) * 100
-            check.put("caps_vram_off_pct", round(off, 2), "caps")
-            if off > VRAM_TOLERANCE * 100:
-                check.fail("caps", f"caps VRAM {hw.vram_total_mib} MiB is {off:.1f} % off nvidia-smi's {total} MiB")
-            if hw.device not in smi[0]["name"] and not smi[0]["name"].startswith(hw.device):
-                check.fail("caps", f"caps device {hw.device!r} is not nvidia-smi's {smi[0]['name']!r}")
-        if not model:
-            check.fail("caps", "the 8B model never showed as loaded in caps/full")
-            return
-        embeddings = _embedding_mib(opts.big)
-        check.put("offload_gpu_model_mib", model.gpu_model_mib, "caps")
-        check.put("offload_host_model_mib", model.host_model_mib, "caps")
-        check.put("offload_vram_mib", model.vram_mib, "caps")
-        full = bool(model.on_gpu) and (model.host_model_mib or 0) <= embeddings + 1
-        check.put("offload_full", "yes" if full else "no", "caps")
-        check.detail("caps", input_embeddings_mib=round(embeddings, 1))
-        if not full:
-            check.fail("caps", f"the model is not fully offloaded: {model.gpu_model_mib} MiB on GPUs, "
-                               f"{model.host_model_mib} MiB in host memory (embeddings {embeddings:.0f} MiB)")
-
-        def one(k, tokens):
-            pieces = grid.execute("ai/inference", {"model": BIG_ALIAS, "prompt": PROMPT.format(k=k),
-                                                   "max_tokens": tokens, "temperature": 0.0}, tower="gpu-tower")
-            return time_stream(pieces, lambda p: not isinstance(p, Usage) and bool(p), tokens, "stream")[:2]
-
-        one(1, 16)
-        runs = [one(10 + k, STREAM_TOKENS) for k in range(STREAM_RUNS)]
-        check.detail("caps", stream_runs=[[round(a * 1000, 1), round(b, 1)] for a, b in runs])
-        check.put("stream_ttft_ms", round(statistics.median(r[0] for r in runs) * 1000, 1), "caps")
-        check.put("stream_tokens_per_s", round(statistics.median(r[1] for r in runs), 1), "caps")
-        grid.close()
-    finally:
-        rnsnet.stop()
-        tower.stop()
-
-
-def part_concurrency(check, opts, tmp):
-    from bench import concurrency
-    args = argparse.Namespace(model=opts.big, counts=[1, 4, 8], slots=8, threads=THREADS, max_tokens=64,
-                              rounds=2)
-    figures = concurrency.throughput(args, tmp)
-    check.detail("concurrency", **figures)
-    for n in ("1", "4", "8"):
-        check.put(f"concurrent_{n}_tokens_per_s", figures["streams"][n]["grid"]["aggregate_tokens_per_s"],
-                  "concurrency")
-        check.put(f"concurrent_{n}_direct_tokens_per_s", figures["streams"][n]["direct"]["aggregate_tokens_per_s"],
-                  "concurrency")
-    check.put("concurrent_vs_llama_server", figures["concurrent_vs_llama_server"], "concurrency")
-
-
-def part_split(check, opts, tmp):
-    from bench import split
-    figures = split.run(opts.big, runs=3, max_tokens=64, threads=THREADS, lends=split.split_lends(opts.big),
-                        root=tmp, raw=False)
-    check.detail("split", **figures)
-    check.put("split_plan", figures["plan"].replace(" ", ""), "split")
-    check.put("whole_tokens_per_s", figures["single_tokens_per_s"], "split")
-    check.put("split_tokens_per_s", figures["split_tokens_per_s"], "split")
-    check.put("split_vs_whole", figures["split_vs_single"], "split")
-    check.put("split_added_ttft_ms", figures["added_ttft_ms"], "split")
-    if "load_mb_s" in figures:  # the coordinator's own count of the bytes that crossed while it loaded
-        check.put("split_load_mb_s", figures["load_mb_s"], "split")
-
-
-def _events(proc, deadline):
-    """JSON events from a worker's stdout until it ends or ``deadline`` (time.time())."""
-    import selectors
-    events, buffer = [], b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.time() < deadline:
-            if not sel.select(timeout=1.0):
-                if proc.poll() is not None:
-                    break
-                continue
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            events += [json.loads(line) for line in lines if line.startswith(b"{")]
-    return events
-
-
-def _steps_s(events):
-    """Seconds per step after the warm-up steps (None when too few steps ran)."""
-    elapsed = [e["elapsed_s"] for e in events if e.get("event") == "step"]
-    if len(elapsed) < WARMUP_STEPS + 2:
-        return None
-    return (elapsed[-1] - elapsed[WARMUP_STEPS - 1]) / (len(elapsed) - WARMUP_STEPS)
-
-
-def _worker(module, job_dir, spec, env, deadline):
-    """Run a training worker on ``spec`` until it ends or ``deadline``: (events, exit status or None)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "spec.json").write_text(json.dumps(spec))
-    with open(job_dir / "worker.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, str(job_dir)], stdout=subprocess.PIPE, stderr=log,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
-        try:
-            events = _events(proc, deadline)
-            proc.wait(max(1.0, min(30.0, deadline - time.time())))  # its output ended: it is exiting
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-    return events, proc.returncode
-
-
-def part_train(check, opts, tmp):
-    spec = {**TRAIN_SPEC, "max_steps": STEPS, "base_path": opts.hf or opts.small, "dataset_path": str(DATA)}
-    per = {}
-    for side, env in (("gpu", {}), ("cpu", NO_GPU)):
-        # The CPU side gets what is left of the part's time; its steps so far count if it runs out.
-        deadline = min(check.deadline, time.time() + (60 if side == "gpu" else 150))
-        events, code = _worker("reticulum_grid.training.trainer", Path(tmp) / f"job-{side}", spec, env, deadline)
-        started = next((e for e in events if e.get("event") == "started"), {})
-        steps = sum(e.get("event") == "step" for e in events)
-        errors = [e.get("message") for e in events if e.get("event") == "error"]
-        check.detail("train", **{side: {"device": started.get("device"), "device_name": started.get("device_name"),
-                                        "precision": started.get("precision"), "steps": steps, "exit": code,
-                                        "error": errors[0] if errors else None}})
-        per[side] = _steps_s(events)
-        if per[side] is None:
-            check.fail("train", f"{side}: {steps} steps ran ({errors[0] if errors else f'exit status {code}'})")
-            continue
-        check.put(f"train_{side}_s_per_step", round(per[side], 4), "train")
-        check.put(f"train_{side}_device", f"{started.get('device')}:{started.get('precision')}", "train")
-        if side == "gpu" and not str(started.get("device", "")).startswith("cuda") and not opts.rehearse:
-            check.fail("train", f"the GPU job ran on {started.get('device')}")
-    if per.get("gpu") and per.get("cpu"):
-        check.put("train_gpu_vs_cpu", round(per["cpu"] / per["gpu"], 2), "train")
-    check.detail("train", one_rank_s_per_step=per.get("gpu"))
-
-
-def part_dp(check, opts, tmp):
-    """Two data-parallel ranks on the one GPU: NCCL (refused there), then gloo."""
-    from reticulum_grid.training import rendezvous
-    spec = {**TRAIN_SPEC, "max_steps": STEPS, "base_path": opts.hf or opts.small, "dataset_path": str(DATA)}
-    for backend in ("nccl", "gloo"):
-        if opts.rehearse and backend == "nccl":
-            continue
-        dp = {"world_size": 2, "units": 2, "host": "127.0.0.1", "dataplane": "127.0.0.1",
-              "port": rendezvous.free_port("127.0.0.1"), "peers": ["127.0.0.1"], "secret": secrets.token_hex(32),
-              "backend": backend}
-        deadline = min(check.deadline, time.time() + (45 if backend == "nccl" else 90))
-        ranks = []
-        for rank in (0, 1):
-            job = Path(tmp) / f"dp-{backend}-{rank}"
-            job.mkdir(parents=True)
-            (job / "spec.json").write_text(json.dumps({**spec, "dp": {**dp, "rank": rank}}))
-            log = open(job / "worker.log", "wb")
-            ranks.append((subprocess.Popen([sys.executable, "-m", "reticulum_grid.training.distributed", str(job)],
-                                           stdout=subprocess.PIPE, stderr=log,
-                                           env={**os.environ, "HF_HUB_OFFLINE": "1"}), log))
-        try:
-            events = _events(ranks[0][0], deadline)
-        finally:
-            for proc, log in ranks:
-                if proc.poll() is None:
-                    try:
-                        proc.wait(max(1.0, min(20.0, deadline - time.time())))
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait(30)
-                log.close()
-        errors = [e.get("message") for e in events if e.get("event") == "error"]
-        step_s = _steps_s(events)
-        started = next((e for e in events if e.get("event") == "started"), {})
-        check.detail("dp", **{backend: {"exit": [p.returncode for p, _ in ranks], "error": errors[0] if errors else
-                                        None, "steps": sum(e.get("event") == "step" for e in events),
-                                        "device": started.get("device"), "allreduce_s": started.get("allreduce_s"),
-                                        "grad_bytes": started.get("grad_bytes")}})
-        if step_s is None:
-            reason = (errors[0] if errors else f"exit statuses {[p.returncode for p, _ in ranks]}")[:300]
-            check.put(f"dp_{backend}", "refused" if backend == "nccl" else "failed", "dp")
-            check.detail("dp", **{f"{backend}_reason": reason})
-            if backend == "gloo":
-                check.fail("dp", f"gloo: {reason}")
-            continue
-        check.put(f"dp_{backend}", "ran", "dp")
-        check.put(f"dp_{backend}_s_per_step", round(step_s, 4), "dp")
-        one = check.parts.get("train", {}).get("one_rank_s_per_step")
-        if one:
-            check.put(f"dp_{backend}_vs_one_rank", round(one / step_s, 2), "dp")
-        if backend == "nccl":
-            break  # NCCL ran: gloo adds nothing
 
 
 @dataclasses.dataclass(frozen=True)
