@@ -24,22 +24,20 @@ import queue
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
-import msgpack
 import RNS
 
 from links.channel import (
     MAX_ID,
     ChannelRouter,
     ProtocolError,
-    clip,
     get_alive,
-    short_str,
     uint,
-    unpack_array,
 )
 from links.manifest import Manifest
+from links.message import Message, bytes_field, checked, checked_new, free_text, map_field, text_field, uint_field
 from links.wire import Code, WireError
 
 log = logging.getLogger("rngrid.links")
@@ -59,110 +57,77 @@ def _blob_id(value: object) -> bytes:
     return value
 
 
-class ChunkRequest(RNS.MessageBase):
+def _indices(value: object) -> list[int]:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_INDICES:
+        raise ProtocolError(f"a chunk request names 1..{MAX_INDICES} chunks")
+    return [uint(i, "chunk index", 1 << 31) for i in value]
+
+
+def _error_index(value: object) -> int:
+    """A chunk index, or -1 for the whole request."""
+    if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 1 << 31:
+        raise ProtocolError("chunk index is not an integer")
+    return value
+
+
+def _end_ok(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError("malformed transfer end")
+    return value
+
+
+@dataclass
+class _Transfer(Message):
+    """A chunk-protocol message: the transfer it belongs to comes first."""
+    xfer_id: int = uint_field("transfer id")
+
+
+@dataclass
+class ChunkRequest(_Transfer):
     MSGTYPE = 0x0201
-
-    def __init__(self, xfer_id: int = 0, blob_id: bytes = b"", indices: Sequence[int] = ()) -> None:
-        self.xfer_id, self.blob_id, self.indices = xfer_id, blob_id, list(indices)
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id, self.blob_id, self.indices], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        xfer_id, blob_id, indices = unpack_array(raw, 3)
-        if not isinstance(indices, list) or not 0 < len(indices) <= MAX_INDICES:
-            raise ProtocolError(f"a chunk request names 1..{MAX_INDICES} chunks")
-        self.xfer_id, self.blob_id = uint(xfer_id, "transfer id"), _blob_id(blob_id)
-        self.indices = [uint(i, "chunk index", 1 << 31) for i in indices]
+    blob_id: bytes = checked(_blob_id, b"")
+    indices: list[int] = checked_new(_indices, list)
 
 
-class ChunkData(RNS.MessageBase):
+@dataclass
+class ChunkData(_Transfer):
     MSGTYPE = 0x0202
-
-    def __init__(self, xfer_id: int = 0, index: int = 0, offset: int = 0, data: bytes = b"") -> None:
-        self.xfer_id, self.index, self.offset, self.data = xfer_id, index, offset, data
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id, self.index, self.offset, self.data], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        xfer_id, index, offset, data = unpack_array(raw, 4)
-        if not isinstance(data, bytes):
-            raise ProtocolError("chunk data is not bytes")
-        self.xfer_id, self.index = uint(xfer_id, "transfer id"), uint(index, "chunk index", 1 << 31)
-        self.offset, self.data = uint(offset, "offset", 1 << 40), data
+    index: int = uint_field("chunk index", 1 << 31)
+    offset: int = uint_field("offset", 1 << 40)
+    data: bytes = bytes_field("chunk data")
 
 
-class ChunkError(RNS.MessageBase):
+@dataclass
+class ChunkError(_Transfer):
     MSGTYPE = 0x0203
-
-    def __init__(self, xfer_id: int = 0, index: int = -1, code: str = "", message: str = "") -> None:
-        self.xfer_id, self.index, self.code, self.message = xfer_id, index, code, clip(message)
-
-    def fit(self, limit: int) -> "ChunkError":
-        return ChunkError(self.xfer_id, self.index, self.code, clip(self.message, max(16, limit - 48)))
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id, self.index, self.code, self.message], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        xfer_id, index, code, message = unpack_array(raw, 4)
-        if not isinstance(index, int) or isinstance(index, bool) or not -1 <= index < 1 << 31:
-            raise ProtocolError("chunk index is not an integer")
-        self.xfer_id, self.index = uint(xfer_id, "transfer id"), index
-        self.code, self.message = short_str(code, "code", 64), short_str(message, "message")
+    index: int = checked(_error_index, -1)
+    code: str = text_field("code", 64)
+    message: str = free_text(overhead=48)
 
 
-class ChunkCancel(RNS.MessageBase):
+@dataclass
+class ChunkCancel(_Transfer):
     MSGTYPE = 0x0204
 
-    def __init__(self, xfer_id: int = 0) -> None:
-        self.xfer_id = xfer_id
 
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id])
-
-    def unpack(self, raw: bytes) -> None:
-        (xfer_id,) = unpack_array(raw, 1)
-        self.xfer_id = uint(xfer_id, "transfer id")
-
-
-class TransferProgress(RNS.MessageBase):
+@dataclass
+class TransferProgress(_Transfer):
     MSGTYPE = 0x0205
-
-    def __init__(self, xfer_id: int = 0, done: int = 0, total: int = 0) -> None:
-        self.xfer_id, self.done, self.total = xfer_id, done, total
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id, self.done, self.total])
-
-    def unpack(self, raw: bytes) -> None:
-        xfer_id, done, total = unpack_array(raw, 3)
-        self.xfer_id = uint(xfer_id, "transfer id")
-        self.done, self.total = uint(done, "done", 1 << 50), uint(total, "total", 1 << 50)
+    done: int = uint_field("done", 1 << 50)
+    total: int = uint_field("total", 1 << 50)
 
 
-class TransferEnd(RNS.MessageBase):
+@dataclass
+class TransferEnd(_Transfer):
     MSGTYPE = 0x0206
+    ok: bool = checked(_end_ok, False)
+    code: str = text_field("code", 64)
+    message: str = free_text(overhead=48)
+    report: dict[str, Any] = map_field("malformed transfer end")
 
-    def __init__(self, xfer_id: int = 0, ok: bool = False, code: str = "", message: str = "",
-                 report: dict[str, Any] | None = None) -> None:
-        self.xfer_id, self.ok, self.code, self.message = xfer_id, ok, code, clip(message)
-        self.report = report or {}
-
-    def fit(self, limit: int) -> "TransferEnd":
-        """Without the report (the client can ask caps/full), then with a shorter message."""
-        return TransferEnd(self.xfer_id, self.ok, self.code, clip(self.message, max(16, limit - 48)), {})
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.xfer_id, self.ok, self.code, self.message, self.report], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        xfer_id, ok, code, message, report = unpack_array(raw, 5)
-        if not isinstance(ok, bool) or not isinstance(report, dict):
-            raise ProtocolError("malformed transfer end")
-        self.xfer_id, self.ok, self.report = uint(xfer_id, "transfer id"), ok, report
-        self.code, self.message = short_str(code, "code", 64), short_str(message, "message")
+    def fit(self, limit: int) -> Self:
+        """Without the report (the client can ask caps/full), and with a shorter message."""
+        return replace(super().fit(limit), report={})
 
 
 class ChunkServer:
@@ -264,7 +229,7 @@ class ChunkFetcher:
         self._queues[xfer_id] = q
         done = False
         try:
-            if not self.router.send(ChunkRequest(xfer_id, blob_id, indices)):
+            if not self.router.send(ChunkRequest(xfer_id, blob_id, list(indices))):
                 raise WireError(Code.UNREACHABLE, "link closed")
             for index in indices:
                 yield index, self._receive_chunk(q, index, manifest.chunks[index], idle_timeout)

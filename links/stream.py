@@ -35,18 +35,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
-import RNS
 
 from links.channel import (
     MAX_ID,
     ChannelRouter,
     ProtocolError,
-    clip,
     get_alive,
-    short_str,
     uint,
-    unpack_array,
 )
+from links.message import Message, checked, checked_new, free_text, map_field, text_field, uint_field
 from links.wire import WireError
 
 #: Longest a produced token may wait before it is sent (seconds).
@@ -68,24 +65,16 @@ BYTES_PER_TOKEN = 4
 MAX_STREAM_ID = MAX_ID
 
 
-class TokenChunk(RNS.MessageBase):
-    MSGTYPE = 0x0101
+def _token_data(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise ProtocolError("token chunk data is not bytes and ids")
+    return value
 
-    def __init__(self, stream_id: int = 0, seq: int = 0, data: bytes = b"", ids: Iterable[int] = (),
-                 extra: dict[str, Any] | None = None) -> None:
-        self.stream_id, self.seq, self.data, self.ids = stream_id, seq, data, list(ids)
-        self.extra = extra or {}
 
-    def pack(self) -> bytes:
-        return msgpack.packb([self.stream_id, self.seq, self.data, self.ids, self.extra], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        stream_id, seq, data, ids, extra = unpack_array(raw, 5)
-        if not isinstance(data, bytes) or not isinstance(ids, list):
-            raise ProtocolError("token chunk data is not bytes and ids")
-        self.stream_id, self.seq, self.data = uint(stream_id, "stream id"), uint(seq, "seq"), data
-        self.ids = [uint(i, "token id", 1 << 31) for i in ids]
-        self.extra = check_extra(extra)
+def _token_ids(value: object) -> list[int]:
+    if not isinstance(value, list):
+        raise ProtocolError("token chunk data is not bytes and ids")
+    return [uint(i, "token id", 1 << 31) for i in value]
 
 
 def check_extra(extra: object) -> dict[str, Any]:
@@ -102,51 +91,38 @@ def check_extra(extra: object) -> dict[str, Any]:
     return extra
 
 
-class StreamEnd(RNS.MessageBase):
+@dataclass
+class _Stream(Message):
+    """A stream message: the stream it belongs to comes first."""
+    stream_id: int = uint_field("stream id")
+
+
+@dataclass
+class TokenChunk(_Stream):
+    MSGTYPE = 0x0101
+    seq: int = uint_field("seq")
+    data: bytes = checked(_token_data, b"")
+    ids: list[int] = checked_new(_token_ids, list)
+    extra: dict[str, Any] = checked_new(check_extra, dict)
+
+
+@dataclass
+class StreamEnd(_Stream):
     MSGTYPE = 0x0102
-
-    def __init__(self, stream_id: int = 0, finish_reason: str = "", usage: dict[str, Any] | None = None) -> None:
-        self.stream_id, self.finish_reason, self.usage = stream_id, finish_reason, usage or {}
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.stream_id, self.finish_reason, self.usage], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        stream_id, reason, usage = unpack_array(raw, 3)
-        if not isinstance(usage, dict):
-            raise ProtocolError("usage is not a map")
-        self.stream_id, self.finish_reason, self.usage = uint(stream_id, "stream id"), short_str(reason, "finish reason", 32), usage
+    finish_reason: str = text_field("finish reason", 32)
+    usage: dict[str, Any] = map_field("usage is not a map")
 
 
-class StreamError(RNS.MessageBase):
+@dataclass
+class StreamError(_Stream):
     MSGTYPE = 0x0103
-
-    def __init__(self, stream_id: int = 0, code: str = "", message: str = "") -> None:
-        self.stream_id, self.code, self.message = stream_id, code, clip(message)
-
-    def fit(self, limit: int) -> "StreamError":
-        return StreamError(self.stream_id, self.code, clip(self.message, max(16, limit - 40)))
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.stream_id, self.code, self.message], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        stream_id, code, message = unpack_array(raw, 3)
-        self.stream_id, self.code, self.message = uint(stream_id, "stream id"), short_str(code, "code", 64), short_str(message, "message")
+    code: str = text_field("code", 64)
+    message: str = free_text(overhead=40)
 
 
-class StreamCancel(RNS.MessageBase):
+@dataclass
+class StreamCancel(_Stream):
     MSGTYPE = 0x0104
-
-    def __init__(self, stream_id: int = 0) -> None:
-        self.stream_id = stream_id
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.stream_id])
-
-    def unpack(self, raw: bytes) -> None:
-        (stream_id,) = unpack_array(raw, 1)
-        self.stream_id = uint(stream_id, "stream id")
 
 
 #: A message StreamRoutes hands to a stream (client side).

@@ -8,51 +8,29 @@ Message types (msgpack arrays)::
     TunnelClose 0x0403 [tunnel_id, reason]
 """
 
-import msgpack
-import RNS
+from dataclasses import dataclass
 
-from links.channel import ProtocolError, short_str, uint, unpack_array
+from links.message import Message, bytes_field, text_field, uint_field
 
 
-class TunnelOpen(RNS.MessageBase):
+@dataclass
+class _Tunnel(Message):
+    """A tunnel message: the tunnel it belongs to comes first."""
+    tunnel_id: int = uint_field("tunnel id")
+
+
+@dataclass
+class TunnelOpen(_Tunnel):
     MSGTYPE = 0x0401
 
-    def __init__(self, tunnel_id: int = 0) -> None:
-        self.tunnel_id = tunnel_id
 
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id])
-
-    def unpack(self, raw: bytes) -> None:
-        (tunnel_id,) = unpack_array(raw, 1)
-        self.tunnel_id = uint(tunnel_id, "tunnel id")
-
-
-class TunnelData(RNS.MessageBase):
+@dataclass
+class TunnelData(_Tunnel):
     MSGTYPE = 0x0402
-
-    def __init__(self, tunnel_id: int = 0, data: bytes = b"") -> None:
-        self.tunnel_id, self.data = tunnel_id, data
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id, self.data], use_bin_type=True)
-
-    def unpack(self, raw: bytes) -> None:
-        tunnel_id, data = unpack_array(raw, 2)
-        if not isinstance(data, bytes):
-            raise ProtocolError("tunnel data is not bytes")
-        self.tunnel_id, self.data = uint(tunnel_id, "tunnel id"), data
+    data: bytes = bytes_field("tunnel data")
 
 
-class TunnelClose(RNS.MessageBase):
+@dataclass
+class TunnelClose(_Tunnel):
     MSGTYPE = 0x0403
-
-    def __init__(self, tunnel_id: int = 0, reason: str = "") -> None:
-        self.tunnel_id, self.reason = tunnel_id, reason
-
-    def pack(self) -> bytes:
-        return msgpack.packb([self.tunnel_id, self.reason])
-
-    def unpack(self, raw: bytes) -> None:
-        tunnel_id, reason = unpack_array(raw, 2)
-        self.tunnel_id, self.reason = uint(tunnel_id, "tunnel id"), short_str(reason, "reason", 200)
+    reason: str = text_field("reason", 200)

@@ -1,7 +1,8 @@
 """``rngrid models``, ``pull``, ``push``: the blob store and its sync."""
 
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -166,22 +167,36 @@ def models_rm(ctx: click.Context, name: str) -> None:
     out.print(f"removed {name}" + (f"; deleted blob {gone[0].hex()}" if gone else "; the blob keeps its other aliases"))
 
 
+def _transfer_options(alias_help: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """pull's and push's own options: ``--alias`` (``alias_help``), ``--json`` and
+    ``--force``, which the command gets as ``max_seconds``: None with --force,
+    else MAX_TRANSFER_S (a slower estimate is refused on a radio-class link)."""
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def run(*args: Any, force: bool, **kwargs: Any) -> None:
+            command(*args, max_seconds=None if force else MAX_TRANSFER_S, **kwargs)
+
+        run = click.option("--force", is_flag=True,
+                           help="Transfer even when the link's measured rate says it takes too long.")(run)
+        run = click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")(run)
+        return click.option("--alias", default=None, help=alias_help)(run)
+
+    return wrap
+
+
 @main.command()
 @client_options
 @click.argument("name")
 @click.option("--from", "from_tower", default=None, help="Fetch from this tower only (default: every tower that has it).")
-@click.option("--alias", default=None, help="Alias in the local store (default: NAME).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
-@click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
+@_transfer_options("Alias in the local store (default: NAME).")
 @click.pass_context
 def pull(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, name: str, from_tower: str | None,
-         alias: str | None, as_json: bool, force: bool) -> None:
+         alias: str | None, as_json: bool, max_seconds: float | None) -> None:
     """Fetch a blob (alias or blob id) into the local store, from several towers at once.
     On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
     grid = open_grid(ctx, connect, rns_config)
-    limit = None if force else MAX_TRANSFER_S
     info, report = with_progress(as_json, f"pull {name}", lambda progress: grid.pull(
-        name, from_tower=from_tower, alias=alias, progress=progress, max_seconds=limit))
+        name, from_tower=from_tower, alias=alias, progress=progress, max_seconds=max_seconds))
     if info is None:  # fetched and verified, then removed (rngrid models rm) before it could be read back
         fail(f"{name} was fetched but is no longer in the local store")
     _report(report.to_map(), as_json, f"{', '.join(info.aliases) or info.hex} is in {info.path}")
@@ -191,18 +206,15 @@ def pull(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, n
 @client_options
 @click.argument("name")
 @click.option("--to", "to_tower", required=True, help="Tower name or destination hash.")
-@click.option("--alias", default=None, help="Alias on the tower (default: the local alias).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (progress, then the report).")
-@click.option("--force", is_flag=True, help="Transfer even when the link's measured rate says it takes too long.")
+@_transfer_options("Alias on the tower (default: the local alias).")
 @click.pass_context
 def push(ctx: click.Context, connect: tuple[str, ...], rns_config: str | None, name: str, to_tower: str,
-         alias: str | None, as_json: bool, force: bool) -> None:
+         alias: str | None, as_json: bool, max_seconds: float | None) -> None:
     """Send a blob from the local store to a tower (needs the sync role there).
     On a radio-class link it is refused when the estimate exceeds 10 minutes, unless --force."""
     grid = open_grid(ctx, connect, rns_config)
-    limit = None if force else MAX_TRANSFER_S
     report = with_progress(as_json, f"push {name}", lambda progress: grid.push(name, to_tower, alias=alias,
-                                                                          progress=progress, max_seconds=limit))
+                                                                          progress=progress, max_seconds=max_seconds))
     _report(report, as_json, f"{name} is on {to_tower}")
 
 

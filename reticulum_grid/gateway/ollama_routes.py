@@ -19,7 +19,8 @@ status codes; errors come as Ollama's ``{"error": message}`` plus the grid's
 
 import json
 import time
-from collections.abc import AsyncGenerator
+import types
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from importlib import metadata
 from typing import Any
 
@@ -43,6 +44,22 @@ OLLAMA_VERSION = "0.12.0"
 NDJSON = "application/x-ndjson"
 
 
+async def _ndjson(objects: AsyncIterator[dict[str, Any]],
+                  events: AsyncGenerator[Any, None]) -> AsyncGenerator[str, None]:
+    """NDJSON lines of a stream's ``objects``; an error after the first line is
+    one ``{"error": ...}`` line (what Ollama's clients raise), then the end.
+    ``events``, the grid call the objects come from, is closed whatever happens."""
+    try:
+        async for obj in objects:
+            yield json.dumps(obj) + "\n"
+    except Stopped:
+        return
+    except Exception as e:
+        yield json.dumps(as_api_error(e).ollama_body()) + "\n"
+    finally:
+        await events.aclose()
+
+
 def _package_version() -> str:
     try:
         return metadata.version("reticulum-grid")
@@ -56,11 +73,21 @@ class OllamaRoutes:
 
     def routes(self) -> list[Route]:
         return [Route("/api/version", self.version), Route("/api/tags", self.tags), Route("/api/ps", self.ps),
-                Route("/api/show", self.show, methods=["POST"]), Route("/api/chat", self.chat, methods=["POST"]),
-                Route("/api/generate", self.generate, methods=["POST"]),
-                Route("/api/embed", self.embed, methods=["POST"]),
-                Route("/api/embeddings", self.embeddings, methods=["POST"]),
+                Route("/api/show", self.show, methods=["POST"]),
+                self._post("/api/chat", self._generation, chat=True),
+                self._post("/api/generate", self._generation, chat=False),
+                self._post("/api/embed", self._embeddings, legacy=False),
+                self._post("/api/embeddings", self._embeddings, legacy=True),
                 Route("/api/pull", self.pull, methods=["POST"])]
+
+    def _post(self, path: str, handler: Callable[..., Awaitable[Response]], **flag: bool) -> Route:
+        """``POST path`` answered by ``handler(request, **flag)``: two routes
+        that differ by one flag share one handler, failures in Ollama's shape."""
+        async def answer(routes: "OllamaRoutes", request: Request) -> Response:
+            return await handler(request, **flag)
+
+        # Bound as a method: Starlette calls a function or a method with the request alone.
+        return Route(path, types.MethodType(endpoint("ollama")(answer), self), methods=["POST"])
 
     @endpoint("ollama")
     async def version(self, request: Request) -> Response:
@@ -90,14 +117,6 @@ class OllamaRoutes:
         return JSONResponse(shown)
 
     # -- generation ---------------------------------------------------------
-    @endpoint("ollama")
-    async def chat(self, request: Request) -> Response:
-        return await self._generation(request, chat=True)
-
-    @endpoint("ollama")
-    async def generate(self, request: Request) -> Response:
-        return await self._generation(request, chat=False)
-
     async def _generation(self, request: Request, chat: bool) -> Response:
         started, gateway = time.perf_counter(), self.gateway
         body = await json_body(request)
@@ -111,40 +130,24 @@ class OllamaRoutes:
         first, events = await start(request, inference_work(gateway.grid, req.payload, req.tower,
                                                             gateway.busy_wait_s))
         if req.stream:
-            return StreamingResponse(self._lines(reply, first, events), media_type=NDJSON)
+            return StreamingResponse(_ndjson(self._objects(reply, first, events), events), media_type=NDJSON)
         pieces = [first]
         async for piece in events:
             pieces.append(piece)
         return JSONResponse(reply.whole(*ended(pieces)))
 
     @staticmethod
-    async def _lines(reply: ollama_reply.Reply, piece: Piece,
-                     events: AsyncGenerator[Piece, None]) -> AsyncGenerator[str, None]:
-        """NDJSON lines of one stream; an error after the first line is one
-        ``{"error": ...}`` line (what Ollama's clients raise), then the end."""
-        try:
-            while not isinstance(piece, Usage):
-                for obj in reply.pieces(piece):
-                    yield json.dumps(obj) + "\n"
-                piece = await anext(events)
-            for obj in reply.last(piece):
-                yield json.dumps(obj) + "\n"
-        except Stopped:
-            return
-        except Exception as e:
-            yield json.dumps(as_api_error(e).ollama_body()) + "\n"
-        finally:
-            await events.aclose()
+    async def _objects(reply: ollama_reply.Reply, piece: Piece,
+                       events: AsyncGenerator[Piece, None]) -> AsyncGenerator[dict[str, Any], None]:
+        """The reply objects of one stream, from its first ``piece`` and the rest."""
+        while not isinstance(piece, Usage):
+            for obj in reply.pieces(piece):
+                yield obj
+            piece = await anext(events)
+        for obj in reply.last(piece):
+            yield obj
 
     # -- embeddings ---------------------------------------------------------
-    @endpoint("ollama")
-    async def embed(self, request: Request) -> Response:
-        return await self._embeddings(request, legacy=False)
-
-    @endpoint("ollama")
-    async def embeddings(self, request: Request) -> Response:
-        return await self._embeddings(request, legacy=True)
-
     async def _embeddings(self, request: Request, legacy: bool) -> Response:
         started, gateway = time.perf_counter(), self.gateway
         body = await json_body(request)
@@ -170,19 +173,12 @@ class OllamaRoutes:
                 last = event
             return JSONResponse(last)
 
-        async def lines() -> AsyncGenerator[str, None]:
-            try:
-                yield json.dumps(first) + "\n"
-                async for event in events:
-                    yield json.dumps(event) + "\n"
-            except Stopped:
-                return
-            except Exception as e:
-                yield json.dumps(as_api_error(e).ollama_body()) + "\n"
-            finally:
-                await events.aclose()
+        async def objects() -> AsyncGenerator[dict[str, Any], None]:
+            yield first
+            async for event in events:
+                yield event
 
-        return StreamingResponse(lines(), media_type=NDJSON)
+        return StreamingResponse(_ndjson(objects(), events), media_type=NDJSON)
 
     def _pull_work(self, model: str) -> Work[dict[str, Any]]:
         """``work(call)``: Grid.pull with Ollama's progress lines: "pulling

@@ -305,3 +305,29 @@ def test_rngrid_serve_in_its_own_process_speaks_ollama(hub, tower, tmp_path, mon
         reply = client.chat(model=MODEL, messages=CHAT, options={"temperature": 0, "num_predict": 6})
         assert reply.done and reply.eval_count == 6 and reply.message.content
         assert any(m.model == f"{MODEL}:latest" for m in client.ps().models)
+
+
+def test_a_stream_that_fails_after_its_first_line_ends_with_one_error_line_and_closes_the_call():
+    """Ollama's clients raise on an ``{"error": ...}`` line: a failure mid-stream
+    (generation or pull) comes as one, after the lines already sent, and the grid
+    call behind the stream is closed."""
+    import asyncio
+
+    from links.wire import Code, WireError
+    from reticulum_grid.gateway.ollama_routes import _ndjson
+    closed = []
+
+    async def call():
+        try:
+            yield {"status": "pulling manifest"}
+            raise WireError(Code.UNREACHABLE, "the tower went away")
+        finally:
+            closed.append(True)
+
+    async def lines():
+        events = call()
+        return [json.loads(line) async for line in _ndjson(events, events)]
+
+    assert asyncio.run(lines()) == [{"status": "pulling manifest"},
+                                    {"error": "the tower went away", "code": Code.UNREACHABLE}]
+    assert closed == [True]

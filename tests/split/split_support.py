@@ -2,6 +2,10 @@
 its own process, and lending towers that grant each other ``shard``."""
 
 import contextlib
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, trust_local_towers
@@ -42,10 +46,25 @@ def lender(hub, name, group, grants, connect=(), models=None, holds=(), **sectio
     return made
 
 
+class Home(NamedTuple):
+    """A home folder holding an identity, and that identity's hash in hex."""
+    path: Path
+    identity: str
+
+
 def identity_home(tmp_path_factory, name):
-    """A new home folder holding an identity (made now): (home, its hash in hex)."""
+    """A new home folder ``name`` holding an identity (made now): a Home."""
     home = tmp_path_factory.mktemp(name)
-    return home, load_or_create(home / "identity").hash.hex()
+    return Home(home, load_or_create(home / "identity").hash.hex())
+
+
+def identity_fixture(name, doc):
+    """A module-scoped fixture giving identity_home(``name``), made once per module;
+    ``doc`` says whose home it is (what the module's towers grant it)."""
+    def home(tmp_path_factory):
+        return identity_home(tmp_path_factory, name)
+    home.__doc__ = doc
+    return pytest.fixture(scope="module")(home)
 
 
 @contextlib.contextmanager

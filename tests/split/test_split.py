@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from links.wire import Code, WireError
-from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import trust_local_towers
-from tests.split.split_support import ALIAS, client_of, identity_home, lender
+from tests.split.split_support import ALIAS, client_of, identity_fixture, identity_home, lender
 from testbed.requirements import needs
 
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
@@ -29,20 +28,17 @@ LEND = {"lend_mib": 200, "threads": 1, "yield_idle_s": 2}
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def holder_home(tmp_path_factory):
-    """The home of another coordinator, tests/split/rpc_holder.py, that the towers grant ``shard``."""
-    return identity_home(tmp_path_factory, "split-holder")[0]
+holder_home = identity_fixture("split-holder", "The home of another coordinator, tests/split/rpc_holder.py, that "
+                                               "the towers grant ``shard``.")
 
 
 @pytest.fixture(scope="module")
 def split_grid(hub, model_path, tmp_path_factory, holder_home):
     home, client_id = identity_home(tmp_path_factory, "split-client")
-    holder_id = load_or_create(holder_home / "identity").hash.hex()
     names = ["split-a", "split-b", "split-c", "split-d", "split-x"]
 
     def tower(name, connect, holds_model=False, trusted=True):
-        return lender(hub, name, names, {client_id: ["infer"], holder_id: ["shard"]}, connect, shard=LEND,
+        return lender(hub, name, names, {client_id: ["infer"], holder_home.identity: ["shard"]}, connect, shard=LEND,
                       holds=[(model_path, ALIAS)] if holds_model else (), trusted=trusted)
 
     a = tower("split-a", [], holds_model=True).start()
@@ -51,7 +47,7 @@ def split_grid(hub, model_path, tmp_path_factory, holder_home):
     d = tower("split-d", [a.address])  # joins later; the client dials it from the start
     # A stranger lending as much as the others, that every tower grants shard: a plan that took it would fit.
     x = tower("split-x", [a.address], trusted=False).start()
-    trust_local_towers(holder_home)
+    trust_local_towers(holder_home.path)
     towers = {"split-a": a, "split-b": b, "split-c": c, "split-d": d, "split-x": x}
     # The client trusts these towers (and d once it starts).
     with client_of(hub, home, towers, heard=("split-a", "split-b", "split-c")) as client:
@@ -163,7 +159,7 @@ def test_a_worker_another_coordinator_uses_is_busy_until_that_coordinator_dies(s
     busy, naming split-d, instead of hanging; once that coordinator dies with
     its Link up, split-d serves split-a's plan again."""
     towers, client, _ = split_grid
-    holder = subprocess.Popen([sys.executable, str(HERE / "rpc_holder.py"), "--active", str(holder_home),
+    holder = subprocess.Popen([sys.executable, str(HERE / "rpc_holder.py"), "--active", str(holder_home.path),
                                towers["split-d"].address, "split-d"], stdout=subprocess.PIPE, text=True,
                               cwd=HERE.parents[1])
     try:

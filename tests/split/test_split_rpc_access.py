@@ -20,11 +20,11 @@ import pytest
 
 from links.wire import Code, WireError
 from reticulum_grid.node import childguard, private_net
-from reticulum_grid.node.identity import load_or_create
 from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, trust_local_towers
 from reticulum_grid.split.lease import Holder, RpcLease
 from reticulum_grid.split.rpcworker import RpcWorker, hello
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
+from tests.split.split_support import identity_home
 from testbed.requirements import need, needs
 
 pytestmark = needs("llama-rpc", "the RPC server is llama.cpp's ggml-rpc-server")
@@ -168,15 +168,14 @@ def test_the_holders_new_plan_and_an_idle_plan_take_over_and_end_the_old_one():
 @pytest.fixture(scope="module")
 def lending(hub, tmp_path_factory):
     """A worker tower lending memory, granting ``shard`` to the hub and to the holder's identity."""
-    holder_home = tmp_path_factory.mktemp("rpc-holder")
-    holder_id = load_or_create(holder_home / "identity").hash.hex()
+    holder_home = identity_home(tmp_path_factory, "rpc-holder")
     transport = TransportProcess(hub.root, "rpc-transport").start()
     tower = TowerProcess(hub.root, "rpc-lender", {}, connect=[hub.address, transport.address],
                          shard={"lend_mib": 200, "threads": 1},
-                         allow={hub.grid.identity_hash: ["shard"], holder_id: ["shard"]})
+                         allow={hub.grid.identity_hash: ["shard"], holder_home.identity: ["shard"]})
     hub.towers.append(tower)
     tower.start()
-    trust_local_towers(holder_home)
+    trust_local_towers(holder_home.path)
     yield tower, holder_home, transport
     tower.stop()
     transport.stop()
@@ -201,7 +200,7 @@ def test_a_dead_holder_frees_the_worker_and_busy_says_who_holds_it(lending, hub,
     tower, holder_home, transport = lending
     entry = hub.wait_tower("rpc-lender")
     address = tower.address if via == "tower" else transport.address
-    holder = subprocess.Popen([sys.executable, str(HERE / "rpc_holder.py"), str(holder_home), address,
+    holder = subprocess.Popen([sys.executable, str(HERE / "rpc_holder.py"), str(holder_home.path), address,
                                "rpc-lender"], stdout=subprocess.PIPE, text=True, cwd=HERE.parents[1])
     try:
         line = holder.stdout.readline()
@@ -209,8 +208,7 @@ def test_a_dead_holder_frees_the_worker_and_busy_says_who_holds_it(lending, hub,
         # The truth meanwhile: busy, naming the holder's identity.
         with pytest.raises(WireError) as busy:
             hub.grid.connection(entry).request("shard/tunnel", {}, timeout=30)
-        holder_id = load_or_create(holder_home / "identity").hash.hex()
-        assert busy.value.code == Code.BUSY and holder_id[:16] in busy.value.message, busy.value
+        assert busy.value.code == Code.BUSY and holder_home.identity[:16] in busy.value.message, busy.value
         # A local process still cannot reach the server the holder has.
         server = [p for p in psutil.Process(tower.proc.pid).children(recursive=True)
                   if p.name().startswith("ggml-rpc")]

@@ -22,11 +22,10 @@ import pytest
 from links.wire import Code
 from reticulum_grid.client.strategies import shape_of
 from reticulum_grid.split.strategy import AUTO_MARGIN
-from reticulum_grid.node.identity import load_or_create
 from tests.reference import Reference
 from testbed.requirements import needs
 from tests.conftest import rngrid
-from tests.split.split_support import PROMPT, client_of, identity_home, lender
+from tests.split.split_support import PROMPT, client_of, identity_fixture, identity_home, lender
 from testbed.tiny_models import write_tiny
 
 pytestmark = needs("llama-rpc", "split inference rides on llama.cpp's RPC backend")
@@ -47,19 +46,16 @@ def moe_models(tmp_path_factory, model_path):
             OLMOE: write_tiny(root / "olmoe.gguf", model_path, arch="olmoe", **SHAPE)}
 
 
-@pytest.fixture(scope="module")
-def route_home(tmp_path_factory):
-    """The home of `rngrid route` runs, an identity the towers grant infer (its coordinator's probe answers it)."""
-    return identity_home(tmp_path_factory, "strategy-route")[0]
+route_home = identity_fixture("strategy-route", "The home of `rngrid route` runs, an identity the towers grant "
+                                                "infer (its coordinator's probe answers it).")
 
 
 @pytest.fixture(scope="module")
 def strategy_grid(hub, moe_models, tmp_path_factory, route_home):
     home, client_id = identity_home(tmp_path_factory, "strategy-client")
-    route_id = load_or_create(route_home / "identity").hash.hex()
     towers = {}
     for i, name in enumerate(NAMES + JOINERS):
-        made = lender(hub, name, NAMES + JOINERS, {client_id: ["infer"], route_id: ["infer"]},
+        made = lender(hub, name, NAMES + JOINERS, {client_id: ["infer"], route_home.identity: ["infer"]},
                       [t.address for t in towers.values()], shard=LEND, dataplane="127.0.0.1",
                       holds=[(path, alias) for alias, path in moe_models.items()] if i == 0 else ())
         towers[name] = made.start() if name in NAMES else made
@@ -148,7 +144,7 @@ def test_auto_runs_the_strategy_its_estimate_picks_for_a_long_prompt(strategy_gr
     prompt_tokens, _ = shape_of({"messages": LONG})
     connect = [a for t in towers.values() if _running(t) for a in ("--connect", t.address)]
     done = rngrid("route", "-m", QWEN, "--split", "auto", "--prompt-tokens", str(prompt_tokens), "--max-tokens", "8",
-                  "--json", *connect, home=route_home, timeout=120)
+                  "--json", *connect, home=route_home.path, timeout=120)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout.strip().splitlines()[-1])["split"]
     totals = {m.group(1): float(m.group(2)) for line in plan["reasons"]

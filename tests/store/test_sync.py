@@ -242,3 +242,33 @@ def test_cli_pull_of_a_blob_removed_meanwhile_ends_with_an_error(monkeypatch, tm
     monkeypatch.setattr(store, "open_grid", lambda *_: StoreEmptiedDuringPull())
     result = CliRunner().invoke(main, ["--home", str(tmp_path), "pull", "big"])
     assert result.exit_code == 1 and "big was fetched but is no longer in the local store" in result.output, result
+
+
+class TransferRecorder:
+    """A grid double that notes what each pull and push was given and transfers nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def pull(self, name, alias=None, max_seconds=None, **_):
+        self.calls.append(("pull", name, alias, max_seconds))
+        return None, SyncReport(bytes(32), SIZE, 1)
+
+    def push(self, name, to_tower, alias=None, max_seconds=None, **_):
+        self.calls.append(("push", name, alias, max_seconds))
+        return {}
+
+
+def test_cli_pull_and_push_refuse_a_slow_transfer_unless_forced(monkeypatch, tmp_path):
+    """--force lifts the time limit a radio-class link puts on pull and push; --alias reaches the grid."""
+    from click.testing import CliRunner
+
+    from reticulum_grid.cli import main, store
+    from reticulum_grid.store.sync import MAX_TRANSFER_S
+    grid = TransferRecorder()
+    monkeypatch.setattr(store, "open_grid", lambda *_: grid)
+    for args in (["pull", "big"], ["pull", "big", "--force", "--alias", "b"], ["push", "big", "--to", "t", "--json"],
+                 ["push", "big", "--to", "t", "--force", "--alias", "b"]):
+        CliRunner().invoke(main, ["--home", str(tmp_path), *args])
+    assert grid.calls == [("pull", "big", None, MAX_TRANSFER_S), ("pull", "big", "b", None),
+                          ("push", "big", None, MAX_TRANSFER_S), ("push", "big", "b", None)]
