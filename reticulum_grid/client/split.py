@@ -173,7 +173,7 @@ def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (), stra
     try:
         first = _place("pipeline" if strategy == "auto" else strategy, _offers(grid, live, model), fact, known)
         coordinator = next(e for e in live if e.destination_hash == first.coordinator.offer.key)
-        rtts, rates = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
+        rtts, rates, _ = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
         # the coordinator's own view: it pays these round trips on every token
         reached = [e for e in live if e is coordinator or e.destination_hash in rtts] if rtts else live
         view = _offers(grid, reached, model, rtts, coordinator) if rtts else _offers(grid, live, model)
