@@ -52,7 +52,7 @@ EXPERT_ROUND_TRIPS = 1.8
 #: Where the coordinator has timed no RPC round trip to a worker yet (no split model loaded there), a layer costs
 #: this many of its RNS ping's round trips instead: the median of eight earlier runs (loopback and LAN, load
 #: averages 1-9; 0.7 to 2.3 in single runs, 1.0 to 1.8 in the four above). The ping's round trip swings with
-#: load more than a crossing does (1.57 to 2.79 ms over four LAN runs whose crossings took 3.5 to 4.1 ms): that
+#: load more than a crossing does (1.57 to 2.79 ms over four LAN runs whose crossings took 3.5 to 4.2 ms): that
 #: swing put one LAN estimate 0.711 off.
 EXPERT_PING_ROUND_TRIPS = 1.3
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
