@@ -35,7 +35,10 @@ on every request once it holds a draft (it has no per-request switch). The coord
 the split model loaded and how long it took (``load_s``, ``load_mb_s``). ``estimate_tokens_per_s``
 is what the client planned with (split/estimate.py) and ``round_trips_per_token``
 the split's extra time per token in coordinator-worker round trips, summed over the workers (the
-estimate's ROUND_TRIPS_PER_STAGE comes from it).
+estimate's ROUND_TRIPS_PER_STAGE comes from it); ``estimate_rtt_ms`` the coordinator's RNS round trip
+when the estimate was made, ``rpc_rtt_ms`` the RPC round trip it timed the way the split's bytes go
+when it loaded, and ``rpc_round_trips_per_token`` that extra time in those (the experts estimate's
+EXPERT_ROUND_TRIPS comes from it: per token over the layers whose experts a worker holds).
 
 After the pairs, the coordinator's split runner is stopped and
 one more request loads the same plan again: ``reload_bytes`` and ``reload_s``
@@ -84,7 +87,7 @@ import psutil
 
 from bench import split_sides as sides
 from bench.split_sides import ALIAS, payload, timed
-from reticulum_grid.client import Grid
+from reticulum_grid.client import Grid, estimates
 from reticulum_grid.client.split import SplitStream, make_plan
 from reticulum_grid.inference.default_model import default_model_path
 from reticulum_grid.node import identity, rnsnet
@@ -185,9 +188,18 @@ def _pairs(grid, args, placement, entries, raw_sides):
     if estimated.estimate is not None and estimated.towers == placement.towers:
         out["estimate_tokens_per_s"] = estimated.estimate.tokens_per_s
         out["estimate_error"] = abs(estimated.estimate.tokens_per_s / out[f"{name}_tokens_per_s"] - 1)
+    extra = 1 / out[f"{name}_tokens_per_s"] - 1 / out["single_tokens_per_s"]
     if sum(rtts) > 0:  # the seconds a token costs beyond one tower's, in round trips to each worker in turn
-        extra = 1 / out[f"{name}_tokens_per_s"] - 1 / out["single_tokens_per_s"]
         out[f"{prefix}round_trips_per_token"] = extra / sum(rtts)
+    # The coordinator's figures the estimate was made with: its RNS pings now, and the RPC round trips it timed
+    # the way the split's bytes go when it loaded (split/probe.py); the extra time in those round trips.
+    view = estimates.coordinator_view(grid, entries[placement.coordinator.offer.key],
+                                      [entries[w.offer.key] for w in placement.workers])
+    out["estimate_rtt_ms"] = statistics.mean(view.rtts.get(w.offer.key, 0.0) for w in placement.workers) * 1000
+    rpc = [view.rpc_rtts.get(w.offer.key, 0.0) for w in placement.workers]
+    out["rpc_rtt_ms"] = statistics.mean(rpc) * 1000
+    if sum(rpc) > 0:
+        out[f"{prefix}rpc_round_trips_per_token"] = extra / sum(rpc)
     if args.long_pairs:  # a ~1,000-token prompt's TTFT, in pairs as above
         long = sides.paired(pairing, args.long_pairs, 8, long=True, first_k=900)
         out[f"{prefix}added_ttft_1k_ms"] = sides.added_ttft_ms(long, name, "single")

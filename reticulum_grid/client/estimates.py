@@ -8,7 +8,9 @@ trips to its workers, and estimates for a plan and for the best single tower (sp
   of its hardware kind (backend and device) that do; else its backend's prior.
 - Round trips: the would-be coordinator's own (``split/probe``: it pings the
   others over its Links), waited for up to PROBE_WAIT_S; a tower it cannot
-  reach is left out of the plan.
+  reach is left out of the plan. Where it loaded a split model with a worker
+  before, also the round trip of an RPC command the way that load's bytes
+  went (``rpc_rtts``), which an experts plan costs its crossings with.
 - A single tower "could hold it" when the model fits its free VRAM, or its
   VRAM and RAM together (llama.cpp keeps the rest in RAM, read at the CPU's
   bandwidth), or, on a CPU tower, the memory it offers (what it lends).
@@ -17,6 +19,7 @@ trips to its workers, and estimates for a plan and for the best single tower (sp
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from announce.table import TowerEntry
 
@@ -51,23 +54,32 @@ def _measured(grid: GridParts, entry: TowerEntry, served_bytes: Mapping[bytes, i
         entry.destination_hash, 0)
 
 
-def coordinator_view(grid: GridParts, coordinator: TowerEntry,
-                     others: Sequence[TowerEntry]) -> tuple[dict[bytes, float], dict[bytes, float]]:
-    """({destination hash: RTT s}, {destination hash: link bytes/s}) from
-    ``coordinator`` to ``others``, as it measures them (split/probe); ({}, {})
-    when it cannot say (an older tower, or it does not answer)."""
+class CoordinatorView(NamedTuple):
+    """What a coordinator measures of its links to others, by destination hash
+    (split/probe.py): ``rtts`` (s, its RNS pings), ``rates`` (link bytes/s seen
+    while it loaded a split model there) and ``rpc_rtts`` (s, an RPC command's
+    round trip the way that load's bytes went)."""
+    rtts: dict[bytes, float]
+    rates: dict[bytes, float]
+    rpc_rtts: dict[bytes, float]
+
+
+def coordinator_view(grid: GridParts, coordinator: TowerEntry, others: Sequence[TowerEntry]) -> CoordinatorView:
+    """The CoordinatorView from ``coordinator`` to ``others``, as it measures
+    them (split/probe); all empty when it cannot say (an older tower, or it does
+    not answer)."""
     keys = [e.destination_hash for e in others]
     if not keys:
-        return {}, {}
+        return CoordinatorView({}, {}, {})
     conn, deadline = grid.connection(coordinator), time.monotonic() + PROBE_WAIT_S
     while True:
         try:
             reply = conn.request("split/probe", {"towers": keys}, PROBE_WAIT_S)
         except WireError:
-            return {}, {}
+            return CoordinatorView({}, {}, {})
         rtts = _floats(reply.get("rtts"))
         if not reply.get("pending") or time.monotonic() > deadline:
-            return rtts, _floats(reply.get("rates"))
+            return CoordinatorView(rtts, _floats(reply.get("rates")), _floats(reply.get("rpc_rtts")))
         time.sleep(PROBE_POLL_S)
 
 

@@ -173,12 +173,12 @@ def make_plan(grid: GridParts, model: str, exclude: Collection[bytes] = (), stra
     try:
         first = _place("pipeline" if strategy == "auto" else strategy, _offers(grid, live, model), fact, known)
         coordinator = next(e for e in live if e.destination_hash == first.coordinator.offer.key)
-        rtts, rates = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
+        rtts, rates, rpc_rtts = estimates.coordinator_view(grid, coordinator, [e for e in live if e is not coordinator])
         # the coordinator's own view: it pays these round trips on every token
         reached = [e for e in live if e is coordinator or e.destination_hash in rtts] if rtts else live
         view = _offers(grid, reached, model, rtts, coordinator) if rtts else _offers(grid, live, model)
         costs = strategies.costs(grid, live, model, fact, rtts or {
-            e.destination_hash: grid.health.get(e.destination_hash).rtt_s for e in live}, rates)
+            e.destination_hash: grid.health.get(e.destination_hash).rtt_s for e in live}, rates, rpc_rtts)
         if strategy == "auto":
             return strategies.auto(lambda name, offers: _place(name, offers, fact, known), view, costs,
                                    shape), {e.destination_hash: e for e in live}

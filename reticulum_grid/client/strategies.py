@@ -42,8 +42,10 @@ def shape_of(payload: dict[str, Any]) -> tuple[int, int]:
 
 
 def costs(grid: GridParts, live: Sequence[TowerEntry], model: str, fact: tuple[int, int],
-          rtts: dict[bytes, float], rates: dict[bytes, float]) -> strategy.Costs:
-    """The Costs of ``live`` towers for ``model`` (need MiB, layers ``fact``) as this client knows them."""
+          rtts: dict[bytes, float], rates: dict[bytes, float],
+          rpc_rtts: dict[bytes, float] | None = None) -> strategy.Costs:
+    """The Costs of ``live`` towers for ``model`` (need MiB, layers ``fact``) as this client knows them
+    (``rtts``, ``rates``, ``rpc_rtts``: the coordinator's, client/estimates.CoordinatorView)."""
     known = grid.model_facts.get(model, {})
     experts = known.get("expert_bytes", 0)
     # A tower that does not say what a token reads of the experts: the prior share of them.
@@ -51,7 +53,7 @@ def costs(grid: GridParts, live: Sequence[TowerEntry], model: str, fact: tuple[i
     return strategy.Costs({e.destination_hash: estimates.bandwidth(grid, e, grid.served) for e in live}, rtts, rates,
                           {e.destination_hash: e.caps.hardware.backend for e in live},
                           estimates.read_bytes(grid, model, fact[0]), experts, expert_read,
-                          known.get("embedding", 4096))
+                          known.get("embedding", 4096), rpc_rtts or {})
 
 
 def estimated(placement: Plan, c: strategy.Costs, shape: tuple[int, int]) -> tuple[Plan, strategy.Candidate]:

@@ -3,13 +3,19 @@
 A split model's cost per token is mostly its coordinator's round trips to
 each worker (split/estimate.py), so a plan is made with the coordinator's own
 view, not the client's: ``split/probe`` ``{"towers": [destination hash, ...]}``
--> ``{"rtts": {hex: seconds}, "rates": {hex: bytes/s}, "pending": [hex, ...],
-"refused": [hex, ...]}``. RTTs come from pings over a Link of this tower's
+-> ``{"rtts": {hex: seconds}, "rates": {hex: bytes/s}, "rpc_rtts": {hex: seconds},
+"pending": [hex, ...], "refused": [hex, ...]}``. RTTs come from pings over a Link of this tower's
 (identified with its identity), the best of PINGS; an answer is kept FRESH_S
 seconds. A tower not measured yet is ``pending``: its pings run in the
 background (an RNS request handler must return at once) and the caller asks
 again. ``rates`` are what this tower saw crossing to a worker while it loaded
-a split model there (bytes over seconds), where it did.
+a split model there (bytes over seconds), where it did; ``rpc_rtts`` the
+round trip of one llama.cpp RPC command to that worker's RPC server the way
+the split's RPC bytes went (the data plane and its relays, or the RNS
+tunnel), timed when the link was proven before that load (tower/split.py). A
+ping crosses RNS, not that way, and the two stretch differently on a busy
+machine; the RPC server serves one connection at a time, so only a load can
+time its way, and the latest load's figure stands until the next.
 
 Only towers this tower has heard announce as lenders (their caps carry
 ``lend_mib``: a split's possible workers) are probed, at most MAX_PROBING at
@@ -43,6 +49,7 @@ class LinkProbe:
     def __init__(self, identity: RNS.Identity) -> None:
         self.identity = identity
         self.rates: dict[bytes, float] = {}  # destination hash -> bytes/s seen while loading a split model
+        self.rpc_rtts: dict[bytes, float] = {}  # destination hash -> seconds of an RPC round trip at the last load
         self._rtts: dict[bytes, tuple[float, float]] = {}  # destination hash -> (monotonic time, seconds)
         self._busy: dict[bytes, TowerConnection | None] = {}  # being measured -> its connection, once made
         self._lock = threading.Lock()
@@ -99,6 +106,11 @@ class LinkProbe:
         """What crossed to worker ``key`` while a split model loaded (bytes, seconds)."""
         if moved_bytes > 0 and seconds > 0:
             self.rates[key] = moved_bytes / seconds
+
+    def record_rpc_rtt(self, key: bytes, seconds: float) -> None:
+        """The round trip of an RPC command to worker ``key``'s RPC server, the way its split's bytes go (seconds)."""
+        if seconds > 0:
+            self.rpc_rtts[key] = seconds
 
     def close(self) -> None:
         """Close the Links of the pings still running."""

@@ -65,15 +65,34 @@ HELLO = bytes([14]) + struct.pack("<Q", 24) + bytes(24)
 HELLO_REPLY_BYTES = 8 + 28
 
 
+#: ggml-rpc's DEVICE_COUNT (RPC_CMD_DEVICE_COUNT = 15, no input; reply = u64 size 4, then a u32): the cheapest
+#: command that gets an answer, so timing it times the way llama.cpp's bytes go, not the server's work.
+DEVICE_COUNT = bytes([15]) + struct.pack("<Q", 0)
+DEVICE_COUNT_REPLY_BYTES = 8 + 4
+
+
 def hello(sock: socket.socket) -> bool:
     """Say llama.cpp's HELLO on a new connection ``sock`` and read the reply:
     True when a whole, well-formed one came. Raises OSError (a timeout set on
     ``sock`` included)."""
-    sock.sendall(HELLO)
+    return _exchange(sock, HELLO, HELLO_REPLY_BYTES)
+
+
+def round_trip(sock: socket.socket) -> float | None:
+    """Seconds one DEVICE_COUNT took on ``sock`` (a connection that said its
+    HELLO), from the command sent to its whole reply read; None when no
+    well-formed reply came. Raises OSError (a timeout set on ``sock`` included)."""
+    sent = time.perf_counter()
+    return time.perf_counter() - sent if _exchange(sock, DEVICE_COUNT, DEVICE_COUNT_REPLY_BYTES) else None
+
+
+def _exchange(sock: socket.socket, command: bytes, reply_bytes: int) -> bool:
+    """Send ``command`` and read its reply of ``reply_bytes``: True when whole, its size field right."""
+    sock.sendall(command)
     got = b""
-    while len(got) < HELLO_REPLY_BYTES and (part := sock.recv(HELLO_REPLY_BYTES - len(got))):
+    while len(got) < reply_bytes and (part := sock.recv(reply_bytes - len(got))):
         got += part
-    return len(got) == HELLO_REPLY_BYTES and struct.unpack("<Q", got[:8])[0] == HELLO_REPLY_BYTES - 8
+    return len(got) == reply_bytes and struct.unpack("<Q", got[:8])[0] == reply_bytes - 8
 
 
 class RpcUnavailable(RuntimeError):

@@ -10,9 +10,11 @@ A request costs its time to first token (the prompt's prefill) plus
 - **experts**: the coordinator reads what a token reads of all but the
   experts, a worker what it reads of the experts it holds (the share a token
   runs: Costs.expert_read_bytes); every layer whose
-  experts sit on a worker costs EXPERT_ROUND_TRIPS round trips to it and its
-  hidden state both ways. Prefill is the pipeline's, with those crossings per
-  layer.
+  experts sit on a worker costs EXPERT_CROSSING_S plus EXPERT_ROUND_TRIPS RPC
+  round trips to it (the way its RPC bytes go, as the coordinator timed it at
+  its last load there; before any, EXPERT_PING_ROUND_TRIPS of its RNS ping's
+  round trip) and its hidden state both ways. Prefill is the pipeline's, with
+  those crossings per layer.
 - **tensor**: the towers read their shares at once (the slowest sets the
   pace) and every layer synchronises SYNCS_PER_LAYER times, each costing
   TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS round trips to the farthest
@@ -26,7 +28,7 @@ bench/split.py --strategy checks the estimates against what runs.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reticulum_grid.split import estimate
 from reticulum_grid.split.plan import Plan
@@ -36,12 +38,23 @@ from reticulum_grid.split.plan import Plan
 PREFILL_PER_DECODE = {"cpu": 3.2, "cuda": 60.0, "rocm": 50.0, "metal": 20.0, "vulkan": 30.0, "sycl": 30.0}
 #: Share of an MoE layer's experts a token runs where a tower does not say (caps/full expert_read_bytes; top-2 of 8).
 ACTIVE_EXPERTS = 0.25
-#: The coordinator's round trips a layer whose experts a worker holds costs beyond the compute: a token crosses
-#: once each way (ggml-rpc queues its set_tensor and graph messages and waits on one get_tensor), through both
-#: data-plane relays. Measured (bench/split.py --strategy experts, a Qwen3-MoE shape of 8 layers all on one
-#: worker, the compute taken as the single tower's decode time): 0.7 to 2.3 round trips a layer over eight runs on
-#: loopback and the lab's LAN at load averages of 1 to 9 (a busy machine wakes each relay late), median 1.3.
-EXPERT_ROUND_TRIPS = 1.3
+#: What a layer whose experts a worker holds costs beyond the compute and the hidden state's bytes: a fixed
+#: EXPERT_CROSSING_S (llama.cpp's own hand-over to the RPC server and back, which no link has: its raw split on
+#: loopback, no relay between, took 0.67 ms a layer more than one process) plus EXPERT_ROUND_TRIPS of the RPC round
+#: trip the coordinator timed the way the bytes go (split/probe.py rpc_rtts: llama.cpp's commands pass both
+#: data-plane relays and, on the lab's LAN, its shaping bridge, whose frames a busy machine wakes late). A least-
+#: squares fit to four runs of bench/split.py --strategy experts (a Qwen3-MoE shape of 8 layers all on one worker,
+#: the compute taken as the single tower's decode time; load averages 2 to 7): 1.00 and 1.27 ms a layer at RPC
+#: round trips of 0.12 and 0.18 ms on loopback, 3.47 and 4.10 ms at 1.64 and 1.53 ms on the LAN, each within 12 %
+#: of the fit (the RNS ping said 0.97, 0.91, 1.95 and 2.79 ms: it crosses RNS, not the relays).
+EXPERT_CROSSING_S = 0.9e-3
+EXPERT_ROUND_TRIPS = 1.8
+#: Where the coordinator has timed no RPC round trip to a worker yet (no split model loaded there), a layer costs
+#: this many of its RNS ping's round trips instead: the median of eight earlier runs (loopback and LAN, load
+#: averages 1-9; 0.7 to 2.3 in single runs, 1.0 to 1.8 in the four above). The ping's round trip swings with
+#: load more than a crossing does (1.57 to 2.79 ms over four LAN runs whose crossings took 3.5 to 4.2 ms): that
+#: swing put one LAN estimate 0.711 off.
+EXPERT_PING_ROUND_TRIPS = 1.3
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
 SYNCS_PER_LAYER = 2
 #: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
@@ -74,7 +87,9 @@ class Costs:
     where missing), ``backends`` ("cpu", "cuda", ...); the model's
     ``read_bytes`` (what one decoded token reads of its weights), ``expert_bytes``
     (its expert tensors; 0 for a dense model), ``expert_read_bytes`` (what a token
-    reads of those) and ``embedding`` width."""
+    reads of those) and ``embedding`` width; ``rpc_rtts`` (s, coordinator to
+    worker: an RPC command's round trip the way the split's bytes go, split/probe.py;
+    where missing, expert_crossing_s falls back on ``rtts``)."""
     bandwidths: Mapping[bytes, float]
     rtts: Mapping[bytes, float]
     rates: Mapping[bytes, float]
@@ -83,6 +98,7 @@ class Costs:
     expert_bytes: int
     expert_read_bytes: int
     embedding: int
+    rpc_rtts: Mapping[bytes, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,11 +168,20 @@ def _experts(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
         key, layers = part.offer.key, n * part.layers / total  # its share of the expert layers
         read = c.expert_read_bytes * layers / n
         crossing = 2 * c.embedding * 4 / _rate(c, key)
-        per_token += read / c.bandwidths[key] + layers * (
-            EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + crossing)
-        prefill += prompt / _prefill_rate(c, key, read) + layers * (
-            EXPERT_ROUND_TRIPS * c.rtts.get(key, 0.0) + prompt * crossing)
+        hand_over = expert_crossing_s(c, key)
+        per_token += read / c.bandwidths[key] + layers * (hand_over + crossing)
+        prefill += prompt / _prefill_rate(c, key, read) + layers * (hand_over + prompt * crossing)
     return per_token, prefill
+
+
+def expert_crossing_s(c: Costs, key: bytes) -> float:
+    """Seconds a layer whose experts worker ``key`` holds costs beyond its compute and bytes: EXPERT_CROSSING_S
+    plus EXPERT_ROUND_TRIPS of the RPC round trip the coordinator timed to it, else (none timed yet)
+    EXPERT_PING_ROUND_TRIPS of its RNS ping's round trip (0 where neither is known)."""
+    timed = c.rpc_rtts.get(key)
+    if timed:
+        return EXPERT_CROSSING_S + EXPERT_ROUND_TRIPS * timed
+    return EXPERT_PING_ROUND_TRIPS * c.rtts.get(key, 0.0)
 
 
 def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:

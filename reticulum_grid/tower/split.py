@@ -30,6 +30,7 @@ Under "tensor" the parts' layer counts are each tower's share of every layer
 import logging
 import os
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +50,7 @@ from reticulum_grid.split import direct, estimate, experts, speculation
 from reticulum_grid.store import gguf_info
 from reticulum_grid.split.plan import STRATEGIES
 from reticulum_grid.split.probe import LinkProbe
-from reticulum_grid.split.rpcworker import hello
+from reticulum_grid.split.rpcworker import hello, round_trip
 from reticulum_grid.split.supervisor import SplitModel, SplitOutOfMemory, naming_worker, worker_blocks
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from reticulum_grid.tower.streams import start_stream
@@ -75,6 +76,11 @@ SEED_ASK_S = 5.0
 PROVE_S = 10.0
 #: Links a coordinator makes to one worker for one plan before it gives up on that worker.
 LINK_TRIES = 2
+#: RPC round trips it times through a proven link, and the seconds they may take together (at least one is
+#: timed): their median is the worker's rpc_rtt (split/probe.py). The median, because a crossing during decoding
+#: meets the relays as often late as early; nine take ~10 ms on a LAN, 0.4 s on a 40 ms tailnet.
+RPC_PINGS = 9
+RPC_PINGS_S = 1.0
 
 
 class TowerSplit:
@@ -100,7 +106,8 @@ class TowerSplit:
         rtts, pending, refused = self.probe.ask([t for t in towers if t != self.tower.destination.hash])
         return {"rtts": {k.hex(): round(v, 5) for k, v in rtts.items()}, "pending": [k.hex() for k in pending],
                 "refused": [k.hex() for k in refused],
-                "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers}}
+                "rates": {k.hex(): round(v) for k, v in self.probe.rates.items() if k in towers},
+                "rpc_rtts": {k.hex(): round(v, 6) for k, v in self.probe.rpc_rtts.items() if k in towers}}
 
     def stop(self) -> None:
         self._drop_model()
@@ -185,28 +192,9 @@ class TowerSplit:
         endpoints: list[str] = []
         counts = [end - first for _, first, end in parts]
         blocks = worker_blocks(counts, bool(self._own_gpu()))
-        for (key, _, _), held in zip(parts[:-1], blocks):
+        for (key, _, _), held in zip(parts[:-1], blocks):  # only a pipeline's shares are whole blocks to seed
             self._check_worker(key)
-            for attempt in range(1, LINK_TRIES + 1):
-                conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
-                self.links.append((conn, None))
-                if strategy == "pipeline" and attempt == 1:  # other strategies' shares are no whole blocks
-                    _await_seed(conn, slot.blob_id, held)
-                listener = self._tunnel_to(key, conn, owners)
-                self.links[-1] = (conn, listener)
-                if _answers_hello(listener.endpoint):
-                    break
-                log.warning("split worker %s: no HELLO reply through the %s within %.0f s (try %d of %d)",
-                            key.hex()[:16], _carrier(listener), PROVE_S, attempt, LINK_TRIES)
-                self.links.pop()
-                listener.close()
-                conn.close()
-            else:
-                raise WireError(Code.UNREACHABLE, naming_worker(key, f"its RPC server's HELLO reply did not come "
-                                                                    f"back through the {_carrier(listener)}"))
-            endpoints.append(listener.endpoint)
-            log.info("split worker %s: RPC %s", key.hex()[:16],
-                     "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel")
+            endpoints.append(self._link_worker(key, slot.blob_id, held if strategy == "pipeline" else None, owners))
         if strategy == "tensor" and not self._own_gpu():  # llama.cpp's meta device takes no CPU: lend this one's RPC
             self.own_share = self.tower.shard.lend_to_self(owners)
             endpoints.append(self.own_share[0].endpoint)
@@ -228,6 +216,34 @@ class TowerSplit:
         log.info("split model loaded in %.2f s over %d worker(s); %d bytes crossed to and from them",
                  seconds, len(endpoints), sum(_moved(l) for _, l in self.links))
         return model
+
+    def _link_worker(self, key: bytes, blob_id: bytes, seed: tuple[int, int] | None,
+                     owners: Callable[[], list[int]]) -> str:
+        """The endpoint of a proven link (LINK_TRIES at most) to the worker at ``key``, asked first to seed its
+        tensor cache with the blocks ``seed`` of the model ``blob_id`` (None: a share of no whole blocks); the
+        RPC round trip timed through it is recorded. Raises WireError (unreachable)."""
+        for attempt in range(1, LINK_TRIES + 1):
+            conn = TowerConnection(self.tower.identity, key, key.hex()[:16])
+            self.links.append((conn, None))
+            if seed is not None and attempt == 1:
+                _await_seed(conn, blob_id, seed)
+            listener = self._tunnel_to(key, conn, owners)
+            self.links[-1] = (conn, listener)
+            proven, rpc_rtt = _prove(listener.endpoint)
+            if proven:
+                if rpc_rtt is not None:  # what the next plan costs this worker's crossings with (split/strategy.py)
+                    self.probe.record_rpc_rtt(key, rpc_rtt)
+                log.info("split worker %s: RPC %s%s", key.hex()[:16],
+                         "over the data plane" if isinstance(listener, Forwarder) else "through the RNS tunnel",
+                         f", its round trip {rpc_rtt * 1000:.2f} ms" if rpc_rtt is not None else "")
+                return listener.endpoint
+            log.warning("split worker %s: no HELLO reply through the %s within %.0f s (try %d of %d)",
+                        key.hex()[:16], _carrier(listener), PROVE_S, attempt, LINK_TRIES)
+            self.links.pop()
+            listener.close()
+            conn.close()
+        raise WireError(Code.UNREACHABLE, naming_worker(key, f"its RPC server's HELLO reply did not come "
+                                                            f"back through the {_carrier(listener)}"))
 
     def _tunnel_to(self, key: bytes, conn: TowerConnection,
                    owners: Callable[[], list[int]]) -> Forwarder | TunnelListener:
@@ -329,17 +345,34 @@ def _await_seed(conn: TowerConnection, blob_id: bytes, blocks: tuple[int, int]) 
         time.sleep(SEED_POLL_S)
 
 
-def _answers_hello(endpoint: str) -> bool:
-    """True when llama.cpp's HELLO through a worker's tunnel or forwarder at
+def _prove(endpoint: str) -> tuple[bool, float | None]:
+    """(True when llama.cpp's HELLO through a worker's tunnel or forwarder at
     ``endpoint`` ("127.0.0.1:port") is answered within PROVE_S: the whole way
     to its RPC server and back carries bytes (a Link that took the request but
-    not its Channel's replies once stalled a load for its whole 60 s bound)."""
+    not its Channel's replies once stalled a load for its whole 60 s bound);
+    the RPC round trip that way then (_rpc_rtt), or None)."""
     host, port = endpoint.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=PROVE_S) as sock:
-            return hello(sock)
+            return (True, _rpc_rtt(sock)) if hello(sock) else (False, None)
     except OSError:
-        return False
+        return False, None
+
+
+def _rpc_rtt(sock: socket.socket) -> float | None:
+    """The median seconds of RPC_PINGS round trips on ``sock`` (fewer when they
+    outlast RPC_PINGS_S, as on a slow tunnel); None when one went unanswered."""
+    times: list[float] = []
+    deadline = time.monotonic() + RPC_PINGS_S
+    try:
+        while len(times) < RPC_PINGS and (not times or time.monotonic() < deadline):
+            took = round_trip(sock)
+            if took is None:
+                return None
+            times.append(took)
+    except OSError:
+        return None
+    return statistics.median(times)
 
 
 def _carrier(listener: Forwarder | TunnelListener) -> str:

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from links.wire import Code, WireError
 from reticulum_grid.node import childguard, private_net
 from reticulum_grid.node.localgrid import TowerProcess, TransportProcess, trust_local_towers
 from reticulum_grid.split.lease import Holder, RpcLease
-from reticulum_grid.split.rpcworker import RpcWorker, hello
+from reticulum_grid.split.rpcworker import RpcWorker, hello, round_trip
 from reticulum_grid.split.tunnel import TunnelListener, Tunnels
 from tests.split.split_support import identity_home
 from testbed.requirements import need, needs
@@ -126,6 +127,23 @@ def test_the_towers_connection_has_no_timeout(worker, private):
     w.ready()
     with w.connect(timeout_s=2.0) as conn:
         assert conn.gettimeout() is None and hello(conn)
+
+
+def test_an_rpc_round_trip_is_timed_on_the_connection_that_said_hello(worker):
+    """rpcworker.round_trip: llama.cpp's DEVICE_COUNT, answered by the real server as often as asked after
+    the HELLO (the coordinator times several on the connection that proves a worker's link); a reply of the
+    wrong size is no round trip."""
+    w = worker(private=False)
+    w.ready()
+    with w.connect() as conn:
+        assert hello(conn)
+        times = [round_trip(conn) for _ in range(5)]
+        assert all(t is not None and t > 0 for t in times), times
+    ours, fake = socket.socketpair()
+    with ours, fake:
+        fake.sendall(struct.pack("<Q", 8) + bytes(8))  # an 8-byte answer where DEVICE_COUNT has 4
+        assert round_trip(ours) is None
+        assert fake.recv(9) == bytes([15]) + bytes(8)  # what it sent: the command, no input
 
 
 # -- one plan at a time (split/lease.py), without a tower ----------------------------------------

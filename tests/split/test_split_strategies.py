@@ -84,7 +84,7 @@ def _running(tower):
     return tower.proc is not None and tower.proc.poll() is None
 
 
-def test_expert_placement_through_towers_matches_one_process(strategy_grid, qwen_reference):
+def test_expert_placement_through_towers_matches_one_process(strategy_grid, qwen_reference, hub):
     towers, client = strategy_grid
     client.send(max_tokens=48, wait_towers=4, model=QWEN, placement="experts")
     text, usage, error, plan = client.result()
@@ -93,6 +93,12 @@ def test_expert_placement_through_towers_matches_one_process(strategy_grid, qwen
     assert text == qwen_reference(48)
     remote = {b: mib for b, mib in _model_buffers(towers["st-a"]).items() if b.startswith("RPC")}
     assert len(remote) == 1 and list(remote.values())[0] == pytest.approx(EXPERT_MIB, abs=0.5), remote
+    # The coordinator timed llama.cpp's round trip through the worker's data-plane link as it loaded, and
+    # split/probe gives it to the next plan (the experts estimate costs its crossings with it).
+    worker = hub.wait_tower(plan[0]).destination_hash
+    probed = hub.grid.connection(hub.wait_tower("st-a")).request("split/probe", {"towers": [worker]}, 30)
+    assert probed["rpc_rtts"][worker.hex()] > 0, probed
+    assert re.search(r"RPC over the data plane, its round trip [0-9.]+ ms", towers["st-a"].log())
 
 
 def killed_worker_fails_over(strategy_grid, qwen_reference, placement, wait_towers):

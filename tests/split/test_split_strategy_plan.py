@@ -138,7 +138,29 @@ def test_experts_cost_round_trips_per_layer():
     near = strategy.cost(placed, loopback_costs(expert_bytes=150 << 20), 100, 64)
     far = strategy.cost(placed, loopback_costs(expert_bytes=150 << 20, rtt=0.01), 100, 64)
     layers = SMOL_LAYERS  # one worker holds every layer's experts
-    assert 1 / far.tokens_per_s - 1 / near.tokens_per_s == pytest.approx(layers * strategy.EXPERT_ROUND_TRIPS * 0.01)
+    assert 1 / far.tokens_per_s - 1 / near.tokens_per_s == pytest.approx(
+        layers * strategy.EXPERT_PING_ROUND_TRIPS * 0.01)
+
+
+def test_experts_cost_their_crossings_from_the_rpc_round_trip_where_one_was_timed():
+    """Once the coordinator timed an RPC round trip to the worker (rpc_rtts), a layer costs EXPERT_CROSSING_S
+    plus EXPERT_ROUND_TRIPS of it, whatever the RNS ping says; prefill pays the same per layer."""
+    from reticulum_grid.split import strategy
+    (placed,) = two_plans(("experts",), expert_mib=150)
+    worker = placed.workers[0].offer.key
+    pinged = loopback_costs(expert_bytes=150 << 20, rtt=0.002)
+    timed = dataclasses.replace(pinged, rpc_rtts={worker: 0.005})
+    slow_ping = dataclasses.replace(timed, rtts={worker: 0.05})
+    by_ping, by_rpc = strategy.cost(placed, pinged, 100, 64), strategy.cost(placed, timed, 100, 64)
+    per_layer = (strategy.EXPERT_CROSSING_S + strategy.EXPERT_ROUND_TRIPS * 0.005
+                 - strategy.EXPERT_PING_ROUND_TRIPS * 0.002)
+    assert 1 / by_rpc.tokens_per_s - 1 / by_ping.tokens_per_s == pytest.approx(SMOL_LAYERS * per_layer)
+    assert by_rpc.ttft_s - by_ping.ttft_s == pytest.approx(SMOL_LAYERS * per_layer)
+    assert strategy.cost(placed, slow_ping, 100, 64) == by_rpc
+    # The runs the constants are fitted to: (RPC round trip, a layer's crossing), seconds, loopback and the LAN.
+    for rtt, measured in [(0.116e-3, 1.00e-3), (0.18e-3, 1.27e-3), (1.53e-3, 4.10e-3), (1.64e-3, 3.47e-3)]:
+        run = dataclasses.replace(timed, rpc_rtts={worker: rtt})
+        assert strategy.expert_crossing_s(run, worker) == pytest.approx(measured, rel=0.12)
 
 
 def test_a_requests_shape_comes_from_its_text():
