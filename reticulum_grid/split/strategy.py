@@ -66,9 +66,11 @@ SYNCS_PER_LAYER = 2
 #: layers, 2 syncs each, one thread per device, data plane, load averages 2.3 to 5.9), a sync's cost being the
 #: split's time per token beyond one tower's over 60: loopback 3.13 ms at an RPC round trip of 0.139 ms (llama.cpp's
 #: own split, no relay, 2.79 ms: most of it is the CPU's, not the link's); the lab's LAN 26.4 ms at 1.39 ms and 24.5
-#: at 2.21. On the LAN the cost does not follow the round trip (the faster one cost more) nor the ping (1.67-2.82
-#: ms): it stayed about 25 ms a sync; the line only tells loopback from the LAN, and a LAN estimate errs by about
-#: 0.25 either way (+0.26 and -0.25 in those runs).
+#: at 2.21 (a check since: 22.6 ms at 1.29, 0.147 off). On the LAN the cost does not follow the round trip (the
+#: faster ones cost more) nor the ping (1.67-2.90 ms): it stayed 23-26 ms a sync, so the line only tells loopback
+#: from the LAN (+0.26 and -0.25 off in the fitted LAN runs). What it follows is bytes: the lab bridge's counters
+#: showed ~16 MB/s coordinator to worker all through a LAN decode, ~22-26 MB a token, about the bundled model's
+#: tied token embedding (30.1 MB, Q8_0) each token, so a token costs about that over the link's throughput.
 TENSOR_SYNC_S = 1.2e-3
 TENSOR_SYNC_ROUND_TRIPS = 14.0
 #: Where the coordinator has timed no RPC round trip to a worker yet, a sync costs TENSOR_PING_SYNC_S plus
@@ -76,7 +78,7 @@ TENSOR_SYNC_ROUND_TRIPS = 14.0
 #: trip (0.33 ms on loopback, where TCP takes well under 0.05). Fitted earlier on a quieter machine: loopback
 #: 65.9-72.7 ms a token against 6.0-6.6 in one process (~1.1 ms a sync at a 0.33 ms probe RTT), the LAN (1.1 ms)
 #: 464 ms (7.7 ms a sync); within 0.04 in two busier runs since (loopback 0.035, LAN 0.003) but 0.664 off in a
-#: third (LAN, ping 1.96 ms, 24.8 ms a sync). (Two bare ggml-rpc-servers on another machine: 1.7 ms a sync.)
+#: third (LAN, ping 1.96 ms, 24.5 ms a sync). (Two bare ggml-rpc-servers on another machine: 1.7 ms a sync.)
 PROBE_OVERHEAD_S = 0.3e-3
 TENSOR_PING_SYNC_S = 0.9e-3
 TENSOR_PING_ROUND_TRIPS = 8.0
