@@ -104,7 +104,7 @@ class Costs:
     (its expert tensors; 0 for a dense model), ``expert_read_bytes`` (what a token
     reads of those) and ``embedding`` width; ``rpc_rtts`` (s, coordinator to
     worker: an RPC command's round trip the way the split's bytes go, split/probe.py;
-    where missing, expert_crossing_s falls back on ``rtts``)."""
+    where missing, expert_crossing_s and tensor_sync_s fall back on ``rtts``)."""
     bandwidths: Mapping[bytes, float]
     rtts: Mapping[bytes, float]
     rates: Mapping[bytes, float]
