@@ -17,9 +17,11 @@ A request costs its time to first token (the prompt's prefill) plus
   those crossings per layer.
 - **tensor**: the towers read their shares at once (the slowest sets the
   pace) and every layer synchronises SYNCS_PER_LAYER times, each costing
-  TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS round trips to the farthest
-  worker and the hidden state of every token in flight over the slowest link; prefill computes on all
-  towers at once at TENSOR_EFFICIENCY of their summed rates.
+  TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS RPC round trips to the farthest
+  worker (tensor_sync_s: as timed at its last load; before any, the ping's
+  TENSOR_PING_* fallback) and the hidden state of every token in flight over
+  the slowest link; prefill computes on all towers at once at
+  TENSOR_EFFICIENCY of their summed rates.
 
 Bytes read are a token's (store/gguf_info.read_per_token), the bandwidths
 measured decode rates times those (client/estimates.py). A tower prefills
@@ -57,16 +59,29 @@ EXPERT_ROUND_TRIPS = 1.8
 EXPERT_PING_ROUND_TRIPS = 1.3
 #: Synchronisations per layer in tensor split mode (after attention, after the feed-forward network).
 SYNCS_PER_LAYER = 2
-#: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS round trips (the meta
-#: device reads each device's partial result and writes the sum back, command by command) and the hidden state's
-#: bytes. The round trip is the coordinator's measured one less PROBE_OVERHEAD_S, what its RNS probe adds over a
-#: TCP round trip (0.33 ms on loopback, where TCP takes well under 0.05). Fitted to bench/split.py --strategy
-#: tensor with SmolLM2-135M (30 layers, 2 syncs each, one thread per device, data plane): loopback 65.9-72.7 ms
-#: a token against 6.0-6.6 in one process (~1.1 ms a sync at a 0.33 ms probe RTT); the lab's LAN (1.1 ms) 464 ms
-#: (7.7 ms a sync). (Two bare ggml-rpc-servers on another machine took 1.7 ms a sync on loopback.)
-TENSOR_SYNC_S = 0.9e-3
-TENSOR_SYNC_ROUND_TRIPS = 8.0
+#: One synchronisation between RPC devices costs TENSOR_SYNC_S, TENSOR_SYNC_ROUND_TRIPS of the RPC round trip the
+#: coordinator timed to the worker (split/probe.py rpc_rtts: the meta device reads each device's partial result and
+#: writes the sum back, command by command, through both data-plane relays) and the hidden state's bytes. Fitted
+#: (the largest estimate error made least) to three runs of bench/split.py --strategy tensor (SmolLM2-135M, 30
+#: layers, 2 syncs each, one thread per device, data plane, load averages 2.3 to 5.9), a sync's cost being the
+#: split's time per token beyond one tower's over 60: loopback 3.13 ms at an RPC round trip of 0.139 ms (llama.cpp's
+#: own split, no relay, 2.79 ms: most of it is the CPU's, not the link's); the lab's LAN 26.4 ms at 1.39 ms and 24.5
+#: at 2.21 (a check since: 22.6 ms at 1.29, 0.147 off). On the LAN the cost does not follow the round trip (the
+#: faster ones cost more) nor the ping (1.67-2.90 ms): it stayed 23-26 ms a sync, so the line only tells loopback
+#: from the LAN (+0.26 and -0.25 off in the fitted LAN runs). What it follows is bytes: the lab bridge's counters
+#: showed ~16 MB/s coordinator to worker all through a LAN decode, ~22-26 MB a token, about the bundled model's
+#: tied token embedding (30.1 MB, Q8_0) each token, so a token costs about that over the link's throughput.
+TENSOR_SYNC_S = 1.2e-3
+TENSOR_SYNC_ROUND_TRIPS = 14.0
+#: Where the coordinator has timed no RPC round trip to a worker yet, a sync costs TENSOR_PING_SYNC_S plus
+#: TENSOR_PING_ROUND_TRIPS of its RNS ping's round trip less PROBE_OVERHEAD_S, what the probe adds over a TCP round
+#: trip (0.33 ms on loopback, where TCP takes well under 0.05). Fitted earlier on a quieter machine: loopback
+#: 65.9-72.7 ms a token against 6.0-6.6 in one process (~1.1 ms a sync at a 0.33 ms probe RTT), the LAN (1.1 ms)
+#: 464 ms (7.7 ms a sync); within 0.04 in two busier runs since (loopback 0.035, LAN 0.003) but 0.664 off in a
+#: third (LAN, ping 1.96 ms, 24.5 ms a sync). (Two bare ggml-rpc-servers on another machine: 1.7 ms a sync.)
 PROBE_OVERHEAD_S = 0.3e-3
+TENSOR_PING_SYNC_S = 0.9e-3
+TENSOR_PING_ROUND_TRIPS = 8.0
 #: What tensor-parallel prefill keeps of the towers' summed prefill rates (the bare RPC servers' run: a 1k-token prompt in
 #: 3.5 s against 4.7 s in one process, the synchronisations above taken out).
 TENSOR_EFFICIENCY = 0.75
@@ -89,7 +104,7 @@ class Costs:
     (its expert tensors; 0 for a dense model), ``expert_read_bytes`` (what a token
     reads of those) and ``embedding`` width; ``rpc_rtts`` (s, coordinator to
     worker: an RPC command's round trip the way the split's bytes go, split/probe.py;
-    where missing, expert_crossing_s falls back on ``rtts``)."""
+    where missing, expert_crossing_s and tensor_sync_s fall back on ``rtts``)."""
     bandwidths: Mapping[bytes, float]
     rtts: Mapping[bytes, float]
     rates: Mapping[bytes, float]
@@ -188,14 +203,23 @@ def _tensor(placement: Plan, c: Costs, prompt: int) -> tuple[float, float]:
     n = max(placement.n_layers, 1)
     shares = {p.offer.key: c.read_bytes * p.layers / n for p in placement.parts}
     workers = [p.offer.key for p in placement.workers]
-    rtt = TENSOR_SYNC_ROUND_TRIPS * max(0.0, max((c.rtts.get(k, 0.0) for k in workers), default=0.0)
-                                        - PROBE_OVERHEAD_S)
+    sync = max((tensor_sync_s(c, k) for k in workers), default=0.0)
     slowest = min((_rate(c, k) for k in workers), default=float("inf"))
     syncs = SYNCS_PER_LAYER * n if workers else 0
     state = c.embedding * 4 * 2  # one token's hidden state, out and back
-    per_token = max(share / c.bandwidths[k] for k, share in shares.items()) + syncs * (
-        TENSOR_SYNC_S + rtt + state / slowest)
+    per_token = max(share / c.bandwidths[k] for k, share in shares.items()) + syncs * (sync + state / slowest)
     summed = sum(_prefill_rate(c, k, c.read_bytes) for k in shares) * TENSOR_EFFICIENCY
     batches = -(-prompt // UBATCH)
-    prefill = prompt / summed + syncs * (batches * (TENSOR_SYNC_S + rtt) + prompt * state / slowest)
+    prefill = prompt / summed + syncs * (batches * sync + prompt * state / slowest)
     return per_token, prefill
+
+
+def tensor_sync_s(c: Costs, key: bytes) -> float:
+    """Seconds one tensor synchronisation with worker ``key`` costs beyond the hidden state's bytes:
+    TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS of the RPC round trip the coordinator timed to it, else (none
+    timed yet) TENSOR_PING_SYNC_S plus TENSOR_PING_ROUND_TRIPS of its RNS ping's round trip less
+    PROBE_OVERHEAD_S (TENSOR_PING_SYNC_S alone where neither is known)."""
+    timed = c.rpc_rtts.get(key)
+    if timed:
+        return TENSOR_SYNC_S + TENSOR_SYNC_ROUND_TRIPS * timed
+    return TENSOR_PING_SYNC_S + TENSOR_PING_ROUND_TRIPS * max(0.0, c.rtts.get(key, 0.0) - PROBE_OVERHEAD_S)

@@ -109,6 +109,31 @@ def test_the_tensor_estimate_reproduces_the_measured_loopback_run():
     assert strategy.cost(split, costs, 1000, 0).ttft_s > strategy.cost(whole, costs, 1000, 0).ttft_s
 
 
+def test_tensor_syncs_cost_the_rpc_round_trip_where_one_was_timed():
+    """Once the coordinator timed an RPC round trip to the worker (rpc_rtts), each of a token's
+    SYNCS_PER_LAYER syncs a layer costs TENSOR_SYNC_S plus TENSOR_SYNC_ROUND_TRIPS of it, whatever the
+    RNS ping says; before, the ping's fallback. Prefill pays the same per batch."""
+    from reticulum_grid.split import strategy
+    (split,) = two_plans(("tensor",))
+    worker = split.workers[0].offer.key
+    pinged = loopback_costs(rtt=0.002)
+    timed = dataclasses.replace(pinged, rpc_rtts={worker: 0.005})
+    syncs = strategy.SYNCS_PER_LAYER * SMOL_LAYERS
+    by_ping, by_rpc = strategy.cost(split, pinged, 100, 64), strategy.cost(split, timed, 100, 64)
+    per_sync = (strategy.TENSOR_SYNC_S + strategy.TENSOR_SYNC_ROUND_TRIPS * 0.005 - strategy.TENSOR_PING_SYNC_S
+                - strategy.TENSOR_PING_ROUND_TRIPS * (0.002 - strategy.PROBE_OVERHEAD_S))
+    assert 1 / by_rpc.tokens_per_s - 1 / by_ping.tokens_per_s == pytest.approx(syncs * per_sync)
+    assert by_rpc.ttft_s - by_ping.ttft_s == pytest.approx(syncs * per_sync)
+    assert strategy.cost(split, dataclasses.replace(timed, rtts={worker: 0.05}), 100, 64) == by_rpc
+    # The runs the constants are fitted to, bench/split.py --strategy tensor with 48 tokens: (one tower's tokens/s,
+    # the split's, the RPC round trip in s, the link's bytes/s), loopback then the lab's LAN twice.
+    for single, measured, rtt, rate in [(64.68, 4.92, 0.139e-3, 30.2e6), (66.44, 0.625, 1.389e-3, 10.6e6),
+                                        (61.25, 0.672, 2.214e-3, 8.0e6)]:
+        run = dataclasses.replace(timed, rpc_rtts={worker: rtt}, rates={worker: rate},
+                                  bandwidths={k: single * SMOL_BYTES for k in timed.bandwidths})
+        assert strategy.cost(split, run, 25, 48).tokens_per_s == pytest.approx(measured, rel=0.3)
+
+
 def test_auto_picks_tensor_for_a_long_prompt_on_a_fast_link_only():
     from reticulum_grid.client import strategies
     towers = [offer("coord", 0.2, has_model=True), offer("worker", 0.2)]
