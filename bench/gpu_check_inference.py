@@ -153,8 +153,8 @@ def part_concurrency(check, opts, tmp):
 
 
 def part_split(check, opts, tmp):
-    from bench import split
-    figures = split.run(opts.big, runs=3, max_tokens=64, threads=THREADS, lends=split.split_lends(opts.big),
+    from bench import split, split_models
+    figures = split.run(opts.big, runs=3, max_tokens=64, threads=THREADS, lends=split_models.split_lends(opts.big),
                         root=tmp, raw=False)
     check.detail("split", **figures)
     check.put("split_plan", figures["plan"].replace(" ", ""), "split")

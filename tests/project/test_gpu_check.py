@@ -244,7 +244,7 @@ def test_the_split_lends_give_the_worker_a_few_layers(need_mib):
     falls short, both hold it, and the worker gets a few of 32 layers."""
     import math
 
-    from bench.split import WORKER_SHARE
+    from bench.split_models import WORKER_SHARE
     from reticulum_grid.split.plan import Offer, plan
     coord, worker = need_mib, math.ceil(need_mib * WORKER_SHARE)
     placement = plan([Offer("coord", lend_mib=coord, has_model=True), Offer("worker", lend_mib=worker)], need_mib, 32)
@@ -269,7 +269,7 @@ def _needs_every_tower(lends, need_mib, n_layers):
 def test_the_three_tower_lends_need_every_tower(need_mib):
     """bench/split.py --towers 3 with --model: no two towers hold the model, all
     three do, and each worker gets a few of 32 layers."""
-    from bench.split import lends_for
+    from bench.split_models import lends_for
     placement = _needs_every_tower(lends_for(need_mib, 3), need_mib, 32)
     assert all(2 <= w.layers <= 5 for w in placement.workers)
 
@@ -277,7 +277,7 @@ def test_the_three_tower_lends_need_every_tower(need_mib):
 @pytest.mark.parametrize("towers", [2, 3])
 def test_the_bundled_model_lends_need_every_tower(towers, model_path):
     """bench/split.py's lends of the bundled model, against its need as the towers estimate it."""
-    from bench.split import default_lends
+    from bench.split_models import default_lends
     from reticulum_grid.store import gguf_info
     need = gguf_info.need_mib(model_path, 4096, Path(model_path).stat().st_size)
     _needs_every_tower(default_lends(False, towers), need, gguf_info.architecture(model_path)[1])
