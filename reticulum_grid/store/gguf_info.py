@@ -5,9 +5,12 @@ The KV-cache size follows llama.cpp's default (f16 K and V for every layer):
 2 x layers x context tokens x KV heads x head dimension x 2 bytes.
 """
 
+import dataclasses
 import hashlib
 import os
 import threading
+import types
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import gguf
 
 from announce.capsfull import TEXT_MAX_BYTES, ModelSummary
+from reticulum_grid.store import facts_cache, gguf_header
 from reticulum_grid.store.gguf_header import quantization_name
 from reticulum_grid.store.names import is_gguf
 
@@ -33,11 +37,11 @@ class LoraError(ValueError):
 def file_kind(path: str | os.PathLike[str]) -> str:
     """The blob kind a file most likely is: "adapter" for a GGUF whose
     general.type is "adapter" (llama.cpp's LoRA files), "model" for other GGUF
-    files, "dataset" for .jsonl, else "file"."""
+    files, "dataset" for .jsonl, else "file". Raises ValueError for a
+    GGUF that cannot be read (store/gguf_header.py)."""
     if not is_gguf(path):
         return "dataset" if str(path).endswith(".jsonl") else "file"
-    field = gguf.GGUFReader(path).fields.get("general.type")
-    return "adapter" if field is not None and bytes(field.parts[-1]) == b"adapter" else "model"
+    return "adapter" if gguf_header.read(path).adapter else "model"
 
 
 @dataclass(frozen=True)
@@ -65,20 +69,45 @@ _facts: dict[tuple[str, int, int], ModelFacts] = {}
 _facts_lock = threading.Lock()
 
 
+#: The cache's name for ModelFacts' fields: a field added or renamed misses every older entry.
+FACTS_FORM = "ModelFacts:" + ",".join(f.name for f in dataclasses.fields(ModelFacts))
+
+
 def facts(path: str | os.PathLike[str]) -> ModelFacts:
-    """The ModelFacts of the GGUF at ``path``, read once per file and kept (the
-    gguf library parses every field, the whole token list too: seconds for a
-    model with a large vocabulary). Raises what the gguf library raises."""
+    """The ModelFacts of the GGUF at ``path``, read once per file and kept, in
+    this process and on disk for the next (store/facts_cache.py: the gguf
+    library parses every field, the whole token list too, seconds for a model
+    with a large vocabulary). Raises what os.stat and the gguf library raise."""
     path = str(path)
     stat = os.stat(path)
     key = (path, stat.st_size, stat.st_mtime_ns)
     with _facts_lock:
         found = _facts.get(key)
     if found is None:
+        found = _from_cache(facts_cache.load(path, FACTS_FORM))
+    if found is None:
         found = _read_facts(gguf.GGUFReader(path))
-        with _facts_lock:
-            _facts[key] = found
+        facts_cache.save(path, FACTS_FORM, {**dataclasses.asdict(found), "modules": sorted(found.modules)})
+    with _facts_lock:
+        _facts[key] = found
     return found
+
+
+def _from_cache(values: dict[str, Any] | None) -> ModelFacts | None:
+    """The ModelFacts a cache entry holds, or None when it holds anything else."""
+    if values is None or not isinstance(values.get("modules"), list):
+        return None
+    try:
+        found = ModelFacts(**{**values, "modules": frozenset(values["modules"])})
+    except TypeError:  # a missing or unknown field
+        return None
+    fits = all(_fits(getattr(found, f.name), f.type) for f in dataclasses.fields(ModelFacts))
+    return found if fits and all(isinstance(m, str) for m in found.modules) else None
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    origin = typing.get_origin(kind)  # frozenset[str] -> frozenset; str | None stays a union isinstance takes
+    return isinstance(value, kind if origin is None or origin is types.UnionType else origin)
 
 
 def _read_facts(reader: gguf.GGUFReader) -> ModelFacts:
