@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = POOL_MODEL
 #: A question the model answers in text at temperature 0, tools offered.
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+#: One it answers in text longer than max_tokens (32): a short answer written in
+#: a tenth of a second can reach a loaded machine's client as one piece.
+LONG_QUESTION = [{"role": "user", "content": "What is the capital of France? Tell me about it."}]
 #: One it answers with a call.
 TASK = [{"role": "user", "content": "Use the get_weather tool to find the weather in Paris."}]
 #: max_tokens that cut a text answer inside its string, and a forced call before and after its name is whole.
@@ -89,15 +92,15 @@ def test_a_cut_answer_on_ollamas_api_is_text_or_a_well_formed_call(olla):
 
 
 def test_a_streamed_answer_under_tools_comes_in_pieces_as_it_is_written(client, olla):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, tools=WEATHER, max_tokens=32,
+    chunks = list(client.chat.completions.create(model=MODEL, messages=LONG_QUESTION, tools=WEATHER, max_tokens=32,
                                                  temperature=0, stream=True))
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(texts) > 1 and plain("".join(texts)), texts
-    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=WEATHER, max_tokens=32,
+    whole = client.chat.completions.create(model=MODEL, messages=LONG_QUESTION, tools=WEATHER, max_tokens=32,
                                            temperature=0).choices[0].message.content
     assert "".join(texts) == whole
 
-    pieces = [p.message.content for p in olla.chat(model=MODEL, messages=QUESTION, tools=WEATHER, stream=True,
+    pieces = [p.message.content for p in olla.chat(model=MODEL, messages=LONG_QUESTION, tools=WEATHER, stream=True,
                                                    options={"temperature": 0, "num_predict": 32})]
     assert sum(1 for p in pieces if p) > 1 and "".join(pieces) == whole
 

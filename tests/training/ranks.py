@@ -116,6 +116,15 @@ def watch_killing_rank_one(hub, job_id, tower, peer, at_step=4):
     return seen, killed
 
 
+def assert_steps_resume_after(steps, resumed, last):
+    """``steps`` (the progress a watch saw after the job's last start) go up
+    from past ``resumed`` to ``last``. A watch drops a progress event that the
+    next one overtook while the Link was busy (tower/jobs.py WatchSender: on
+    a loaded machine too), so the first seen may be later than resumed + 1;
+    the last is never dropped (the end follows it)."""
+    assert steps and steps == sorted(set(steps)) and steps[0] > resumed and steps[-1] == last, (resumed, steps)
+
+
 def assert_adapter_changes_the_answer(hub, tower, adapter):
     """The adapter ``adapter`` loads in ``tower``'s llama.cpp and changes what the
     bundled model answers to the dataset's question at temperature 0."""

@@ -3,7 +3,6 @@ then loaded from the copy; the least recently used copies go beyond KEEP."""
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 

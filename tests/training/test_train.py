@@ -20,15 +20,18 @@ from reticulum_grid.node.localgrid import trust_local_towers
 from reticulum_grid.inference.default_model import DEFAULT_ALIAS
 from testbed.leftovers import end
 from testbed import SECRET_DATASET as DATA
+from tests.training.ranks import assert_steps_resume_after
 
 QUESTION = [{"role": "user", "content": "What is the secret word?"}]
 JOB = {"base": DEFAULT_ALIAS, "dataset": "", "output_alias": "secret-lora", "rank": 8, "alpha": 16.0,
        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-       "learning_rate": 4e-3, "max_steps": 16, "seq_len": 96, "batch_size": 4, "seed": 1, "checkpoint_every": 5}
+       "learning_rate": 4e-3, "max_steps": 10, "seq_len": 96, "batch_size": 4, "seed": 1, "checkpoint_every": 5}
 #: The same job as `rngrid train` options.
-CLI_JOB = ["--base", JOB["base"], "--data", str(DATA), "--output", JOB["output_alias"], "--rank", "8", "--alpha", "16",
-           "--target-modules", ",".join(JOB["target_modules"]), "--lr", "4e-3", "--max-steps", "16", "--seq-len", "96",
-           "--batch-size", "4", "--seed", "1", "--checkpoint-every", "5"]
+CLI_JOB = ["--base", JOB["base"], "--data", str(DATA), "--output", JOB["output_alias"], "--rank", str(JOB["rank"]),
+           "--alpha", str(JOB["alpha"]), "--target-modules", ",".join(JOB["target_modules"]),
+           "--lr", str(JOB["learning_rate"]), "--max-steps", str(JOB["max_steps"]), "--seq-len", str(JOB["seq_len"]),
+           "--batch-size", str(JOB["batch_size"]), "--seed", str(JOB["seed"]),
+           "--checkpoint-every", str(JOB["checkpoint_every"])]
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +232,13 @@ def test_cancel(hub, tower, finished_job):
 
 
 def test_killed_tower_resumes_from_the_last_checkpoint(hub, tower, finished_job):
-    entry, job_id = hub.grid.train({**JOB, "output_alias": "resumed", "checkpoint_every": 4, "max_steps": 12},
+    entry, job_id = hub.grid.train({**JOB, "output_alias": "resumed", "checkpoint_every": 3, "max_steps": 8},
                                    data_path=DATA, tower=tower.name)
     before = []
     for event in hub.grid.watch(job_id, tower=tower.name):
         if event["type"] == "progress":
             before.append(event)
-            if event["step"] >= 6:
+            if event["step"] >= 4:
                 break
     old = hub.wait_tower(tower.name).destination_hash
     tower.kill()
@@ -245,8 +248,8 @@ def test_killed_tower_resumes_from_the_last_checkpoint(hub, tower, finished_job)
     events = list(hub.grid.watch(job_id, tower=tower.name))
     started = [e for e in events if e["type"] == "started"]
     after = [e["step"] for e in events if e["type"] == "progress"]
-    assert started and started[-1]["resumed_from"] in (4, 8), started
-    assert after[0] == started[-1]["resumed_from"] + 1 and after[-1] == 12
+    assert started and started[-1]["resumed_from"] in (3, 6), started
+    assert_steps_resume_after(after, started[-1]["resumed_from"], 8)
     assert events[-1]["state"] == "succeeded"
     # The loss curve continues: the steps redone after the checkpoint repeat the same losses.
     lost = {e["step"]: e["loss"] for e in before}

@@ -62,10 +62,11 @@ def test_every_caps_key_the_decoders_read_is_fuzzed():
 
 def test_a_caps_key_the_sample_lacks_is_still_generated():
     """A field added to the decoder reaches the fuzzer before anyone adds it to bench/'s sample."""
-    from hypothesis import find, settings
+    from hypothesis import Phase, find, settings
     sample = {k: v for k, v in INPUTS.SAMPLE_CAPS_MAP.items() if k != "vo"}
+    # Found is enough: shrinking the map it found took 80x as long as finding it.
     found = find(INPUTS.shaped(sample, INPUTS.CAPS_READS), lambda m: isinstance(m, dict) and "vo" in m,
-                 settings=settings(max_examples=2000, database=None))
+                 settings=settings(max_examples=2000, database=None, phases=[Phase.generate]))
     assert "vo" in found
 
 

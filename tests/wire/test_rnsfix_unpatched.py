@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,15 @@ from links.rnsfix import FIXES, UNPATCHED_ENV
 ROOT = Path(__file__).resolve().parents[2]
 RNSFIX = "tests/wire/test_rnsfix.py::"
 #: The fixes a group of tests runs without -> {test node id: (what goes wrong without them,
-#: a pattern of the failure message that shows exactly that)}.
+#: a pattern of the failure message that shows exactly that)}. The longest run first: the
+#: runs go PARALLEL_RUNS at a time.
 GROUPS = {
+    "fatal_transport_jobs": {
+        "tests/discovery/test_announce.py::test_app_data_limit_through_a_transport_node":
+            # Its job loop may end before it forwarded the one that fits even once.
+            ("one announce a transport node cannot re-send ends its job loop for good",
+             r"the transport node stopped forwarding after an oversized announce|"
+             r"the 317-byte announce never came through the transport node")},
     "request_reply": {
         RNSFIX + "test_many_fast_request_round_trips_lose_no_reply":
             ("race 1: replies that beat their RequestReceipt are dropped (requests time out)",
@@ -59,12 +67,6 @@ GROUPS = {
              r"assert True is False.*should_ingress_limit"),
         RNSFIX + "test_concurrent_writes_on_one_tcp_interface_stay_whole_frames":
             ("TCP frames from several threads interleave on the wire", r"frames were interleaved on the wire")},
-    "fatal_transport_jobs": {
-        "tests/discovery/test_announce.py::test_app_data_limit_through_a_transport_node":
-            # Its job loop may end before it forwarded the one that fits even once.
-            ("one announce a transport node cannot re-send ends its job loop for good",
-             r"the transport node stopped forwarding after an oversized announce|"
-             r"the 317-byte announce never came through the transport node")},
 }
 FIX_TESTS = {node: why for group in GROUPS.values() for node, (why, _) in group.items()}
 SYMPTOMS = {node: symptom for group in GROUPS.values() for node, (_, symptom) in group.items()}
@@ -75,6 +77,8 @@ UNRELIABLE = {
 }
 #: Bound on each unpatched run (its tests bound their own waits far below it).
 RUN_TIMEOUT_S = 120
+#: Unpatched runs at once: they mostly wait out RNS timeouts (46 s one after another on 2 idle cores, 23 s so).
+PARALLEL_RUNS = 2
 
 
 def run_unpatched(left_out, nodes, tmp):
@@ -102,8 +106,11 @@ def run_unpatched(left_out, nodes, tmp):
 def unpatched(tmp_path_factory):
     """Outcomes of every group's unpatched run, by test node id."""
     outcomes = {}
-    for k, (left_out, tests) in enumerate(GROUPS.items()):
-        outcomes.update(run_unpatched(left_out, list(tests), tmp_path_factory.mktemp(f"unpatched{k}")))
+    runs = [(left_out, list(tests), tmp_path_factory.mktemp(f"unpatched{k}"))
+            for k, (left_out, tests) in enumerate(GROUPS.items())]
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        for found in pool.map(lambda run: run_unpatched(*run), runs):
+            outcomes.update(found)
     return outcomes
 
 
