@@ -23,7 +23,14 @@ Wire format, schema version 2 (msgpack map, short keys to fit one announce)::
                                   # code or voice name, "" for any; realtime: seconds of audio per
                                   # second of work x10 (int), measured at start; free: requests that
                                   # start at once
-     "more": True}                # present when models/adapters were left out: ask caps/full
+     "more": True,                # present when models/adapters were left out: ask caps/full
+     "at": 1764770000123}         # when the tower took these caps: milliseconds on its clock
+                                  # (stamp_ms; never goes back while it runs); optional
+
+An announce can arrive after a caps/full reply taken later (a transport node
+forwards it a second late): the tower table keeps the caps with the later
+``at`` (announce/table.py), so a stale announce does not undo what a probe
+read.
 
 The announce limit it must fit is measured against the pinned RNS by
 ``announce.announcer.app_data_limit()``; ``encode()`` keeps the blob under ``CAPS_BUDGET``
@@ -40,6 +47,7 @@ announce/aliases.py's rule. Ends on version 1 cannot talk to these towers, so
 they do not hear them either: each side's decoder drops the other's announces.
 """
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -70,6 +78,8 @@ VOICE_KINDS = ("stt", "tts")
 LANGUAGE_MAX_BYTES = 16
 #: Most a voice engine's announced speed is believed (x real time; espeak-ng reaches a few hundred).
 MAX_REALTIME = 100_000
+#: The largest "at" stamp accepted (milliseconds; 2**53, a JSON-safe integer).
+MAX_STAMP_MS = 1 << 53
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class Caps:
     voice: tuple[VoiceCap, ...] = ()
     more: bool = False
     version: int = SCHEMA_VERSION
+    at_ms: int = 0  # when the tower took these caps (stamp_ms); 0: not stamped
 
     def model(self, alias: str) -> ModelCap | None:
         """The ModelCap for ``alias`` (or a blob id prefix of >= 8 hex), or None."""
@@ -235,6 +246,8 @@ def _pack_map(caps: Caps, models: Sequence[ModelCap], adapters: Sequence[Adapter
         blob["vo"] = [[v.alias, v.kind, v.language, int(round(v.realtime * 10)), int(v.free)] for v in voice]
     if more:
         blob["more"] = True
+    if caps.at_ms:
+        blob["at"] = int(caps.at_ms)
     return msgpack.packb(blob, use_bin_type=True)
 
 
@@ -301,7 +314,18 @@ def from_map(raw: object) -> Caps:
         lend_mib=None if raw.get("sh") is None else int_field(raw.get("sh"), "lent memory", 0, MAX_MIB),
         voice=tuple(_voice(v) for v in list_field(raw.get("vo", []), "voice engines")),
         more=bool_field(raw.get("more", False), "more"),
+        at_ms=int_field(raw.get("at", 0), "stamp", 0, MAX_STAMP_MS),
     )
+
+
+_STARTED = (time.time(), time.monotonic())
+
+
+def stamp_ms() -> int:
+    """Milliseconds on this process's caps clock: the wall clock when it
+    started plus the monotonic time since, so a stamp never goes back while
+    it runs (a wall clock set back by NTP does not reorder its caps)."""
+    return int((_STARTED[0] + time.monotonic() - _STARTED[1]) * 1000)
 
 
 def _hardware(value: object) -> Hardware:

@@ -11,6 +11,12 @@ names a tower as its trust entry says) or None for one to keep apart. Towers
 kept apart are only listed (``strangers``); every other method sees the vetted
 ones alone. When ``vet.version`` changes (the client's trust list was edited)
 every entry is vetted again.
+
+Caps a tower stamped (caps.py ``at``) earlier than those held are dropped:
+an announce a transport node forwarded late must not undo a caps/full reply
+the tower gave after it (a training job that started, a slot taken). A stamp
+more than MAX_REORDER_S older than the held one is taken: the tower restarted
+with its clock set back, which no late forward explains.
 """
 
 import threading
@@ -24,6 +30,8 @@ from announce.caps import Caps
 T = TypeVar("T")
 
 EXPIRY_HEARTBEATS = 2.5
+#: Caps stamped up to this much earlier than the held ones are a late arrival (seconds).
+MAX_REORDER_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,8 @@ class TowerTable:
         """Insert or refresh a tower; returns its vetted entry (None: kept apart)."""
         with self._changed:
             self._revet()
+            if self._stale(destination_hash, caps):
+                return self._entries.get(destination_hash)
             return self._put(TowerEntry(bytes(destination_hash), caps, int(hops), self._clock()))
 
     def refresh_caps(self, destination_hash: bytes, caps: Caps) -> TowerEntry | None:
@@ -101,7 +111,15 @@ class TowerTable:
             old = self._heard.get(destination_hash)
             if old is None or destination_hash not in self._entries:
                 return None
+            if self._stale(destination_hash, caps):
+                return self._entries[destination_hash]
             return self._put(replace(old, caps=caps, heard_at=self._clock()))
+
+    def _stale(self, destination_hash: bytes, caps: Caps) -> bool:
+        """``caps`` were taken before the held ones, by less than MAX_REORDER_S (the lock is held)."""
+        old = self._heard.get(destination_hash)
+        held = old.caps.at_ms if old is not None else 0
+        return bool(caps.at_ms and held) and held - MAX_REORDER_S * 1000 <= caps.at_ms < held
 
     def remove(self, destination_hash: bytes) -> None:
         with self._changed:

@@ -268,7 +268,8 @@ SAMPLE_CAPS = capscodec.Caps(
     "tower-a", capscodec.Hardware("cuda", "RTX 5090", 32607, 30000, 64000, 50000, 1),
     (capscodec.ModelCap("smollm2-135m", b"\x01\x02\x03\x04", True, 3, 2), capscodec.ModelCap("disk", b"abcd")),
     (capscodec.AdapterCap("lora-a", b"\x05\x06\x07\x08"),), capscodec.Load(1, 1, 2), 42.5, 900, 8192,
-    (capscodec.VoiceCap("whisper", "stt", "en", 31.5, 1), capscodec.VoiceCap("espeak", "tts", "", 300.0, 2)), True)
+    (capscodec.VoiceCap("whisper", "stt", "en", 31.5, 1), capscodec.VoiceCap("espeak", "tts", "", 300.0, 2)), True,
+    at_ms=1_764_770_000_123)
 SAMPLE_CAPS_MAP = msgpack.unpackb(capscodec.encode(SAMPLE_CAPS, budget=1 << 20))
 CAPS_READS = keys_read(capscodec.from_map, SAMPLE_CAPS_MAP)
 CAPS = shaped(SAMPLE_CAPS_MAP, CAPS_READS)

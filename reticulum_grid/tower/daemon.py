@@ -254,6 +254,7 @@ class Tower:
             heartbeat_s=int(self.config.heartbeat_s),
             lend_mib=shard.lend_mib(hardware),
             voice=voice.caps(),
+            at_ms=capscodec.stamp_ms(),
         )
 
     def remote_alias(self, alias: str | None, kind: str) -> str | None:

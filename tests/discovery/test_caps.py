@@ -17,6 +17,7 @@ def full_caps(n_models=3, name="tower-a"):
         load=c.Load(streams=2, jobs=1, queue=3),
         tokens_per_s=42.5,
         heartbeat_s=900,
+        at_ms=1_764_770_000_123,  # a stamp of today's size (stamp_ms)
     )
 
 
@@ -31,7 +32,7 @@ def test_worst_case_fits_budget_and_sets_more():
                   hardware=c.Hardware("cuda", "D" * c.DEVICE_MAX_BYTES, c.MAX_MIB, c.MAX_MIB, c.MAX_MIB, c.MAX_MIB),
                   models=tuple(c.ModelCap("m" * 32, bytes([i]) * 4, True) for i in range(20)),
                   adapters=tuple(c.AdapterCap("a" * 32, bytes([i]) * 4) for i in range(20)),
-                  load=c.Load(c.MAX_COUNT, c.MAX_COUNT, c.MAX_COUNT), tokens_per_s=99999.9)
+                  load=c.Load(c.MAX_COUNT, c.MAX_COUNT, c.MAX_COUNT), tokens_per_s=99999.9, at_ms=c.MAX_STAMP_MS)
     data = c.encode(caps)
     print(f"worst-case caps: {len(data)} bytes (budget {c.CAPS_BUDGET})")
     assert len(data) <= c.CAPS_BUDGET

@@ -40,7 +40,9 @@ def test_caps_full_over_link(hub, two_towers, model_path):
     from announce.caps import decode_full
     entry = hub.wait_tower(two_towers[0].name)
     reply = hub.grid.connection(entry).request("caps/full", {})
-    assert decode_full(reply["caps"]).name == entry.name
+    full = decode_full(reply["caps"])
+    # Stamped on the tower's clock, later than the announce it follows (the table keeps the later).
+    assert full.name == entry.name and entry.caps.at_ms and full.at_ms > entry.caps.at_ms
     (blob,) = reply["blobs"]
     assert blob["alias"] == DEFAULT_ALIAS and blob["blob_id"] == build(model_path).blob_id
     assert blob["kind"] == "model" and blob["loaded"] and blob["size"] > 90 * 2**20

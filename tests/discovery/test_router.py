@@ -1,5 +1,6 @@
 """The routing score (router.py), as a scenario table; and the tower table."""
 
+import msgpack
 import pytest
 
 from announce import caps as c
@@ -95,3 +96,30 @@ def test_a_name_two_towers_announce_matches_neither():
     table.update(b"\x02" * 16, c.Caps(name="tower"), 1)
     assert table.find("tower") is None and len(table.named("tower")) == 2
     assert table.find("02" * 16).destination_hash == b"\x02" * 16
+
+
+def test_caps_stamped_earlier_than_those_held_are_dropped():
+    """Field case: a training tower's caps/full said one job, then its announce
+    from a second before the job started came through the transport node and
+    the tower ranked as idle (tests/discovery/test_routing.py, under load)."""
+    from announce.table import MAX_REORDER_S
+    key, at = b"\x01" * 16, 1_800_000_000_000
+    table = TowerTable()
+    table.update(key, c.Caps(name="a", load=c.Load(jobs=0), at_ms=at), 2)
+    assert table.refresh_caps(key, c.Caps(name="a", load=c.Load(jobs=1), at_ms=at + 900)).caps.load.jobs == 1
+    assert table.update(key, c.Caps(name="a", load=c.Load(jobs=0), at_ms=at + 800), 2).caps.load.jobs == 1
+    assert table.refresh_caps(key, c.Caps(name="a", load=c.Load(jobs=0), at_ms=at + 850)).caps.load.jobs == 1
+    assert table.update(key, c.Caps(name="a", load=c.Load(jobs=0), at_ms=at + 901), 2).caps.load.jobs == 0
+    # Restarted with its clock set back further than any late forward: taken.
+    restarted = at + 901 - int(MAX_REORDER_S * 1000) - 1
+    assert table.update(key, c.Caps(name="a", load=c.Load(jobs=1), at_ms=restarted), 2).caps.load.jobs == 1
+    assert table.update(key, c.Caps(name="a", load=c.Load(jobs=0)), 2).caps.load.jobs == 0  # unstamped: taken
+
+
+def test_a_stamp_survives_encoding_and_a_tower_never_stamps_backwards():
+    caps = c.Caps(name="a", at_ms=c.stamp_ms())
+    assert c.decode(c.encode(caps)).at_ms == caps.at_ms and c.decode(c.encode(c.Caps(name="a"))).at_ms == 0
+    stamps = [c.stamp_ms() for _ in range(1000)]
+    assert stamps == sorted(stamps)
+    with pytest.raises(c.CapsError):
+        c.from_map({**msgpack.unpackb(c.encode(caps)), "at": -1})
