@@ -140,6 +140,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         self._told_offline = False
         self._lock = threading.Lock()
         self.ping()
+        self._first_ping_at = self._ping_sent_at
         for destination_hash in remembered_towers():
             RNS.Transport.request_path(destination_hash)
 
@@ -257,6 +258,7 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
         ranked = router.rank(live, model, adapter, self.health, self.needs.get(model, 0), syncable=syncable)
         if not ranked:
             raise WireError(Code.UNKNOWN_MODEL if entries else Code.NO_TOWER, f"no tower has model {model!r}")
+        self.health.heard(c.entry for c in ranked)
         return ranked
 
     def discover(self, ready: Callable[[list[TowerEntry]], object], timeout: float,
@@ -274,14 +276,24 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
 
     def _discover_for(self, model: str, timeout: float, settle_s: float,
                       local: bool) -> tuple[list[TowerEntry], list[TowerEntry]]:
-        """(live entries, those of them whose caps list ``model``), once some
-        tower has it (any tower when ``local``: this client holds the model and
-        can push it) or the table went quiet. Raises WireError (unknown_model,
-        no_tower) when no tower heard could run it."""
+        """(live entries, those whose caps list ``model``) once some tower has it
+        (any tower when ``local``: this client can push the model) or the table
+        went quiet. Raises what _wait_for_model raises."""
+        if not router.candidates(self.table.live(), model):
+            self._wait_for_model(model, timeout, local)
+            time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
+        # A tower known faster than all heard may answer our first ping after a liar: wait (ANSWER_S) for it.
+        if (first_answers_by := self._first_ping_at + ANSWER_S - time.monotonic()) > 0:
+            trusted = None if (trust := self.trust.trust).any else trust.destinations()  # None: any tower
+            self.wait_for(lambda entries: not self.health.faster_unheard(
+                router.candidates(entries, model), [e.destination_hash for e in entries],
+                lambda h: trusted is None or h in trusted), first_answers_by)
         live = self.table.live()
-        found = router.candidates(live, model)
-        if found:
-            return live, found
+        return live, router.candidates(live, model)
+
+    def _wait_for_model(self, model: str, timeout: float, local: bool) -> None:
+        """Wait until some tower has ``model`` (any when ``local``) or the table went
+        quiet. Raises WireError (unknown_model, no_tower) when none heard could run it."""
         ready = (lambda entries: entries) if local else (lambda entries: router.candidates(entries, model))
         quiet = _Quiet(QUIET_S, ANSWER_S)
         self.wait_for(lambda entries: ready(entries) or quiet(entries), timeout)
@@ -293,9 +305,6 @@ class Grid(BlobTransfers, JobCommands, TowerFacts):
             raise WireError(Code.UNKNOWN_MODEL if live else Code.NO_TOWER,
                             f"no tower with model {model!r} heard; heard: {heard}" + self._strangers_note()
                             + _offline_note())
-        time.sleep(settle_s)  # just discovered: let announces from equally good towers arrive
-        live = self.table.live()
-        return live, router.candidates(live, model)
 
     def refresh(self, entries: list[TowerEntry], max_age_s: float = LIVE_MAX_AGE_S) -> None:
         """Probe towers whose live load is older than ``max_age_s`` (liveness.Liveness.refresh)."""

@@ -4,14 +4,17 @@
 its streams reached on this client's clock (router.py ranks by it), the kind
 of hardware it announced then (backend and device: a claim from a tower never
 measured is bounded by what its kind reached here), when it was last
-measured, and the smallest split part (MiB) that failed to load there while
-it claimed to lend more (client/split.py bounds its lent memory by it).
+measured, the smallest split part (MiB) that failed to load there while
+it claimed to lend more (client/split.py bounds its lent memory by it), and
+the tokens/s it last announced to a process ranking it (a tower heard once
+and never measured: a later process that hears a measured-slow tower first
+knows this one may rank above it, router.HealthBook.faster_unheard).
 
 Each `rngrid` command is a process of its own: without this file every one of
 them would rank towers by what they announce, and a trusted tower announcing a
 false speed would win every request. The file is written atomically (a
 temporary file, then a rename; mode 0600), holds MAX_TOWERS towers at most
-(the most recently measured), forgets a figure after MAX_AGE_S, and is
+(the most recently changed), forgets a figure after MAX_AGE_S, and is
 re-read before each write so processes sharing the home keep each other's
 figures. A corrupt or unreadable file is logged and counts as empty: measuring
 starts again, nothing else fails.
@@ -31,7 +34,7 @@ log = logging.getLogger("rngrid.client.measured")
 
 FILE = "measured.json"
 VERSION = 1
-#: Towers kept at most (the most recently measured): bounds the file (~150 bytes a tower).
+#: Towers kept at most (the most recently changed): bounds the file (~170 bytes a tower).
 MAX_TOWERS = 256
 #: A figure older than this is forgotten (seconds): hardware, load and models change.
 MAX_AGE_S = 7 * 86400.0
@@ -45,11 +48,13 @@ MAX_DEVICE = 64
 class Measured:
     """One tower's figures: ``tokens_per_s`` (0: never measured), ``kind``
     ("backend/device"), ``at`` (Unix time of the last change), ``lend_failed_mib``
-    (0: no split part failed to load there)."""
+    (0: no split part failed to load there), ``announced`` (the tokens/s it
+    last announced when ranked here; 0: none heard)."""
     tokens_per_s: float = 0.0
     kind: str = ""
     at: float = 0.0
     lend_failed_mib: int = 0
+    announced: float = 0.0
 
 
 def kind_of(backend: str, device: str) -> str:
@@ -82,24 +87,38 @@ class MeasuredRates:
 
     def record(self, destination_hash: bytes, kind: str, tokens_per_s: float) -> None:
         """The tower's rate is now ``tokens_per_s`` (on hardware of ``kind``)."""
-        self._change(destination_hash, tokens_per_s=tokens_per_s, kind=kind)
+        self._change({destination_hash: {"tokens_per_s": tokens_per_s, "kind": kind}})
+
+    def heard(self, announced: dict[bytes, tuple[str, float]]) -> None:
+        """Towers were ranked here: {destination hash: (kind, announced tokens/s)}.
+        Writes only when some tower is new or its kind or claim changed. A
+        measured tower's figure keeps its age: hearing it is no measurement."""
+        changes = {h: {"kind": kind, "announced": tps} for h, (kind, tps) in announced.items()
+                   if (self.get(h).kind, self.get(h).announced) != (kind, tps)}
+        if changes:
+            self._change(changes, keep_measured_age=True)
 
     def lend_failed(self, destination_hash: bytes, mib: int) -> None:
         """A split part of ``mib`` MiB failed to load on the tower (the smallest such part is kept)."""
         known = self.get(destination_hash).lend_failed_mib
-        self._change(destination_hash, lend_failed_mib=min(mib, known) if known else mib)
+        self._change({destination_hash: {"lend_failed_mib": min(mib, known) if known else mib}})
 
     def lend_held(self, destination_hash: bytes, mib: int) -> None:
         """A split part of ``mib`` MiB loaded on the tower: a failure below that no longer counts."""
         if 0 < self.get(destination_hash).lend_failed_mib <= mib:
-            self._change(destination_hash, lend_failed_mib=0)
+            self._change({destination_hash: {"lend_failed_mib": 0}})
 
-    def _change(self, destination_hash: bytes, **fields: Any) -> None:
-        key = destination_hash.hex()
+    def _change(self, changes: dict[bytes, dict[str, Any]], keep_measured_age: bool = False) -> None:
+        """Set ``changes`` ({destination hash: {field: value}}) and write once;
+        ``at`` becomes now, except for a measured tower's with ``keep_measured_age``."""
         with self._lock:
             # What other processes sharing the home wrote meanwhile, then this change.
             towers = _read(self.path) if self.path is not None else dict(self._towers)
-            towers[key] = replace(towers.get(key) or self._towers.get(key) or Measured(), at=time.time(), **fields)
+            for destination_hash, fields in changes.items():
+                key = destination_hash.hex()
+                known = towers.get(key) or self._towers.get(key) or Measured()
+                at = known.at if keep_measured_age and known.tokens_per_s else time.time()
+                towers[key] = replace(known, at=at, **fields)
             self._towers = dict(sorted(towers.items(), key=lambda item: item[1].at, reverse=True)[:MAX_TOWERS])
             if self.path is not None:
                 _write(self.path, self._towers)
@@ -136,11 +155,13 @@ def _entry(key: object, raw: object) -> Measured | None:
         bytes.fromhex(key)
     except ValueError:
         return None
-    rate, at, failed = (_number(raw.get(k, 0)) for k in ("tokens_per_s", "at", "lend_failed_mib"))
+    rate, at, failed, announced = (_number(raw.get(k, 0))
+                                   for k in ("tokens_per_s", "at", "lend_failed_mib", "announced"))
     kind = raw.get("kind")
-    if rate is None or at is None or failed is None or not isinstance(kind, str) or len(kind) > MAX_DEVICE + 16:
+    if rate is None or at is None or failed is None or announced is None or not isinstance(kind, str) \
+            or len(kind) > MAX_DEVICE + 16:
         return None
-    return Measured(rate, kind, at, int(failed))
+    return Measured(rate, kind, at, int(failed), announced)
 
 
 def _number(value: object) -> float | None:

@@ -47,7 +47,7 @@ want of memory, then at most half the part it could not hold
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,11 +187,33 @@ class HealthBook:
         failed = self.rates.get(destination_hash).lend_failed_mib
         return caps.lend_mib if caps.lend_mib is None or not failed else min(caps.lend_mib, failed // 2)
 
+    def heard(self, entries: Iterable[TowerEntry]) -> None:
+        """Towers were ranked here: their kind and announced tokens/s are kept
+        (MeasuredRates.heard), so a later process knows what to wait for."""
+        self.rates.heard({e.destination_hash: (kind_of(e.caps.hardware.backend, e.caps.hardware.device),
+                                               e.caps.tokens_per_s) for e in entries})
+
+    def faster_unheard(self, candidates: Iterable[TowerEntry], heard: Iterable[bytes],
+                       trusted: Callable[[bytes], bool]) -> set[bytes]:
+        """Destination hashes of towers not among ``heard``, that ``trusted``
+        accepts and that this client believes faster than every one of
+        ``candidates``: measured faster, or never measured and last heard
+        announcing more, bounded as an unheard claim is (claim_bound). Each
+        would outrank the candidates if its announce came in time."""
+        best = max((self.believed_tokens_per_s(e.destination_hash, e.caps) for e in candidates), default=0.0)
+        known = set(heard)
+        return {h for h, m in self.rates.towers().items()
+                if h not in known and (m.tokens_per_s or min(m.announced, self._kind_bound(m.kind))) > best
+                and trusted(h)}
+
     def claim_bound(self, hardware: Hardware) -> float:
         """The most tokens/s believed of a tower never measured, on ``hardware``."""
-        best = self.rates.best_of_kind(kind_of(hardware.backend, hardware.device))
-        return KIND_MARGIN * best if best else PRIOR_MAX_TOKENS_PER_S.get(hardware.backend,
-                                                                          PRIOR_MAX_GPU_TOKENS_PER_S)
+        return self._kind_bound(kind_of(hardware.backend, hardware.device))
+
+    def _kind_bound(self, kind: str) -> float:
+        best = self.rates.best_of_kind(kind)
+        backend = kind.partition("/")[0]
+        return KIND_MARGIN * best if best else PRIOR_MAX_TOKENS_PER_S.get(backend, PRIOR_MAX_GPU_TOKENS_PER_S)
 
 
 def _averaged(old: float, new: float) -> float:

@@ -172,6 +172,41 @@ def test_a_claim_is_bounded_by_what_its_kind_was_measured_at():
     assert reloaded.get(liar.destination_hash).tokens_per_s == 4.0
 
 
+def test_a_tower_known_faster_than_every_tower_heard_is_waited_for(tmp_path):
+    """A fresh `rngrid` process goes with the towers heard first: the liar above
+    answered the ping before the honest tower and won a second request, once when
+    the honest tower was measured, once when it had only been heard. A trusted
+    tower this client measured, or heard announcing, faster than every candidate
+    heard is waited for (Grid._discover_for, at most ANSWER_S after the ping);
+    one not trusted, or slower, is not."""
+    honest, liar, stranger = entry("honest", 40.0), entry("liar", 1000.0), entry("stranger", 40.0)
+    book = router.HealthBook()
+    book.measured(liar.destination_hash, 4.0, liar.caps.hardware)
+    book.measured(honest.destination_hash, 50.0, honest.caps.hardware)
+    book.measured(stranger.destination_hash, 90.0, stranger.caps.hardware)
+    trusted = {honest.destination_hash, liar.destination_hash}.__contains__
+    assert book.faster_unheard([liar], [liar.destination_hash], trusted) == {honest.destination_hash}
+    assert book.faster_unheard([liar], [liar.destination_hash, honest.destination_hash], trusted) == set()
+    assert book.faster_unheard([honest], [honest.destination_hash], trusted) == set()  # the liar is slower
+    assert book.faster_unheard([liar], [liar.destination_hash], lambda h: True) == {
+        honest.destination_hash, stranger.destination_hash}
+    # Heard once, never measured: its claim counts as an unmeasured tower's would (at most 2 x 4 tokens/s).
+    book = router.HealthBook(MeasuredRates(tmp_path / measured.FILE))
+    book.heard([honest, liar])
+    book.measured(liar.destination_hash, 4.0, liar.caps.hardware)
+    later = router.HealthBook(MeasuredRates(tmp_path / measured.FILE))  # the next process sharing the home
+    assert later.faster_unheard([liar], [liar.destination_hash], trusted) == {honest.destination_hash}
+    assert later.faster_unheard([honest], [honest.destination_hash], trusted) == set()
+    slow = entry("slow", 3.0)
+    later.heard([slow])
+    assert later.faster_unheard([liar], [liar.destination_hash, honest.destination_hash], lambda h: True) == set()
+    # Hearing a measured tower again keeps its figure's age: it is forgotten MAX_AGE_S after it was measured.
+    measured_at = later.rates.get(liar.destination_hash).at
+    later.heard([entry("liar", 900.0)])
+    assert later.rates.get(liar.destination_hash).at == measured_at
+    assert MeasuredRates(tmp_path / measured.FILE).get(liar.destination_hash).announced == 900.0
+
+
 def test_a_lend_claim_is_bounded_by_the_part_that_failed_there():
     book = router.HealthBook()
     liar = c.Caps(name="liar", lend_mib=190)
