@@ -85,10 +85,13 @@ def test_a_lying_tower_wins_at_most_one_of_eight_cli_requests(towers):
 
 
 def test_a_lying_tower_that_inflates_its_counts_wins_at_most_one_of_eight_gateway_requests(hub, towers):
-    ranked = hub.grid.rank(ALIAS)
-    liar_entry = hub.wait_tower("liar-liar")
+    liar_entry, honest_entry = hub.wait_tower("liar-liar"), hub.wait_tower("liar-honest")
     if hub.grid.health.get(liar_entry.destination_hash).tokens_per_s == 0:  # never streamed from it here yet
-        assert ranked[0].entry.name == "liar-liar", "the liar's claim should rank first while unmeasured"
+        # Believed faster, not ranked first: on a CPU the two costs a token differ by a few ms, which
+        # the RTTs in a rank (tens of ms on a loaded machine) may outweigh.
+        believe = hub.grid.health.believed_tokens_per_s
+        assert believe(liar_entry.destination_hash, liar_entry.caps) > believe(
+            honest_entry.destination_hash, honest_entry.caps), "the liar's claim should be believed while unmeasured"
     served = []
     with serve(hub, busy_wait_s=30) as url:
         for n in range(REQUESTS):
